@@ -1,0 +1,977 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/*
+ * The mpsteer datapath: entry programs for XDP ingress, TC egress and TC ingress, and one
+ * program per selector and actor (an XDP and a TC variant of one shared body). A chain is a
+ * walk through the step table: every program reads step[pc], does its work and tail-calls
+ * the program in slot `next` of the generation's prog_array (slots are indexed by pc).
+ * The chain format, map layouts and counters are described in bpf/README.md.
+ */
+#include <linux/bpf.h>
+#include <linux/pkt_cls.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+#include "mpsteer/abi.h"
+#include "mpsteer/parse.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+static const struct mps_flow zero_flow;
+
+/* ---- per-generation maps ---------------------------------------------------------------- */
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MPS_MAX_STEPS);
+	__type(key, __u32);
+	__type(value, struct mps_step);
+} steps SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MPS_HOOK_MAX);
+	__type(key, __u32);
+	__type(value, struct mps_entry);
+} entries SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 256);
+	__type(key, struct mps_iface_key);
+	__type(value, __u16);
+} iface_entries SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+	__uint(max_entries, MPS_MAX_STEPS);
+	__type(key, __u32);
+	__type(value, __u32);
+} jmp_xdp SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+	__uint(max_entries, MPS_MAX_STEPS);
+	__type(key, __u32);
+	__type(value, __u32);
+} jmp_tc SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, MPS_MAX_STEPS);
+	__type(key, __u32);
+	__type(value, struct mps_step_counters);
+} step_counters SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, MPS_GC_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} gen_counters SEC(".maps");
+
+/* ---- shared state (pinned, reused by every generation) ---------------------------------- */
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct mps_flow_key);
+	__type(value, struct mps_flow);
+} flows SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, struct mps_conn);
+} conns SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 256 * 1024);
+} events SEC(".maps");
+
+/* ---- context shim: one body serves XDP and TC ------------------------------------------- */
+
+#define PASS(xdp) ((xdp) ? XDP_PASS : TC_ACT_UNSPEC)
+#define DROP(xdp) ((xdp) ? XDP_DROP : TC_ACT_SHOT)
+
+static __always_inline void *ctx_data(void *ctx, bool xdp)
+{
+	return xdp ? (void *)(long)((struct xdp_md *)ctx)->data
+		   : (void *)(long)((struct __sk_buff *)ctx)->data;
+}
+
+static __always_inline void *ctx_end(void *ctx, bool xdp)
+{
+	return xdp ? (void *)(long)((struct xdp_md *)ctx)->data_end
+		   : (void *)(long)((struct __sk_buff *)ctx)->data_end;
+}
+
+static __always_inline int pctx_load(void *ctx, bool xdp, struct mps_pkt_ctx *pc)
+{
+	if (xdp) {
+		struct xdp_md *x = ctx;
+		void *meta = (void *)(long)x->data_meta;
+		if (meta + sizeof(*pc) > (void *)(long)x->data)
+			return -1;
+		__builtin_memcpy(pc, meta, sizeof(*pc));
+	} else {
+		struct __sk_buff *s = ctx;
+		__u32 *w = (__u32 *)pc;
+		w[0] = s->cb[0];
+		w[1] = s->cb[1];
+		w[2] = s->cb[2];
+		w[3] = s->cb[3];
+		w[4] = s->cb[4];
+	}
+	return 0;
+}
+
+static __always_inline int pctx_store(void *ctx, bool xdp, const struct mps_pkt_ctx *pc)
+{
+	if (xdp) {
+		struct xdp_md *x = ctx;
+		void *meta = (void *)(long)x->data_meta;
+		if (meta + sizeof(*pc) > (void *)(long)x->data)
+			return -1;
+		__builtin_memcpy(meta, pc, sizeof(*pc));
+	} else {
+		struct __sk_buff *s = ctx;
+		const __u32 *w = (const __u32 *)pc;
+		s->cb[0] = w[0];
+		s->cb[1] = w[1];
+		s->cb[2] = w[2];
+		s->cb[3] = w[3];
+		s->cb[4] = w[4];
+	}
+	return 0;
+}
+
+static __always_inline void gen_count(__u32 which)
+{
+	__u64 *c = bpf_map_lookup_elem(&gen_counters, &which);
+	if (c)
+		*c += 1;
+}
+
+/* The TCP header of the packet described by pc, re-derived from the offsets. */
+static __always_inline struct tcphdr *view_tcp(void *ctx, bool xdp, const struct mps_pkt_ctx *pc)
+{
+	__u32 off = pc->l4_off;
+	if (off > 512)
+		return NULL;
+	void *end = ctx_end(ctx, xdp);
+	struct tcphdr *tcp = ctx_data(ctx, xdp) + off;
+	if ((void *)(tcp + 1) > end)
+		return NULL;
+	return tcp;
+}
+
+/* Source and destination addresses (network order) and ports (host order). */
+struct tuple {
+	__u32 src[4], dst[4];
+	__u16 sport, dport;
+};
+
+static __always_inline int load_tuple(void *ctx, bool xdp, const struct mps_pkt_ctx *pc,
+				      struct tuple *t)
+{
+	void *data = ctx_data(ctx, xdp), *end = ctx_end(ctx, xdp);
+	__u32 l3 = pc->l3_off;
+	if (l3 > 64)
+		return -1;
+	if (pc->family == 4) {
+		struct iphdr *ip = data + l3;
+		if ((void *)(ip + 1) > end)
+			return -1;
+		t->src[0] = ip->saddr;
+		t->dst[0] = ip->daddr;
+		t->src[1] = t->src[2] = t->src[3] = 0;
+		t->dst[1] = t->dst[2] = t->dst[3] = 0;
+	} else {
+		struct ipv6hdr *ip6 = data + l3;
+		if ((void *)(ip6 + 1) > end)
+			return -1;
+		__builtin_memcpy(t->src, &ip6->saddr, 16);
+		__builtin_memcpy(t->dst, &ip6->daddr, 16);
+	}
+	struct tcphdr *tcp = view_tcp(ctx, xdp, pc);
+	if (!tcp)
+		return -1;
+	t->sport = bpf_ntohs(tcp->source);
+	t->dport = bpf_ntohs(tcp->dest);
+	return 0;
+}
+
+/* Compare (address, port) endpoints in network byte order as byte strings. */
+static __always_inline int endpoint_cmp(const __u32 *x, __u16 xp, const __u32 *y, __u16 yp)
+{
+#pragma unroll
+	for (int i = 0; i < 4; i++) {
+		__u32 a = bpf_ntohl(x[i]), b = bpf_ntohl(y[i]);
+		if (a != b)
+			return a < b ? -1 : 1;
+	}
+	return xp == yp ? 0 : (xp < yp ? -1 : 1);
+}
+
+/* The flow key puts the lower endpoint first; *from_a says whether the packet left a. */
+static __always_inline void flow_key(const struct tuple *t, __u8 family, struct mps_flow_key *k,
+				     __u8 *from_a)
+{
+	__builtin_memset(k, 0, sizeof(*k));
+	k->family = family;
+	if (endpoint_cmp(t->src, t->sport, t->dst, t->dport) <= 0) {
+		__builtin_memcpy(k->a, t->src, 16);
+		__builtin_memcpy(k->b, t->dst, 16);
+		k->port_a = t->sport;
+		k->port_b = t->dport;
+		*from_a = 1;
+	} else {
+		__builtin_memcpy(k->a, t->dst, 16);
+		__builtin_memcpy(k->b, t->src, 16);
+		k->port_a = t->dport;
+		k->port_b = t->sport;
+		*from_a = 0;
+	}
+}
+
+/*
+ * Option walks live in global functions: the verifier checks each once per program instead
+ * of once per call site (inlined, the walks multiply its states past the 1M limit).
+ */
+__noinline int opt_scan_xdp(struct xdp_md *ctx, __u32 l4_off, __u32 l4_len,
+			 struct opt_locs *loc)
+{
+	if (!loc)
+		return PARSE_MALFORMED;
+	__builtin_memset(loc, 0, sizeof(*loc));
+	return scan_options((void *)(long)ctx->data, (void *)(long)ctx->data_end, l4_off, l4_len,
+			    loc);
+}
+
+__noinline int opt_scan_tc(struct __sk_buff *ctx, __u32 l4_off, __u32 l4_len,
+			struct opt_locs *loc)
+{
+	if (!loc)
+		return PARSE_MALFORMED;
+	__builtin_memset(loc, 0, sizeof(*loc));
+	return scan_options((void *)(long)ctx->data, (void *)(long)ctx->data_end, l4_off, l4_len,
+			    loc);
+}
+
+static __always_inline int opt_scan(void *ctx, bool xdp, const struct mps_pkt_ctx *pc,
+				    struct opt_locs *loc)
+{
+	return xdp ? opt_scan_xdp(ctx, pc->l4_off, pc->l4_len, loc)
+		   : opt_scan_tc(ctx, pc->l4_off, pc->l4_len, loc);
+}
+
+/* Validate the options once per packet (cached in the context): anything reading or
+ * writing options calls this first, so a malformed packet is never modified. */
+static __always_inline int ensure_scanned(void *ctx, bool xdp, struct mps_pkt_ctx *pc)
+{
+	struct opt_locs loc;
+	if (pc->flags & MPS_CTXF_SCANNED)
+		return 0;
+	int r = opt_scan(ctx, xdp, pc, &loc);
+	if (r < 0)
+		return -1;
+	pc->kinds = r;
+	pc->flags |= MPS_CTXF_SCANNED;
+	return 0;
+}
+
+/* Locate an option in a validated header: a pointer to it with at least `need` bytes
+ * readable, or NULL (absent, shorter than `need`, or outside the linear data). */
+
+static __always_inline __u8 *opt_ptr(void *ctx, bool xdp, const struct mps_pkt_ctx *pc,
+				     enum opt_which which, __u32 need, __u32 *len)
+{
+	struct opt_locs loc;
+	if (opt_scan(ctx, xdp, pc, &loc) < 0)
+		return NULL;
+	__u32 off = loc.off[which], l = loc.len[which];
+	*len = l;
+	if (!off || off > 60 || l < need)
+		return NULL;
+	struct tcphdr *tcp = view_tcp(ctx, xdp, pc);
+	if (!tcp)
+		return NULL;
+	__u8 *o = (__u8 *)tcp + off;
+	if ((void *)(o + need) > ctx_end(ctx, xdp)) /* need is a constant at every call site */
+		return NULL;
+	return o;
+}
+
+static __always_inline __u64 load_be64(const __u8 *p)
+{
+	__u64 v;
+	__builtin_memcpy(&v, p, 8);
+	return v;
+}
+
+static __always_inline __u32 load_be32_h(const __u8 *p)
+{
+	__u32 v;
+	__builtin_memcpy(&v, p, 4);
+	return bpf_ntohl(v);
+}
+
+/* ---- flow learning and accounting ------------------------------------------------------- */
+
+/*
+ * A SYN teaches the flow its ISN, window scale and MPTCP role. Done in the entry program
+ * (SYNs are rare) so rate_limit knows the scale whichever steps saw the SYN.
+ */
+static __always_inline void learn_syn(void *ctx, bool xdp, struct mps_pkt_ctx *pc)
+{
+	struct tuple t;
+	struct mps_flow_key k;
+	__u8 from_a;
+	__u32 len;
+
+	if (ensure_scanned(ctx, xdp, pc) || load_tuple(ctx, xdp, pc, &t))
+		return;
+	flow_key(&t, pc->family, &k, &from_a);
+	bool synack = pc->kinds & MPS_K_ACK;
+	struct mps_flow *f = bpf_map_lookup_elem(&flows, &k);
+	if (!f || !synack) {
+		/* A SYN (not SYN/ACK) starts the flow afresh: older state is from a dead flow. */
+		bpf_map_update_elem(&flows, &k, &zero_flow, BPF_ANY);
+		f = bpf_map_lookup_elem(&flows, &k);
+		if (!f)
+			return;
+		f->first_ns = bpf_ktime_get_ns();
+	}
+	struct tcphdr *tcp = view_tcp(ctx, xdp, pc);
+	if (!tcp)
+		return;
+	__u32 d = from_a ? 0 : 1;
+	f->dir[d].isn = bpf_ntohl(tcp->seq);
+	__u8 *ws = opt_ptr(ctx, xdp, pc, OPT_WSCALE, 3, &len);
+	f->dir[d].wscale = ws ? (ws[2] > 14 ? 14 : ws[2]) : 0; /* RFC 7323 clamps to 14 */
+	f->dir[d].wscale_known = 1;
+	if (pc->kinds & MPS_K_MP_JOIN) {
+		f->role = MPS_ROLE_JOIN;
+		/* MP_JOIN SYN (length 12): the token is the receiver's, i.e. the other side's. */
+		__u8 *o = opt_ptr(ctx, xdp, pc, OPT_JOIN, 12, &len);
+		if (o && !synack && len == 12) {
+			__u32 tok = load_be32_h(o + 4);
+			f->token[d ^ 1] = tok;
+			f->backup = o[2] & 1;
+			struct mps_conn *c = bpf_map_lookup_elem(&conns, &tok);
+			f->conn_token = c ? c->token[0] : tok;
+		}
+	} else if (pc->kinds & MPS_K_MP_CAPABLE) {
+		f->role = MPS_ROLE_INITIAL;
+	}
+}
+
+/*
+ * Per-packet accounting (record, flow_bytes): packets, payload bytes, timestamps-based RTT.
+ * Runs once per packet however many steps ask. Returns the flow (or NULL).
+ */
+static __always_inline struct mps_flow *account(void *ctx, bool xdp, struct mps_pkt_ctx *pc,
+						__u8 *from_a_out)
+{
+	struct tuple t;
+	struct mps_flow_key k;
+	__u8 from_a;
+	__u32 len;
+
+	if (load_tuple(ctx, xdp, pc, &t))
+		return NULL;
+	flow_key(&t, pc->family, &k, &from_a);
+	*from_a_out = from_a;
+	struct mps_flow *f = bpf_map_lookup_elem(&flows, &k);
+	if (pc->flags & MPS_CTXF_ACCOUNTED)
+		return f;
+	pc->flags |= MPS_CTXF_ACCOUNTED;
+
+	__u64 now = bpf_ktime_get_ns();
+	if (!f) {
+		bpf_map_update_elem(&flows, &k, &zero_flow, BPF_NOEXIST);
+		f = bpf_map_lookup_elem(&flows, &k);
+		if (!f)
+			return NULL;
+		f->first_ns = now;
+	}
+	struct tcphdr *tcp = view_tcp(ctx, xdp, pc);
+	if (!tcp)
+		return f;
+	__u32 d = from_a ? 0 : 1;
+	__u32 payload = pc->l4_len - tcp->doff * 4;
+	__sync_fetch_and_add(&f->dir[d].packets, 1);
+	__sync_fetch_and_add(&f->dir[d].bytes, payload);
+	f->last_ns = now;
+
+	if (f->conn_token) {
+		__u32 tok = f->conn_token;
+		struct mps_conn *c = bpf_map_lookup_elem(&conns, &tok);
+		if (c) {
+			__sync_fetch_and_add(&c->packets, 1);
+			__sync_fetch_and_add(&c->bytes, payload);
+			c->last_ns = now;
+		}
+	}
+
+	/* RTT: remember one TSval per direction; the first echo of it (or a later one)
+	 * coming back the other way closes the sample. */
+	if (ensure_scanned(ctx, xdp, pc) || !(pc->kinds & MPS_K_TIMESTAMP))
+		return f;
+	__u8 *o = opt_ptr(ctx, xdp, pc, OPT_TS, 10, &len);
+	if (!o)
+		return f;
+	__u32 tsval = load_be32_h(o + 2), tsecr = load_be32_h(o + 6);
+	__u32 od = d ^ 1;
+	if (f->dir[od].ts_sent_ns && (__s32)(tsecr - f->dir[od].ts_val) >= 0) {
+		__u64 sample = (now - f->dir[od].ts_sent_ns) / 1000;
+		f->dir[od].ts_sent_ns = 0;
+		if (sample > 0 && sample < 60000000) {
+			__u32 srtt = f->srtt_us;
+			if (!srtt) {
+				f->srtt_us = sample;
+				f->rttvar_us = sample / 2;
+			} else {
+				__s64 diff = (__s64)sample - srtt;
+				if (diff < 0)
+					diff = -diff;
+				f->rttvar_us = (3 * (__u64)f->rttvar_us + diff) / 4;
+				f->srtt_us = (7 * (__u64)srtt + sample) / 8;
+			}
+		}
+	}
+	if (!f->dir[d].ts_sent_ns) {
+		f->dir[d].ts_val = tsval;
+		f->dir[d].ts_sent_ns = now;
+	}
+	return f;
+}
+
+/* ---- chain mechanics -------------------------------------------------------------------- */
+
+static __always_inline const struct mps_step *load_step(__u32 pc)
+{
+	return bpf_map_lookup_elem(&steps, &pc);
+}
+
+static __always_inline void step_count(__u32 pc, bool matched, bool dropped)
+{
+	struct mps_step_counters *c = bpf_map_lookup_elem(&step_counters, &pc);
+	if (!c)
+		return;
+	c->runs++;
+	if (matched)
+		c->matched++;
+	if (dropped)
+		c->drops++;
+}
+
+/* Jump to step `next`; falls through only when the slot is empty or the kernel's tail-call
+ * limit is hit, which is counted and answered with the policy's failure mode. */
+static __always_inline int chain_next(void *ctx, bool xdp, struct mps_pkt_ctx *pc, __u8 fail_flags,
+				      __u32 next)
+{
+	if (next == MPS_PC_END)
+		return PASS(xdp);
+	if (pc->hops >= MPS_MAX_CHAIN) {
+		gen_count(MPS_GC_CHAIN_TOO_LONG);
+		return PASS(xdp);
+	}
+	__u32 from = pc->pc;
+	pc->pc = next;
+	pc->hops++;
+	if (pctx_store(ctx, xdp, pc))
+		return PASS(xdp);
+	if (xdp)
+		bpf_tail_call(ctx, &jmp_xdp, next);
+	else
+		bpf_tail_call(ctx, &jmp_tc, next);
+	gen_count(MPS_GC_MISSED_TAIL_CALL);
+	struct mps_step_counters *c = bpf_map_lookup_elem(&step_counters, &from);
+	if (c)
+		c->missed_tail_calls++;
+	return (fail_flags & MPS_STEPF_FAIL_DROP) ? DROP(xdp) : PASS(xdp);
+}
+
+static __always_inline int entry(void *ctx, bool xdp, __u8 hook, __u32 ifindex)
+{
+	struct mps_pkt_ctx pc = {};
+	void *data, *end;
+	__u32 pkt_len;
+
+	gen_count(MPS_GC_PACKETS);
+	__u32 h = hook;
+	struct mps_entry *e = bpf_map_lookup_elem(&entries, &h);
+	if (!e || e->pc == MPS_PC_END)
+		return PASS(xdp);
+	__u32 first = e->pc;
+	if (e->flags & MPS_ENTRYF_PER_IFACE) {
+		struct mps_iface_key ik = {.ifindex = ifindex, .hook = hook};
+		__u16 *p = bpf_map_lookup_elem(&iface_entries, &ik);
+		if (!p)
+			return PASS(xdp);
+		first = *p;
+	}
+
+	if (xdp) {
+		pkt_len = ((struct xdp_md *)ctx)->data_end - ((struct xdp_md *)ctx)->data;
+	} else {
+		struct __sk_buff *skb = ctx;
+		pkt_len = skb->len;
+		/* Headers of a non-linear skb may sit outside the linear area. */
+		if (skb->data_end - skb->data < 134 && skb->len > skb->data_end - skb->data)
+			bpf_skb_pull_data(skb, skb->len < 134 ? skb->len : 134);
+	}
+	data = ctx_data(ctx, xdp);
+	end = ctx_end(ctx, xdp);
+	int r = parse_packet(data, end, pkt_len, &pc);
+	if (r) {
+		gen_count(r == PARSE_MALFORMED ? MPS_GC_MALFORMED : MPS_GC_NOT_TCP);
+		return PASS(xdp);
+	}
+	pc.hook = hook;
+	pc.pc = first;
+
+	if (xdp && bpf_xdp_adjust_meta(ctx, -(int)sizeof(struct mps_pkt_ctx))) {
+		gen_count(MPS_GC_NO_META);
+		return PASS(xdp);
+	}
+	struct tcphdr *tcp = view_tcp(ctx, xdp, &pc);
+	if (tcp && tcp->syn) {
+		learn_syn(ctx, xdp, &pc);
+		if (!(pc.flags & MPS_CTXF_SCANNED)) { /* a SYN with malformed options */
+			gen_count(MPS_GC_MALFORMED);
+			return PASS(xdp);
+		}
+	}
+	if (pctx_store(ctx, xdp, &pc))
+		return PASS(xdp);
+	if (xdp)
+		bpf_tail_call(ctx, &jmp_xdp, first);
+	else
+		bpf_tail_call(ctx, &jmp_tc, first);
+	gen_count(MPS_GC_MISSED_TAIL_CALL);
+	return PASS(xdp);
+}
+
+SEC("xdp")
+int entry_xdp(struct xdp_md *ctx)
+{
+	return entry(ctx, true, MPS_HOOK_XDP, ctx->ingress_ifindex);
+}
+
+SEC("tc")
+int entry_tc_egress(struct __sk_buff *skb)
+{
+	return entry(skb, false, MPS_HOOK_TC_EGRESS, skb->ifindex);
+}
+
+SEC("tc")
+int entry_tc_ingress(struct __sk_buff *skb)
+{
+	return entry(skb, false, MPS_HOOK_TC_INGRESS, skb->ifindex);
+}
+
+/* ---- selectors -------------------------------------------------------------------------- */
+
+/* A selector answers 1 (match), 0 (miss) or -1 (malformed: pass the packet untouched). */
+
+static __always_inline bool addr_eq(const __u32 *x, const __u32 *y)
+{
+	return x[0] == y[0] && x[1] == y[1] && x[2] == y[2] && x[3] == y[3];
+}
+
+static __always_inline int sel_cidr(void *ctx, bool xdp, struct mps_pkt_ctx *pc,
+				    const struct mps_step *st, bool dst)
+{
+	struct tuple t;
+	const struct mps_p_cidr *p = &st->p.cidr;
+	if (p->family != pc->family)
+		return 0;
+	if (load_tuple(ctx, xdp, pc, &t))
+		return -1;
+	const __u32 *a = dst ? t.dst : t.src;
+	return (a[0] & p->mask[0]) == p->addr[0] && (a[1] & p->mask[1]) == p->addr[1] &&
+	       (a[2] & p->mask[2]) == p->addr[2] && (a[3] & p->mask[3]) == p->addr[3];
+}
+
+static __always_inline int sel_pair(void *ctx, bool xdp, struct mps_pkt_ctx *pc,
+				    const struct mps_step *st, bool ports)
+{
+	struct tuple t;
+	const struct mps_p_pair *p = &st->p.pair;
+	if (p->family != pc->family)
+		return 0;
+	if (load_tuple(ctx, xdp, pc, &t))
+		return -1;
+	if (addr_eq(t.src, p->a) && addr_eq(t.dst, p->b))
+		return !ports || (t.sport == p->port_a && t.dport == p->port_b);
+	if (addr_eq(t.src, p->b) && addr_eq(t.dst, p->a))
+		return !ports || (t.sport == p->port_b && t.dport == p->port_a);
+	return 0;
+}
+
+static __always_inline int sel_port(void *ctx, bool xdp, struct mps_pkt_ctx *pc,
+				    const struct mps_step *st)
+{
+	const struct mps_p_port *p = &st->p.port;
+	struct tcphdr *tcp = view_tcp(ctx, xdp, pc);
+	if (!tcp)
+		return -1;
+	__u16 sp = bpf_ntohs(tcp->source), dp = bpf_ntohs(tcp->dest);
+	bool s = sp >= p->lo && sp <= p->hi, d = dp >= p->lo && dp <= p->hi;
+	if (p->dir == MPS_DIR_SRC)
+		return s;
+	if (p->dir == MPS_DIR_DST)
+		return d;
+	return s || d;
+}
+
+static __always_inline int sel_packet_type(void *ctx, bool xdp, struct mps_pkt_ctx *pc,
+					   const struct mps_step *st)
+{
+	if (ensure_scanned(ctx, xdp, pc))
+		return -1;
+	return (pc->kinds & st->p.kinds.any_of) != 0;
+}
+
+static __always_inline struct mps_flow *lookup_flow(void *ctx, bool xdp,
+						    const struct mps_pkt_ctx *pc, __u8 *from_a)
+{
+	struct tuple t;
+	struct mps_flow_key k;
+	if (load_tuple(ctx, xdp, pc, &t))
+		return NULL;
+	flow_key(&t, pc->family, &k, from_a);
+	return bpf_map_lookup_elem(&flows, &k);
+}
+
+static __always_inline int sel_token(void *ctx, bool xdp, struct mps_pkt_ctx *pc,
+				     const struct mps_step *st)
+{
+	__u8 from_a;
+	struct mps_flow *f = lookup_flow(ctx, xdp, pc, &from_a);
+	__u32 tok = st->p.token.token;
+	return f && tok && (f->token[0] == tok || f->token[1] == tok);
+}
+
+static __always_inline int sel_sequence(void *ctx, bool xdp, struct mps_pkt_ctx *pc,
+					const struct mps_step *st)
+{
+	const struct mps_p_seq *p = &st->p.seq;
+	__u8 from_a;
+	struct mps_flow *f = lookup_flow(ctx, xdp, pc, &from_a);
+	struct tcphdr *tcp = view_tcp(ctx, xdp, pc);
+	if (!tcp)
+		return -1;
+	if (!f)
+		return 0;
+	__u32 d = from_a ? 0 : 1;
+	__u64 rel;
+	if (p->kind == MPS_SEQ_SUBFLOW) {
+		if (!f->dir[d].wscale_known) /* ISN not seen */
+			return 0;
+		rel = (__u32)(bpf_ntohl(tcp->seq) - f->dir[d].isn);
+	} else {
+		__u32 len;
+		if (ensure_scanned(ctx, xdp, pc))
+			return -1;
+		if (!(pc->kinds & MPS_K_DSS) || !f->idsn[d])
+			return 0;
+		__u8 *o = opt_ptr(ctx, xdp, pc, OPT_DSS, 4, &len);
+		if (!o)
+			return 0;
+		__u8 fl = o[3];
+		if (!(fl & 0x04)) /* no DSN mapping in this packet */
+			return 0;
+		__u32 at = 4 + ((fl & 0x01) ? ((fl & 0x02) ? 8 : 4) : 0);
+		__u32 need = at + ((fl & 0x08) ? 8 : 4);
+		if (need > len)
+			return -1;
+		o = opt_ptr(ctx, xdp, pc, OPT_DSS, 20, &len);
+		if (!o)
+			return 0;
+		__u8 *q = o + (at & 0xf);
+		if ((void *)(q + 8) > ctx_end(ctx, xdp))
+			return 0;
+		if (fl & 0x08)
+			rel = bpf_be64_to_cpu(load_be64(q)) - f->idsn[d];
+		else
+			rel = (__u32)(load_be32_h(q) - (__u32)f->idsn[d]);
+	}
+	return rel >= p->lo && rel < p->hi;
+}
+
+static __always_inline int sel_flow_bytes(void *ctx, bool xdp, struct mps_pkt_ctx *pc,
+					  const struct mps_step *st)
+{
+	const struct mps_p_bytes *p = &st->p.bytes;
+	struct tcphdr *tcp = view_tcp(ctx, xdp, pc);
+	if (!tcp)
+		return -1;
+	__u32 payload = pc->l4_len - tcp->doff * 4;
+	__u8 from_a;
+	struct mps_flow *f = account(ctx, xdp, pc, &from_a);
+	if (!f)
+		return 0;
+	__u64 seen = f->dir[0].bytes + f->dir[1].bytes;
+	if (p->scope == MPS_BYTES_CONN && f->conn_token) {
+		__u32 tok = f->conn_token;
+		struct mps_conn *c = bpf_map_lookup_elem(&conns, &tok);
+		if (c)
+			seen = c->bytes;
+	}
+	seen -= seen >= payload ? payload : seen; /* bytes before this packet */
+	return seen >= p->lo && seen < p->hi;
+}
+
+#define SELECTOR(name, expr)                                                                   \
+	static __always_inline int name##_body(void *ctx, bool xdp)                             \
+	{                                                                                      \
+		struct mps_pkt_ctx pc;                                                         \
+		if (pctx_load(ctx, xdp, &pc))                                                  \
+			return PASS(xdp);                                                      \
+		const struct mps_step *st = load_step(pc.pc);                                  \
+		if (!st)                                                                       \
+			return PASS(xdp);                                                      \
+		int m = (expr);                                                                \
+		if (m < 0) {                                                                   \
+			gen_count(MPS_GC_MALFORMED);                                           \
+			return PASS(xdp);                                                      \
+		}                                                                              \
+		step_count(pc.pc, m, false);                                                   \
+		return chain_next(ctx, xdp, &pc, st->flags, m ? st->on_match : st->on_miss);   \
+	}                                                                                      \
+	SEC("xdp") int name##_xdp(struct xdp_md *ctx) { return name##_body(ctx, true); }       \
+	SEC("tc") int name##_tc(struct __sk_buff *ctx) { return name##_body(ctx, false); }
+
+SELECTOR(sel_subflow, sel_pair(ctx, xdp, &pc, st, true))
+SELECTOR(sel_ip_pair, sel_pair(ctx, xdp, &pc, st, false))
+SELECTOR(sel_src, sel_cidr(ctx, xdp, &pc, st, false))
+SELECTOR(sel_dst, sel_cidr(ctx, xdp, &pc, st, true))
+SELECTOR(sel_port, sel_port(ctx, xdp, &pc, st))
+SELECTOR(sel_packet_type, sel_packet_type(ctx, xdp, &pc, st))
+SELECTOR(sel_token, sel_token(ctx, xdp, &pc, st))
+SELECTOR(sel_sequence, sel_sequence(ctx, xdp, &pc, st))
+SELECTOR(sel_flow_bytes, sel_flow_bytes(ctx, xdp, &pc, st))
+
+/* ---- actors ----------------------------------------------------------------------------- */
+
+/* An actor answers 1 (applied), 0 (not applicable), -1 (malformed: pass untouched) or
+ * ACT_DROP; afterwards the chain continues at on_match. */
+#define ACT_DROP 2
+
+static __always_inline int act_record(void *ctx, bool xdp, struct mps_pkt_ctx *pc)
+{
+	__u8 from_a;
+	return account(ctx, xdp, pc, &from_a) != NULL;
+}
+
+static __always_inline struct mps_event *event_new(__u32 type, const struct mps_pkt_ctx *pc,
+						   const struct tuple *t)
+{
+	struct mps_event *ev = bpf_ringbuf_reserve(&events, sizeof(*ev), 0);
+	if (!ev) {
+		gen_count(MPS_GC_EVENTS_LOST);
+		return NULL;
+	}
+	__builtin_memset(ev, 0, sizeof(*ev));
+	ev->type = type;
+	ev->ts_ns = bpf_ktime_get_ns();
+	ev->hook = pc->hook;
+	flow_key(t, pc->family, &ev->flow, &ev->from_a);
+	return ev;
+}
+
+/* MP_CAPABLE with keys: keep them in the flow (never lost), then report them. */
+static __always_inline int act_get_connect(void *ctx, bool xdp, struct mps_pkt_ctx *pc)
+{
+	struct tuple t;
+	__u32 len;
+	if (ensure_scanned(ctx, xdp, pc))
+		return -1;
+	if (!(pc->kinds & MPS_K_MP_CAPABLE))
+		return 0;
+	if (load_tuple(ctx, xdp, pc, &t))
+		return -1;
+	__u8 *o = opt_ptr(ctx, xdp, pc, OPT_MPC, 12, &len);
+	if (!o)
+		return 0;
+	__u64 k0 = load_be64(o + 4), k1 = 0;
+	__u8 version = o[2] & 0x0f, flags = o[3];
+	if (len >= 20) {
+		o = opt_ptr(ctx, xdp, pc, OPT_MPC, 20, &len);
+		if (!o)
+			return 0;
+		k1 = load_be64(o + 12);
+	}
+
+	struct mps_flow_key k;
+	__u8 from_a;
+	flow_key(&t, pc->family, &k, &from_a);
+	struct mps_flow *f = bpf_map_lookup_elem(&flows, &k);
+	if (f) {
+		/* The first key is the sender's; a third ACK also carries the receiver's. */
+		f->key[from_a ? 0 : 1] = k0;
+		if (k1)
+			f->key[from_a ? 1 : 0] = k1;
+		f->role = MPS_ROLE_INITIAL;
+	}
+	struct mps_event *ev = event_new(MPS_EV_MP_CAPABLE, pc, &t);
+	if (!ev)
+		return 1;
+	ev->version = version;
+	ev->flags = flags;
+	ev->key[0] = k0;
+	ev->key[1] = k1;
+	bpf_ringbuf_submit(ev, 0);
+	return 1;
+}
+
+/* MP_JOIN SYN: report the token (the entry program already stored it in the flow). */
+static __always_inline int act_get_subflow(void *ctx, bool xdp, struct mps_pkt_ctx *pc)
+{
+	struct tuple t;
+	__u32 len;
+	if (ensure_scanned(ctx, xdp, pc))
+		return -1;
+	if ((pc->kinds & (MPS_K_MP_JOIN | MPS_K_SYN | MPS_K_ACK)) != (MPS_K_MP_JOIN | MPS_K_SYN))
+		return 0;
+	if (load_tuple(ctx, xdp, pc, &t))
+		return -1;
+	__u8 *o = opt_ptr(ctx, xdp, pc, OPT_JOIN, 12, &len);
+	if (!o || len != 12)
+		return 0;
+	struct mps_event *ev = event_new(MPS_EV_MP_JOIN, pc, &t);
+	if (!ev)
+		return 1;
+	ev->flags = o[2] & 1;
+	ev->addr_id = o[3];
+	ev->token = load_be32_h(o + 4);
+	ev->nonce = load_be32_h(o + 8);
+	bpf_ringbuf_submit(ev, 0);
+	return 1;
+}
+
+/* Incremental checksum update (RFC 1624) of a 16-bit field, for XDP where the TCP checksum
+ * is always complete. */
+static __always_inline void csum_replace2(__sum16 *sum, __be16 old, __be16 new)
+{
+	__u32 c = (__u16)~*sum;
+	c += (__u16)~old;
+	c += new;
+	c = (c & 0xffff) + (c >> 16);
+	c = (c & 0xffff) + (c >> 16);
+	*sum = ~c;
+}
+
+/*
+ * Lower the advertised receive window so the peer sends at most rate x RTT per RTT.
+ * The window field is scaled by the shift its sender announced in its SYN; without having
+ * seen that SYN the actor does nothing. Never raises a window, never touches a SYN.
+ */
+static __always_inline int act_rate_limit(void *ctx, bool xdp, struct mps_pkt_ctx *pc,
+					  const struct mps_step *st)
+{
+	if (ensure_scanned(ctx, xdp, pc))
+		return -1;
+	if (pc->kinds & (MPS_K_SYN | MPS_K_RST) || !(pc->kinds & MPS_K_ACK))
+		return 0;
+	__u8 from_a;
+	struct mps_flow *f = lookup_flow(ctx, xdp, pc, &from_a);
+	if (!f)
+		return 0;
+	__u32 d = from_a ? 0 : 1;
+	if (!f->dir[d].wscale_known)
+		return 0;
+	__u64 rate = f->rate_bps ? f->rate_bps : st->p.rate.bytes_per_sec;
+	__u64 rtt = f->srtt_us ? f->srtt_us : st->p.rate.rtt_us;
+	if (!rate || !rtt)
+		return 0;
+	__u64 win = rate * rtt / 1000000;
+	if (win < st->p.rate.min_window)
+		win = st->p.rate.min_window;
+	win >>= f->dir[d].wscale;
+	if (win == 0)
+		win = 1;
+	struct tcphdr *tcp = view_tcp(ctx, xdp, pc);
+	if (!tcp)
+		return -1;
+	__u16 old = bpf_ntohs(tcp->window);
+	if (win >= old)
+		return 0;
+	__be16 oldn = tcp->window, newn = bpf_htons((__u16)win);
+	if (xdp) {
+		tcp->window = newn;
+		csum_replace2(&tcp->check, oldn, newn);
+	} else {
+		__u32 off = pc->l4_off;
+		if (off > 512)
+			return -1;
+		if (bpf_skb_store_bytes(ctx, off + offsetof(struct tcphdr, window), &newn, 2, 0))
+			return -1;
+		bpf_l4_csum_replace(ctx, off + offsetof(struct tcphdr, check), oldn, newn, 2);
+	}
+	return 1;
+}
+
+#define ACTOR(name, expr)                                                                      \
+	static __always_inline int name##_body(void *ctx, bool xdp)                             \
+	{                                                                                      \
+		struct mps_pkt_ctx pc;                                                         \
+		if (pctx_load(ctx, xdp, &pc))                                                  \
+			return PASS(xdp);                                                      \
+		const struct mps_step *st = load_step(pc.pc);                                  \
+		if (!st)                                                                       \
+			return PASS(xdp);                                                      \
+		int r = (expr);                                                                \
+		if (r < 0) {                                                                   \
+			gen_count(MPS_GC_MALFORMED);                                           \
+			return PASS(xdp);                                                      \
+		}                                                                              \
+		step_count(pc.pc, r > 0, r == ACT_DROP);                                       \
+		if (r == ACT_DROP)                                                             \
+			return DROP(xdp);                                                      \
+		return chain_next(ctx, xdp, &pc, st->flags, st->on_match);                     \
+	}                                                                                      \
+	SEC("xdp") int name##_xdp(struct xdp_md *ctx) { return name##_body(ctx, true); }       \
+	SEC("tc") int name##_tc(struct __sk_buff *ctx) { return name##_body(ctx, false); }
+
+/* pass ends the chain: the packet goes on untouched by later steps. */
+static __always_inline int act_pass_body(void *ctx, bool xdp)
+{
+	struct mps_pkt_ctx pc;
+	if (!pctx_load(ctx, xdp, &pc))
+		step_count(pc.pc, true, false);
+	return PASS(xdp);
+}
+SEC("xdp") int act_pass_xdp(struct xdp_md *ctx) { return act_pass_body(ctx, true); }
+SEC("tc") int act_pass_tc(struct __sk_buff *ctx) { return act_pass_body(ctx, false); }
+
+ACTOR(act_drop, ACT_DROP)
+ACTOR(act_record, act_record(ctx, xdp, &pc))
+ACTOR(act_get_connect, act_get_connect(ctx, xdp, &pc))
+ACTOR(act_get_subflow, act_get_subflow(ctx, xdp, &pc))
+ACTOR(act_rate_limit, act_rate_limit(ctx, xdp, &pc, st))
+
+/* A bare parse-and-pass program, the yardstick the benchmark measures chains against. */
+SEC("xdp")
+int bench_parse_only(struct xdp_md *ctx)
+{
+	struct mps_pkt_ctx pc = {};
+	void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
+	if (parse_packet(data, end, end - data, &pc))
+		return XDP_PASS;
+	struct opt_locs loc;
+	/* uses the result so the walk is not optimised out */
+	return opt_scan_xdp(ctx, pc.l4_off, pc.l4_len, &loc) ? XDP_PASS : XDP_DROP;
+}
+
+SEC("xdp")
+int bench_bare_pass(struct xdp_md *ctx)
+{
+	return XDP_PASS;
+}

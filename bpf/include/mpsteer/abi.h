@@ -1,0 +1,261 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * The ABI between the BPF datapath and the agent: map layouts, the step table, events and
+ * counters. Included by BPF C (clang -target bpf) and by C++ (which static_asserts the sizes
+ * in src/datapath/abi_check.cpp). Numeric values are stable: append, never renumber.
+ * The protocol is described in bpf/README.md.
+ */
+#ifndef MPSTEER_ABI_H
+#define MPSTEER_ABI_H
+
+#include <linux/types.h>
+
+/* Bumped whenever a shared (cross-generation) map changes layout; pinned names carry it. */
+#define MPS_STATE_LAYOUT 1
+
+#define MPS_MAX_STEPS 1024 /* step table and prog_array size (per generation) */
+#define MPS_MAX_CHAIN 32   /* steps one packet may traverse (kernel allows 33 tail calls) */
+#define MPS_PC_END 0xffff  /* "no next step": the chain ends, the packet passes */
+
+/* Hooks; index of the entry table. */
+enum mps_hook {
+	MPS_HOOK_XDP = 0,
+	MPS_HOOK_TC_EGRESS = 1,
+	MPS_HOOK_TC_INGRESS = 2,
+	MPS_HOOK_MAX = 3,
+};
+
+/* What a step runs. Each value is one selector or actor program (XDP and TC variants). */
+enum mps_prog {
+	MPS_PROG_NONE = 0,
+	/* selectors */
+	MPS_SEL_SUBFLOW = 1,
+	MPS_SEL_IP_PAIR = 2,
+	MPS_SEL_SRC = 3,
+	MPS_SEL_DST = 4,
+	MPS_SEL_PORT = 5,
+	MPS_SEL_PACKET_TYPE = 6,
+	MPS_SEL_TOKEN = 7,
+	MPS_SEL_SEQUENCE = 8,
+	MPS_SEL_FLOW_BYTES = 9,
+	/* actors */
+	MPS_ACT_PASS = 32,
+	MPS_ACT_DROP = 33,
+	MPS_ACT_RECORD = 34,
+	MPS_ACT_GET_CONNECT = 35,
+	MPS_ACT_GET_SUBFLOW = 36,
+	MPS_ACT_RATE_LIMIT = 37,
+	MPS_PROG_MAX = 64,
+};
+#define MPS_PROG_IS_ACTOR(p) ((p) >= MPS_ACT_PASS)
+
+/* Packet kinds found by the option walk (packet_type selector mask and ctx->kinds).
+ * The MPTCP bits are 1 << subtype, which keeps the walk branch-free for the verifier. */
+enum mps_kind {
+	MPS_K_MP_CAPABLE = 1u << 0,
+	MPS_K_MP_JOIN = 1u << 1,
+	MPS_K_DSS = 1u << 2,
+	MPS_K_ADD_ADDR = 1u << 3,
+	MPS_K_REMOVE_ADDR = 1u << 4,
+	MPS_K_MP_PRIO = 1u << 5,
+	MPS_K_MP_FAIL = 1u << 6,
+	MPS_K_FASTCLOSE = 1u << 7,
+	MPS_K_MP_TCPRST = 1u << 8,
+	MPS_K_DATA_ACK = 1u << 9,   /* DSS with the A flag */
+	MPS_K_DATA_FIN = 1u << 10,  /* DSS with the F flag */
+	MPS_K_ANY_MPTCP = 1u << 11,
+	MPS_K_PLAIN_TCP = 1u << 12, /* TCP without any MPTCP option */
+	MPS_K_SYN = 1u << 13,
+	MPS_K_FIN = 1u << 14,
+	MPS_K_RST = 1u << 15,
+	MPS_K_ACK = 1u << 16,
+	MPS_K_PAYLOAD = 1u << 17,   /* TCP payload length > 0 */
+	MPS_K_TIMESTAMP = 1u << 18, /* carries the TCP timestamp option */
+};
+
+/* Per-packet context carried across tail calls: XDP data_meta, TC skb->cb (20 bytes max). */
+struct mps_pkt_ctx {
+	__u16 pc;      /* step being executed */
+	__u8 hops;     /* tail calls taken so far */
+	__u8 flags;    /* MPS_CTXF_* */
+	__u8 family;   /* 4 or 6 */
+	__u8 hook;     /* enum mps_hook */
+	__u16 l3_off;  /* from the start of the frame */
+	__u16 l4_off;
+	__u16 l4_len;  /* TCP header + payload bytes in this packet (from the IP length) */
+	__u32 kinds;   /* MPS_K_*, valid when MPS_CTXF_SCANNED */
+	__u32 scratch; /* free for steps to pass data along the chain */
+};
+#define MPS_CTXF_SCANNED 0x01   /* option walk done, kinds valid, options well-formed */
+#define MPS_CTXF_ACCOUNTED 0x02 /* flow counters already updated for this packet */
+
+/* Step parameters. Addresses in network byte order, ports in host order. */
+enum mps_dir { MPS_DIR_SRC = 0, MPS_DIR_DST = 1, MPS_DIR_EITHER = 2 };
+
+struct mps_p_cidr {          /* src, dst */
+	__u8 family;
+	__u8 prefix;
+	__u8 pad[2];
+	__u32 addr[4];       /* already masked */
+	__u32 mask[4];
+};
+struct mps_p_pair {          /* subflow (ports set), ip_pair (ports 0): either direction */
+	__u8 family;
+	__u8 pad;
+	__u16 port_a, port_b; /* subflow: port of a, port of b */
+	__u8 pad2[2];
+	__u32 a[4];
+	__u32 b[4];
+};
+struct mps_p_port {
+	__u8 dir;            /* enum mps_dir */
+	__u8 pad;
+	__u16 lo, hi;        /* inclusive */
+};
+struct mps_p_kinds {
+	__u32 any_of;        /* matches when kinds & any_of != 0 */
+};
+struct mps_p_token {
+	__u32 token;         /* as printed by the kernel (host order of the big-endian hash word) */
+};
+enum mps_seq_kind { MPS_SEQ_SUBFLOW = 0, MPS_SEQ_DATA = 1 };
+struct mps_p_seq {
+	__u8 kind;           /* enum mps_seq_kind; relative to the ISN / IDSN */
+	__u8 pad[7];
+	__u64 lo, hi;        /* [lo, hi) */
+};
+enum mps_bytes_scope { MPS_BYTES_SUBFLOW = 0, MPS_BYTES_CONN = 1 };
+struct mps_p_bytes {
+	__u8 scope;          /* enum mps_bytes_scope */
+	__u8 pad[7];
+	__u64 lo, hi;        /* [lo, hi) bytes seen before this packet */
+};
+struct mps_p_rate {
+	__u64 bytes_per_sec; /* default cap; a per-subflow value in the flow map wins */
+	__u32 rtt_us;        /* used when no RTT sample exists (0: leave the window alone) */
+	__u32 min_window;    /* bytes; never advertise less (keeps the flow alive) */
+};
+
+union mps_param {
+	struct mps_p_cidr cidr;
+	struct mps_p_pair pair;
+	struct mps_p_port port;
+	struct mps_p_kinds kinds;
+	struct mps_p_token token;
+	struct mps_p_seq seq;
+	struct mps_p_bytes bytes;
+	struct mps_p_rate rate;
+	__u8 raw[40];
+};
+
+struct mps_step {
+	__u8 prog;           /* enum mps_prog */
+	__u8 flags;          /* MPS_STEPF_* */
+	__u16 on_match;      /* next pc, MPS_PC_END ends */
+	__u16 on_miss;       /* next pc for selectors, ignored by actors */
+	__u16 policy;        /* index into the generation's policy table (counters) */
+	union mps_param p;
+};
+#define MPS_STEPF_FAIL_DROP 0x01 /* failure mode: drop instead of pass on a missed tail call */
+
+/* Entry table (ARRAY, MPS_HOOK_MAX): where each hook's chain starts. */
+struct mps_entry {
+	__u16 pc;            /* MPS_PC_END: no policy on this hook */
+	__u16 flags;         /* MPS_ENTRYF_PER_IFACE: look up iface_entry first */
+	__u32 gen;           /* generation number, for events */
+};
+#define MPS_ENTRYF_PER_IFACE 0x1
+struct mps_iface_key {
+	__u32 ifindex;
+	__u32 hook;
+};
+
+/* Per-step counters (PERCPU_ARRAY, MPS_MAX_STEPS). */
+struct mps_step_counters {
+	__u64 runs;          /* packets that executed the step */
+	__u64 matched;       /* selector matched / actor applied */
+	__u64 drops;
+	__u64 missed_tail_calls; /* the jump out of this step failed */
+};
+/* Per-generation counters (PERCPU_ARRAY, MPS_GC_MAX). */
+enum mps_gen_counter {
+	MPS_GC_PACKETS = 0,      /* entered an entry program */
+	MPS_GC_NOT_TCP = 1,
+	MPS_GC_MALFORMED = 2,    /* passed untouched */
+	MPS_GC_MISSED_TAIL_CALL = 3,
+	MPS_GC_CHAIN_TOO_LONG = 4,
+	MPS_GC_NO_META = 5,      /* XDP driver without data_meta: chain skipped */
+	MPS_GC_EVENTS_LOST = 6,  /* ring buffer full */
+	MPS_GC_MAX = 8,
+};
+
+/* Flow state (LRU_HASH, shared across generations), keyed by the subflow 4-tuple with the
+ * lower (address, port) first so both directions find the same entry. */
+struct mps_flow_key {
+	__u32 a[4];
+	__u32 b[4];
+	__u16 port_a, port_b; /* host order */
+	__u8 family;
+	__u8 pad[3];
+};
+/* Direction index: 0 = packets from a to b, 1 = from b to a. */
+struct mps_flow_dir {
+	__u64 packets;
+	__u64 bytes;         /* TCP payload bytes */
+	__u32 isn;           /* from this side's SYN */
+	__u32 ts_val;        /* last TSval sent, waiting for its echo */
+	__u64 ts_sent_ns;
+	__u8 wscale;         /* this side's advertised window shift (from its SYN) */
+	__u8 wscale_known;
+	__u8 pad[6];
+};
+struct mps_flow {
+	struct mps_flow_dir dir[2];
+	__u64 first_ns, last_ns;
+	__u64 key[2];        /* MP_CAPABLE key of side a / b as on the wire (0: unseen) */
+	__u64 idsn[2];       /* IDSN of side a / b, filled by the agent from the keys */
+	__u32 token[2];      /* token of side a / b (0: unknown) */
+	__u32 conn_token;    /* key of the connection entry (the lower token; 0: unknown) */
+	__u32 srtt_us;       /* smoothed RTT from timestamps (0: no sample) */
+	__u32 rttvar_us;
+	__u32 pad0;
+	__u64 rate_bps;      /* per-subflow rate_limit override in bytes/s (0: use the step's) */
+	__u8 role;           /* enum mps_role */
+	__u8 backup;
+	__u8 pad[6];
+};
+enum mps_role { MPS_ROLE_UNKNOWN = 0, MPS_ROLE_INITIAL = 1, MPS_ROLE_JOIN = 2 };
+
+/* Connection state (LRU_HASH keyed by the lower of the two tokens, shared across
+ * generations); created by the agent when it derives the tokens from the keys. */
+struct mps_conn {
+	__u64 packets, bytes;
+	__u64 first_ns, last_ns;
+	__u32 token[2];      /* both tokens, lower first */
+	__u32 subflows;
+	__u32 pad;
+};
+
+/* Events (one RINGBUF, shared across generations). */
+enum mps_event_type {
+	MPS_EV_MP_CAPABLE = 1,  /* keys seen: agent derives tokens and fills flows/conns */
+	MPS_EV_MP_JOIN = 2,     /* MP_JOIN SYN: token of the receiver, nonce */
+	MPS_EV_FLOW_CLOSED = 3, /* FIN or RST seen */
+};
+struct mps_event {
+	__u32 type;
+	__u32 gen;
+	__u64 ts_ns;
+	struct mps_flow_key flow;
+	__u8 from_a;         /* packet travelled from a to b */
+	__u8 hook;
+	__u8 version;        /* MPTCP version (MP_CAPABLE) */
+	__u8 flags;          /* MP_CAPABLE flags byte, MP_JOIN B flag */
+	__u8 addr_id;
+	__u8 pad[3];
+	__u32 token;         /* MP_JOIN: receiver's token */
+	__u32 nonce;
+	__u64 key[2];        /* MP_CAPABLE: sender's key, receiver's key (0 if absent) */
+};
+
+#endif

@@ -1,0 +1,241 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * Cursor parsers: each checks `hdr + 1 > end` before reading and returns a negative value
+ * for anything malformed, so callers pass such packets untouched. Offsets are from the start
+ * of the frame; multi-byte fields are returned in network byte order unless named *_h.
+ */
+#ifndef MPSTEER_PARSE_H
+#define MPSTEER_PARSE_H
+
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/ipv6.h>
+#include <linux/tcp.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_helpers.h>
+#include "mpsteer/abi.h"
+
+#define ETH_P_8021AD_ 0x88A8
+#define TCPOPT_MPTCP 30
+#define TCPOPT_WSCALE 3
+#define TCPOPT_TS 8
+#define TCP_MAX_OPTS 40
+
+enum parse_result {
+	PARSE_OK = 0,
+	PARSE_SKIP = -1,      /* not TCP over IP: not ours */
+	PARSE_MALFORMED = -2, /* lies about its lengths: pass untouched */
+};
+
+struct vlan_hdr_ {
+	__be16 tci;
+	__be16 encap_proto;
+};
+
+/* Ethernet with up to two VLAN tags (802.1Q / 802.1ad). */
+static __always_inline int parse_eth(void *data, void *end, __u16 *off, __be16 *proto)
+{
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > end)
+		return PARSE_MALFORMED;
+	*proto = eth->h_proto;
+	*off = sizeof(*eth);
+#pragma unroll
+	for (int i = 0; i < 2; i++) {
+		if (*proto != bpf_htons(ETH_P_8021Q) && *proto != bpf_htons(ETH_P_8021AD_))
+			break;
+		struct vlan_hdr_ *vh = data + *off;
+		if ((void *)(vh + 1) > end)
+			return PARSE_MALFORMED;
+		*proto = vh->encap_proto;
+		*off += sizeof(*vh);
+	}
+	return PARSE_OK;
+}
+
+/* IPv4: rejects ihl < 5, lengths beyond the frame; fragments are skipped (no full TCP). */
+static __always_inline int parse_ipv4(void *data, void *end, __u32 pkt_len,
+				      struct mps_pkt_ctx *pc)
+{
+	struct iphdr *ip = data + pc->l3_off;
+	if ((void *)(ip + 1) > end)
+		return PARSE_MALFORMED;
+	if (ip->version != 4 || ip->ihl < 5)
+		return PARSE_MALFORMED;
+	if (ip->protocol != IPPROTO_TCP)
+		return PARSE_SKIP;
+	if (ip->frag_off & bpf_htons(0x3fff)) /* MF or an offset */
+		return PARSE_SKIP;
+	__u32 hlen = ip->ihl * 4;
+	__u32 tot = bpf_ntohs(ip->tot_len);
+	if (tot < hlen + sizeof(struct tcphdr))
+		return PARSE_MALFORMED;
+	if ((void *)ip + hlen > end || pc->l3_off + tot > pkt_len) /* truncated */
+		return PARSE_MALFORMED;
+	pc->family = 4;
+	pc->l4_off = pc->l3_off + hlen;
+	pc->l4_len = tot - hlen;
+	return PARSE_OK;
+}
+
+/* IPv6: walks hop-by-hop, routing and destination options; fragments and others skip. */
+static __always_inline int parse_ipv6(void *data, void *end, __u32 pkt_len,
+				      struct mps_pkt_ctx *pc)
+{
+	struct ipv6hdr *ip6 = data + pc->l3_off;
+	if ((void *)(ip6 + 1) > end)
+		return PARSE_MALFORMED;
+	if (ip6->version != 6)
+		return PARSE_MALFORMED;
+	__u8 next = ip6->nexthdr;
+	__u32 off = pc->l3_off + sizeof(*ip6);
+	__u32 plen = bpf_ntohs(ip6->payload_len);
+	__u32 ext = 0;
+#pragma unroll
+	for (int i = 0; i < 4; i++) {
+		if (next != IPPROTO_HOPOPTS && next != IPPROTO_ROUTING && next != IPPROTO_DSTOPTS)
+			break;
+		__u8 *eh = data + off;
+		if ((void *)(eh + 2) > end)
+			return PARSE_MALFORMED;
+		__u32 len = (eh[1] + 1) * 8;
+		next = eh[0];
+		off += len;
+		ext += len;
+	}
+	if (next != IPPROTO_TCP)
+		return PARSE_SKIP;
+	if (plen < ext + sizeof(struct tcphdr) || pc->l3_off + sizeof(*ip6) + plen > pkt_len)
+		return PARSE_MALFORMED;
+	pc->family = 6;
+	pc->l4_off = off;
+	pc->l4_len = plen - ext;
+	return PARSE_OK;
+}
+
+/* TCP header: doff >= 5, the whole header inside the frame and inside the IP length. */
+static __always_inline int parse_tcp(void *data, void *end, struct mps_pkt_ctx *pc)
+{
+	if (pc->l4_off > 512) /* deeper than any header stack we walk */
+		return PARSE_SKIP;
+	struct tcphdr *tcp = data + pc->l4_off;
+	if ((void *)(tcp + 1) > end)
+		return PARSE_MALFORMED;
+	__u32 hlen = tcp->doff * 4;
+	if (hlen < sizeof(*tcp) || hlen > pc->l4_len)
+		return PARSE_MALFORMED;
+	if ((void *)tcp + hlen > end)
+		return PARSE_MALFORMED;
+	return PARSE_OK;
+}
+
+/* Full L2-L4 parse into the packet context. */
+static __always_inline int parse_packet(void *data, void *end, __u32 pkt_len,
+					struct mps_pkt_ctx *pc)
+{
+	__be16 proto;
+	__u16 off;
+	int r = parse_eth(data, end, &off, &proto);
+	if (r)
+		return r;
+	pc->l3_off = off;
+	if (proto == bpf_htons(ETH_P_IP))
+		r = parse_ipv4(data, end, pkt_len, pc);
+	else if (proto == bpf_htons(ETH_P_IPV6))
+		r = parse_ipv6(data, end, pkt_len, pc);
+	else
+		return PARSE_SKIP;
+	if (r)
+		return r;
+	return parse_tcp(data, end, pc);
+}
+
+/* Where the options a step may need start (offset from the TCP header; 0 = absent) and
+ * their lengths, first occurrence of each. Index: the MPTCP subtype, or OPT_TS / OPT_WSCALE. */
+enum opt_which { OPT_MPC = 0, OPT_JOIN = 1, OPT_DSS = 2, OPT_ADD = 3, OPT_PRIO = 5,
+		 OPT_TS = 16, OPT_WSCALE = 17, OPT_SLOTS = 18 };
+struct opt_locs {
+	__u8 off[OPT_SLOTS];
+	__u8 len[OPT_SLOTS];
+};
+
+/*
+ * Walk the TCP options (at most 40 bytes) of the header at data + l4_off. Any option whose
+ * length is < 2 or runs past the header is malformed. Returns the MPS_K_* kinds, or
+ * PARSE_MALFORMED, and fills *loc. Written for the verifier: the loop is bounded (with
+ * -mcpu=v3 it proves termination), kinds are built without branching per subtype, and the
+ * offsets leave through memory rather than registers so they are not tracked precisely along
+ * every path; the datapath calls this from a global function, verified once per program.
+ */
+static __always_inline int scan_options(void *data, void *end, __u32 l4_off, __u32 l4_len,
+					struct opt_locs *loc)
+{
+	if (l4_off > 512)
+		return PARSE_MALFORMED;
+	struct tcphdr *tcp = data + l4_off;
+	if ((void *)(tcp + 1) > end)
+		return PARSE_MALFORMED;
+	__u8 *base = (__u8 *)tcp;
+	__u32 hlen = tcp->doff * 4;
+	__u32 off = sizeof(*tcp);
+	__u32 kinds = 0;
+
+	if (hlen < sizeof(*tcp) || hlen > l4_len)
+		return PARSE_MALFORMED;
+	if (tcp->syn)
+		kinds |= MPS_K_SYN;
+	if (tcp->fin)
+		kinds |= MPS_K_FIN;
+	if (tcp->rst)
+		kinds |= MPS_K_RST;
+	if (tcp->ack)
+		kinds |= MPS_K_ACK;
+	if (l4_len > hlen)
+		kinds |= MPS_K_PAYLOAD;
+
+	for (int i = 0; i < TCP_MAX_OPTS; i++) {
+		if (off >= hlen)
+			break;
+		__u8 *p = base + off;
+		if ((void *)(p + 1) > end)
+			return PARSE_MALFORMED;
+		__u8 kind = p[0];
+		if (kind == 0) /* end of option list */
+			break;
+		if (kind == 1) { /* NOP */
+			off++;
+			continue;
+		}
+		if ((void *)(p + 2) > end)
+			return PARSE_MALFORMED;
+		__u32 len = p[1];
+		if (len < 2 || off + len > hlen)
+			return PARSE_MALFORMED;
+		__u32 slot = OPT_SLOTS;
+		if (kind == TCPOPT_MPTCP) {
+			if (len < 4 || (void *)(p + 4) > end) /* every MPTCP option has >= 4 bytes */
+				return PARSE_MALFORMED;
+			slot = p[2] >> 4;
+			kinds |= MPS_K_ANY_MPTCP | ((1u << slot) & 0x1ff);
+			if (slot == OPT_DSS)
+				kinds |= (p[3] & 0x01u) << 9 | ((p[3] >> 4) & 0x01u) << 10;
+		} else if (kind == TCPOPT_TS && len == 10) {
+			kinds |= MPS_K_TIMESTAMP;
+			slot = OPT_TS;
+		} else if (kind == TCPOPT_WSCALE && len == 3) {
+			slot = OPT_WSCALE;
+		}
+		if (slot < OPT_SLOTS && !loc->off[slot]) {
+			loc->off[slot] = off;
+			loc->len[slot] = len;
+		}
+		off += len;
+	}
+	if (!(kinds & MPS_K_ANY_MPTCP))
+		kinds |= MPS_K_PLAIN_TCP;
+	return kinds;
+}
+
+#endif

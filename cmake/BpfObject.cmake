@@ -1,0 +1,35 @@
+# bpf_object(NAME SOURCE): SOURCE (.bpf.c) -> NAME.bpf.o -> NAME.skel.h, and an INTERFACE
+# target NAME_skel whose include directory holds the skeleton. Header dependencies are tracked
+# through clang's depfile.
+find_program(BPF_CLANG NAMES clang clang-14 REQUIRED)
+find_program(BPFTOOL NAMES bpftool PATHS /usr/sbin /usr/local/sbin REQUIRED)
+execute_process(COMMAND ${CMAKE_C_COMPILER} -print-multiarch
+                OUTPUT_VARIABLE BPF_MULTIARCH OUTPUT_STRIP_TRAILING_WHITESPACE)
+
+function(bpf_object name source)
+  set(out_dir ${CMAKE_CURRENT_BINARY_DIR})
+  set(obj ${out_dir}/${name}.bpf.o)
+  set(skel ${out_dir}/${name}.skel.h)
+  add_custom_command(
+    OUTPUT ${obj}
+    COMMAND ${BPF_CLANG} -O2 -g -target bpf -mcpu=v3
+            -Wall -Wextra -Werror -Wno-unused-parameter
+            -I${CMAKE_SOURCE_DIR}/bpf/include -I/usr/include/${BPF_MULTIARCH}
+            -MD -MF ${obj}.d
+            -c ${CMAKE_CURRENT_SOURCE_DIR}/${source} -o ${obj}
+    DEPFILE ${obj}.d
+    DEPENDS ${source}
+    COMMENT "BPF ${source}"
+    VERBATIM)
+  add_custom_command(
+    OUTPUT ${skel}
+    COMMAND ${BPFTOOL} gen skeleton ${obj} name ${name} > ${skel}
+    DEPENDS ${obj}
+    COMMENT "skeleton ${name}.skel.h"
+    VERBATIM)
+  add_custom_target(${name}_skel_gen DEPENDS ${skel})
+  add_library(${name}_skel INTERFACE)
+  add_dependencies(${name}_skel ${name}_skel_gen)
+  target_include_directories(${name}_skel INTERFACE ${out_dir} ${CMAKE_SOURCE_DIR}/bpf/include)
+  set_property(GLOBAL APPEND PROPERTY MPSTEER_BPF_OBJECTS ${obj})
+endfunction()
