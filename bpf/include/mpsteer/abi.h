@@ -45,6 +45,12 @@ enum mps_prog {
 	MPS_ACT_GET_CONNECT = 35,
 	MPS_ACT_GET_SUBFLOW = 36,
 	MPS_ACT_RATE_LIMIT = 37,
+	/* option-rewriting actors (issue 3); reserved so manifests can name them */
+	MPS_ACT_BLK_SUBFLOW = 38,  /* hide ADD_ADDR, store it per connection */
+	MPS_ACT_ADD_SUBFLOW = 39,  /* re-inject a stored ADD_ADDR on command */
+	MPS_ACT_SET_BACKUP = 40,   /* insert MP_PRIO B=1 / B=0 */
+	MPS_ACT_NO_SUBFLOWS = 41,  /* set the MP_CAPABLE "C" flag on the SYN/ACK */
+	MPS_ACT_REDIRECT = 42,     /* send the packet out of another interface */
 	MPS_PROG_MAX = 64,
 };
 #define MPS_PROG_IS_ACTOR(p) ((p) >= MPS_ACT_PASS)
@@ -136,6 +142,14 @@ struct mps_p_rate {
 	__u32 min_window;    /* bytes; never advertise less (keeps the flow alive) */
 };
 
+struct mps_p_backup {
+	__u8 backup;         /* B flag to signal */
+	__u8 every_packet;   /* 0: once per subflow (default), 1: on every selected packet */
+};
+struct mps_p_redirect {
+	__u32 ifindex;       /* filled by the loader from the interface name */
+};
+
 union mps_param {
 	struct mps_p_cidr cidr;
 	struct mps_p_pair pair;
@@ -145,6 +159,8 @@ union mps_param {
 	struct mps_p_seq seq;
 	struct mps_p_bytes bytes;
 	struct mps_p_rate rate;
+	struct mps_p_backup backup;
+	struct mps_p_redirect redirect;
 	__u8 raw[40];
 };
 

@@ -1,0 +1,23 @@
+// mpsteer: one binary, one subcommand per job. Each subcommand registers itself from its own
+// <name>_cmd.cpp; this file only wires them together.
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include "cli/commands.h"
+
+int main(int argc, char** argv) {
+    CLI::App app{"mpsteer: declarative, eBPF-enforced Multipath TCP policies"};
+    app.require_subcommand(1);
+    bool verbose = false;
+    app.add_flag("-v,--verbose", verbose, "debug logging");
+    app.parse_complete_callback([&] {
+        if (verbose) spdlog::set_level(spdlog::level::debug);
+    });
+    for (auto add : mpsteer::cli::all_commands()) add(app);
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        return app.exit(e) == 0 ? 0 : 2;  // usage errors exit 2
+    }
+    return mpsteer::cli::exit_code();
+}

@@ -1,0 +1,64 @@
+// The compiled form of a set of policies: what the compiler produces and the datapath loads.
+// A plain value, built and compared without root; see bpf/README.md for the step semantics.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+extern "C" {
+#include "mpsteer/abi.h"
+}
+
+namespace mpsteer::datapath {
+
+enum class Hook : uint8_t {
+    xdp = MPS_HOOK_XDP,
+    tc_egress = MPS_HOOK_TC_EGRESS,
+    tc_ingress = MPS_HOOK_TC_INGRESS,
+};
+std::string_view to_string(Hook h);
+std::optional<Hook> hook_from_string(std::string_view s);  // "xdp", "tc_egress", "tc_ingress"
+
+// Where a hook's chain starts. An empty ifname applies to every interface the hook is attached
+// to; a named one overrides it for that interface (per-interface policy sets).
+struct EntryPoint {
+    Hook hook;
+    std::string ifname;
+    uint16_t pc;
+    bool operator==(const EntryPoint&) const = default;
+};
+
+struct Attachment {
+    std::string ifname;
+    Hook hook;
+    bool operator==(const Attachment&) const = default;
+};
+
+struct ChainSet {
+    std::vector<mps_step> steps;         // pc = index; on_match/on_miss index this or MPS_PC_END
+    std::vector<EntryPoint> entries;
+    std::vector<std::string> policies;   // mps_step.policy indexes this (counters, status)
+    std::vector<Attachment> attachments; // where the entry programs go
+    // Steps whose parameter names an interface (redirect): the loader writes its ifindex.
+    std::vector<std::pair<uint16_t, std::string>> step_ifnames;
+
+    // Byte-exact serialisation (deterministic; used to compare generations and in tests).
+    std::string serialize() const;
+    // Human-readable listing, one step per line.
+    std::string describe() const;
+    // Structural checks the loader relies on: pcs in range, chains <= MPS_MAX_CHAIN deep,
+    // no cycles, known programs. Returns the problems found (empty: valid).
+    std::vector<std::string> check() const;
+};
+
+// Step constructors: fill the union correctly so callers never touch raw bytes.
+mps_step make_step(mps_prog prog, uint16_t on_match, uint16_t on_miss = MPS_PC_END,
+                   uint16_t policy = 0);
+std::string_view prog_name(mps_prog p);  // "sel_dst", "act_record", ...
+std::optional<mps_prog> prog_from_name(std::string_view name);
+
+}  // namespace mpsteer::datapath

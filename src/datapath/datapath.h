@@ -1,0 +1,156 @@
+// The userspace side of the datapath: loading a generation from a ChainSet, the shared state
+// maps, attaching to interfaces, counters, BPF_PROG_TEST_RUN and the event ring buffer.
+// Errors are exceptions (datapath::Error) carrying what failed and why; nothing here exits.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "datapath/chain.h"
+
+struct bpf_link;
+struct ring_buffer;
+struct datapath;  // the generated skeleton
+
+namespace mpsteer::datapath {
+
+struct Error : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+// Routes libbpf's messages into spdlog (one level quieter than libbpf says) and mounts bpffs
+// when it is missing. Call once at start-up; idempotent.
+void init_libbpf_logging();
+void ensure_bpffs(const std::string& pin_root);
+
+// An owned file descriptor.
+class Fd {
+public:
+    Fd() = default;
+    explicit Fd(int fd) : fd_(fd) {}
+    Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+    Fd& operator=(Fd&& o) noexcept;
+    ~Fd();
+    int get() const { return fd_; }
+    explicit operator bool() const { return fd_ >= 0; }
+private:
+    int fd_ = -1;
+};
+
+// Maps shared by every generation (flow and connection state, events), pinned under
+// <pin_root>/maps with the layout version in their names so a layout change never reuses a
+// map it cannot read. Created on first use, adopted afterwards.
+class StateMaps {
+public:
+    static StateMaps open(const std::string& pin_root);  // create or adopt
+    int flows() const { return flows_.get(); }
+    int conns() const { return conns_.get(); }
+    int events() const { return events_.get(); }
+    const std::string& pin_root() const { return root_; }
+private:
+    std::string root_;
+    Fd flows_, conns_, events_;
+};
+
+struct StepCounters {
+    uint64_t runs = 0, matched = 0, drops = 0, missed_tail_calls = 0;
+};
+struct GenCounters {
+    uint64_t values[MPS_GC_MAX] = {};
+};
+
+// One loaded generation: every program verified, prog arrays and step table filled.
+class Generation {
+public:
+    // Loads and fills; throws Error (with the verifier's complaint) and leaves nothing behind.
+    static std::unique_ptr<Generation> build(const ChainSet& chains, uint32_t number,
+                                             const StateMaps& state);
+    ~Generation();
+    Generation(const Generation&) = delete;
+    Generation& operator=(const Generation&) = delete;
+
+    uint32_t number() const { return number_; }
+    const ChainSet& chains() const { return chains_; }
+    int entry_fd(Hook h) const;
+    int prog_fd(std::string_view program_name) const;  // e.g. "bench_bare_pass"
+    // Per-interface entries need ifindexes; called by whoever attaches (resolves names).
+    void set_iface_entries(const std::vector<std::pair<uint32_t, EntryPoint>>& resolved);
+
+    std::vector<StepCounters> step_counters() const;  // summed over CPUs, index = pc
+    GenCounters gen_counters() const;
+
+    void pin(const std::string& dir) const;  // entry programs and per-generation maps
+private:
+    Generation() = default;
+    uint32_t number_ = 0;
+    ChainSet chains_;
+    struct datapath* skel_ = nullptr;
+};
+
+// BPF_PROG_TEST_RUN on one frame.
+struct RunResult {
+    uint32_t retval = 0;
+    std::vector<uint8_t> out;
+    uint32_t duration_ns = 0;  // mean per run, from the kernel
+};
+// For TC programs, `ifindex` becomes skb->ifindex (0 leaves the kernel's default).
+RunResult test_run(int prog_fd, std::span<const uint8_t> frame, bool xdp, uint32_t repeat = 1,
+                   uint32_t ifindex = 0);
+
+// An attachment of a generation's entry program to one interface and hook. XDP through a
+// bpf_link (native, generic as fallback), TC through a TCX link where the kernel has it and a
+// clsact filter otherwise. Destroying the object detaches unless release() was called.
+class HookLink {
+public:
+    static std::unique_ptr<HookLink> attach(const std::string& ifname, Hook hook, int prog_fd);
+    ~HookLink();
+    // Atomically swaps the program (the old one keeps running until the swap).
+    void update(int new_prog_fd);
+    void release();  // leave it attached when this object goes (agent exit)
+    void pin(const std::string& path);
+    const std::string& ifname() const { return ifname_; }
+    Hook hook() const { return hook_; }
+    std::string mode() const { return mode_; }  // "xdp-native", "xdp-generic", "tcx", "tc-filter"
+private:
+    HookLink() = default;
+    std::string ifname_;
+    Hook hook_ = Hook::xdp;
+    std::string mode_;
+    int ifindex_ = 0;
+    struct bpf_link* link_ = nullptr;
+    int tc_prog_fd_ = -1;
+    bool released_ = false;
+};
+
+// Events from the ring buffer. MP_CAPABLE keys are turned into tokens here (SHA-256) and
+// written back to the flow and connection maps, so the `token` selector finds the connection.
+struct Event {
+    mps_event raw;
+    uint32_t token_a = 0, token_b = 0;  // derived tokens for MP_CAPABLE (0: key unknown)
+};
+class EventReader {
+public:
+    using Handler = std::function<void(const Event&)>;
+    EventReader(const StateMaps& state, Handler handler);
+    ~EventReader();
+    int poll(std::chrono::milliseconds timeout);  // events handled, or throws
+    int fd() const;                               // epoll-able
+private:
+    static int on_sample(void* self, void* data, size_t size);
+    const StateMaps& state_;
+    Handler handler_;
+    struct ring_buffer* rb_ = nullptr;
+};
+
+// MPTCP token and IDSN from a key as on the wire (RFC 8684 §3.1: SHA-256, most significant 32
+// bits / least significant 64 bits).
+uint32_t mptcp_token(uint64_t key_wire);
+uint64_t mptcp_idsn(uint64_t key_wire);
+
+}  // namespace mpsteer::datapath
