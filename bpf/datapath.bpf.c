@@ -74,21 +74,21 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 65536);
+	__uint(max_entries, MPS_FLOWS_MAX);
 	__type(key, struct mps_flow_key);
 	__type(value, struct mps_flow);
 } flows SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 16384);
+	__uint(max_entries, MPS_CONNS_MAX);
 	__type(key, __u32);
 	__type(value, struct mps_conn);
 } conns SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 256 * 1024);
+	__uint(max_entries, MPS_EVENTS_BYTES);
 } events SEC(".maps");
 
 /* ---- context shim: one body serves XDP and TC ------------------------------------------- */
@@ -511,9 +511,10 @@ static __always_inline int entry(void *ctx, bool xdp, __u8 hook, __u32 ifindex)
 	if (e->flags & MPS_ENTRYF_PER_IFACE) {
 		struct mps_iface_key ik = {.ifindex = ifindex, .hook = hook};
 		__u16 *p = bpf_map_lookup_elem(&iface_entries, &ik);
-		if (!p)
+		if (p)
+			first = *p;
+		if (first == MPS_PC_END)
 			return PASS(xdp);
-		first = *p;
 	}
 
 	if (xdp) {

@@ -5,8 +5,12 @@ static int g_exit_code = 0;
 void set_exit_code(int code) { g_exit_code = code; }
 int exit_code() { return g_exit_code; }
 
-// Declared here, defined in each <name>_cmd.cpp. Add one line per command.
+// Defined in each <name>_cmd.cpp. One line per command, here and in the list below.
+void add_bench_command(CLI::App&);
+
 std::vector<AddCommand> all_commands() {
-    return {};
+    return {
+        add_bench_command,
+    };
 }
 }  // namespace mpsteer::cli

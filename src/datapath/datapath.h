@@ -10,13 +10,13 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "datapath/chain.h"
 
-struct bpf_link;
 struct ring_buffer;
-struct datapath;  // the generated skeleton
+struct mps_dp;  // the generated skeleton (bpf/datapath.bpf.c)
 
 namespace mpsteer::datapath {
 
@@ -69,6 +69,8 @@ struct GenCounters {
 class Generation {
 public:
     // Loads and fills; throws Error (with the verifier's complaint) and leaves nothing behind.
+    // Interface names (per-interface entries, redirect targets) are resolved in the calling
+    // thread's network namespace.
     static std::unique_ptr<Generation> build(const ChainSet& chains, uint32_t number,
                                              const StateMaps& state);
     ~Generation();
@@ -79,8 +81,7 @@ public:
     const ChainSet& chains() const { return chains_; }
     int entry_fd(Hook h) const;
     int prog_fd(std::string_view program_name) const;  // e.g. "bench_bare_pass"
-    // Per-interface entries need ifindexes; called by whoever attaches (resolves names).
-    void set_iface_entries(const std::vector<std::pair<uint32_t, EntryPoint>>& resolved);
+    int map_fd(std::string_view map_name) const;       // e.g. "jmp_xdp", "steps"
 
     std::vector<StepCounters> step_counters() const;  // summed over CPUs, index = pc
     GenCounters gen_counters() const;
@@ -90,7 +91,7 @@ private:
     Generation() = default;
     uint32_t number_ = 0;
     ChainSet chains_;
-    struct datapath* skel_ = nullptr;
+    struct mps_dp* skel_ = nullptr;
 };
 
 // BPF_PROG_TEST_RUN on one frame.
@@ -112,7 +113,8 @@ public:
     ~HookLink();
     // Atomically swaps the program (the old one keeps running until the swap).
     void update(int new_prog_fd);
-    void release();  // leave it attached when this object goes (agent exit)
+    void release();  // leave it attached when this object goes (pin links first: an
+                     // unpinned link goes away with its last fd)
     void pin(const std::string& path);
     const std::string& ifname() const { return ifname_; }
     Hook hook() const { return hook_; }
@@ -123,8 +125,8 @@ private:
     Hook hook_ = Hook::xdp;
     std::string mode_;
     int ifindex_ = 0;
-    struct bpf_link* link_ = nullptr;
-    int tc_prog_fd_ = -1;
+    Fd link_;           // bpf_link (XDP, TCX); empty for a clsact filter
+    int prog_fd_ = -1;  // the program attached now (expected old program on update)
     bool released_ = false;
 };
 

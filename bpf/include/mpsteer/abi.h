@@ -17,6 +17,11 @@
 #define MPS_MAX_CHAIN 32   /* steps one packet may traverse (kernel allows 33 tail calls) */
 #define MPS_PC_END 0xffff  /* "no next step": the chain ends, the packet passes */
 
+/* Sizes of the shared maps (the agent creates them; every generation reuses them). */
+#define MPS_FLOWS_MAX 65536
+#define MPS_CONNS_MAX 16384
+#define MPS_EVENTS_BYTES (256 * 1024)
+
 /* Hooks; index of the entry table. */
 enum mps_hook {
 	MPS_HOOK_XDP = 0,
@@ -177,7 +182,7 @@ struct mps_step {
 /* Entry table (ARRAY, MPS_HOOK_MAX): where each hook's chain starts. */
 struct mps_entry {
 	__u16 pc;            /* MPS_PC_END: no policy on this hook */
-	__u16 flags;         /* MPS_ENTRYF_PER_IFACE: look up iface_entry first */
+	__u16 flags;         /* MPS_ENTRYF_PER_IFACE: iface_entries first, pc when absent */
 	__u32 gen;           /* generation number, for events */
 };
 #define MPS_ENTRYF_PER_IFACE 0x1

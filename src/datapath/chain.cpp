@@ -1,0 +1,232 @@
+#include "datapath/chain.h"
+
+#include <arpa/inet.h>
+
+#include <array>
+#include <cstring>
+#include <functional>
+#include <set>
+#include <sstream>
+
+namespace mpsteer::datapath {
+
+static_assert(sizeof(mps_step) == 48, "step layout is ABI");
+static_assert(sizeof(mps_pkt_ctx) == 20, "must fit skb->cb");
+
+std::string_view to_string(Hook h) {
+    switch (h) {
+    case Hook::xdp: return "xdp";
+    case Hook::tc_egress: return "tc_egress";
+    case Hook::tc_ingress: return "tc_ingress";
+    }
+    return "?";
+}
+
+std::optional<Hook> hook_from_string(std::string_view s) {
+    for (Hook h : {Hook::xdp, Hook::tc_egress, Hook::tc_ingress})
+        if (to_string(h) == s) return h;
+    return std::nullopt;
+}
+
+namespace {
+struct ProgName {
+    mps_prog prog;
+    std::string_view name;
+};
+constexpr std::array kProgNames{
+    ProgName{MPS_SEL_SUBFLOW, "sel_subflow"},
+    ProgName{MPS_SEL_IP_PAIR, "sel_ip_pair"},
+    ProgName{MPS_SEL_SRC, "sel_src"},
+    ProgName{MPS_SEL_DST, "sel_dst"},
+    ProgName{MPS_SEL_PORT, "sel_port"},
+    ProgName{MPS_SEL_PACKET_TYPE, "sel_packet_type"},
+    ProgName{MPS_SEL_TOKEN, "sel_token"},
+    ProgName{MPS_SEL_SEQUENCE, "sel_sequence"},
+    ProgName{MPS_SEL_FLOW_BYTES, "sel_flow_bytes"},
+    ProgName{MPS_ACT_PASS, "act_pass"},
+    ProgName{MPS_ACT_DROP, "act_drop"},
+    ProgName{MPS_ACT_RECORD, "act_record"},
+    ProgName{MPS_ACT_GET_CONNECT, "act_get_connect"},
+    ProgName{MPS_ACT_GET_SUBFLOW, "act_get_subflow"},
+    ProgName{MPS_ACT_RATE_LIMIT, "act_rate_limit"},
+    ProgName{MPS_ACT_BLK_SUBFLOW, "act_blk_subflow"},
+    ProgName{MPS_ACT_ADD_SUBFLOW, "act_add_subflow"},
+    ProgName{MPS_ACT_SET_BACKUP, "act_set_backup"},
+    ProgName{MPS_ACT_NO_SUBFLOWS, "act_no_subflows"},
+    ProgName{MPS_ACT_REDIRECT, "act_redirect"},
+};
+
+std::string addr_str(uint8_t family, const __u32* a) {
+    char buf[INET6_ADDRSTRLEN] = {};
+    inet_ntop(family == 6 ? AF_INET6 : AF_INET, a, buf, sizeof buf);
+    return buf;
+}
+
+std::string pc_str(uint16_t pc) { return pc == MPS_PC_END ? "end" : std::to_string(pc); }
+
+std::string params_str(const mps_step& s) {
+    std::ostringstream o;
+    const auto& p = s.p;
+    switch (s.prog) {
+    case MPS_SEL_SRC:
+    case MPS_SEL_DST:
+        o << addr_str(p.cidr.family, p.cidr.addr) << '/' << int(p.cidr.prefix);
+        break;
+    case MPS_SEL_SUBFLOW:
+        o << addr_str(p.pair.family, p.pair.a) << ':' << p.pair.port_a << " <-> "
+          << addr_str(p.pair.family, p.pair.b) << ':' << p.pair.port_b;
+        break;
+    case MPS_SEL_IP_PAIR:
+        o << addr_str(p.pair.family, p.pair.a) << " <-> " << addr_str(p.pair.family, p.pair.b);
+        break;
+    case MPS_SEL_PORT:
+        o << (p.port.dir == MPS_DIR_SRC ? "src " : p.port.dir == MPS_DIR_DST ? "dst " : "")
+          << p.port.lo << '-' << p.port.hi;
+        break;
+    case MPS_SEL_PACKET_TYPE: o << "kinds=0x" << std::hex << p.kinds.any_of; break;
+    case MPS_SEL_TOKEN: o << "token=0x" << std::hex << p.token.token; break;
+    case MPS_SEL_SEQUENCE:
+        o << (p.seq.kind == MPS_SEQ_DATA ? "data " : "subflow ") << '[' << p.seq.lo << ','
+          << p.seq.hi << ')';
+        break;
+    case MPS_SEL_FLOW_BYTES:
+        o << (p.bytes.scope == MPS_BYTES_CONN ? "connection " : "subflow ") << '['
+          << p.bytes.lo << ',' << p.bytes.hi << ')';
+        break;
+    case MPS_ACT_RATE_LIMIT:
+        o << p.rate.bytes_per_sec << " B/s rtt=" << p.rate.rtt_us
+          << "us min_window=" << p.rate.min_window;
+        break;
+    case MPS_ACT_SET_BACKUP:
+        o << "backup=" << int(p.backup.backup) << (p.backup.every_packet ? " every" : " once");
+        break;
+    case MPS_ACT_REDIRECT: o << "ifindex=" << p.redirect.ifindex; break;
+    default: break;
+    }
+    return o.str();
+}
+
+template <typename T>
+void put(std::string& out, const T& v) {
+    out.append(reinterpret_cast<const char*>(&v), sizeof v);
+}
+void put_str(std::string& out, const std::string& s) {
+    put(out, static_cast<uint32_t>(s.size()));
+    out += s;
+}
+}  // namespace
+
+std::string_view prog_name(mps_prog p) {
+    for (const auto& e : kProgNames)
+        if (e.prog == p) return e.name;
+    return "none";
+}
+
+std::optional<mps_prog> prog_from_name(std::string_view name) {
+    for (const auto& e : kProgNames)
+        if (e.name == name) return e.prog;
+    return std::nullopt;
+}
+
+mps_step make_step(mps_prog prog, uint16_t on_match, uint16_t on_miss, uint16_t policy) {
+    mps_step s;
+    std::memset(&s, 0, sizeof s);  // padding included: serialize() compares bytes
+    s.prog = prog;
+    s.on_match = on_match;
+    s.on_miss = on_miss;
+    s.policy = policy;
+    return s;
+}
+
+std::string ChainSet::serialize() const {
+    std::string out = "mpsteer-chainset-v1";
+    put(out, static_cast<uint32_t>(steps.size()));
+    for (const auto& s : steps) put(out, s);
+    put(out, static_cast<uint32_t>(entries.size()));
+    for (const auto& e : entries) {
+        put(out, static_cast<uint8_t>(e.hook));
+        put_str(out, e.ifname);
+        put(out, e.pc);
+    }
+    put(out, static_cast<uint32_t>(policies.size()));
+    for (const auto& p : policies) put_str(out, p);
+    put(out, static_cast<uint32_t>(attachments.size()));
+    for (const auto& a : attachments) {
+        put_str(out, a.ifname);
+        put(out, static_cast<uint8_t>(a.hook));
+    }
+    put(out, static_cast<uint32_t>(step_ifnames.size()));
+    for (const auto& [pc, name] : step_ifnames) {
+        put(out, pc);
+        put_str(out, name);
+    }
+    return out;
+}
+
+std::string ChainSet::describe() const {
+    std::ostringstream o;
+    for (const auto& e : entries)
+        o << "entry " << to_string(e.hook) << (e.ifname.empty() ? "" : " " + e.ifname)
+          << " -> " << pc_str(e.pc) << '\n';
+    for (size_t pc = 0; pc < steps.size(); ++pc) {
+        const auto& s = steps[pc];
+        o << pc << ": " << prog_name(static_cast<mps_prog>(s.prog));
+        auto params = params_str(s);
+        if (!params.empty()) o << ' ' << params;
+        o << " match->" << pc_str(s.on_match);
+        if (!MPS_PROG_IS_ACTOR(s.prog)) o << " miss->" << pc_str(s.on_miss);
+        if (s.flags & MPS_STEPF_FAIL_DROP) o << " fail=drop";
+        if (s.policy < policies.size()) o << " [" << policies[s.policy] << ']';
+        o << '\n';
+    }
+    return o.str();
+}
+
+std::vector<std::string> ChainSet::check() const {
+    std::vector<std::string> problems;
+    if (steps.size() > MPS_MAX_STEPS)
+        problems.push_back("too many steps: " + std::to_string(steps.size()) + " > " +
+                           std::to_string(MPS_MAX_STEPS));
+    auto valid_pc = [&](uint16_t pc) { return pc == MPS_PC_END || pc < steps.size(); };
+    for (size_t pc = 0; pc < steps.size(); ++pc) {
+        const auto& s = steps[pc];
+        std::string at = "step " + std::to_string(pc) + ": ";
+        if (prog_name(static_cast<mps_prog>(s.prog)) == "none")
+            problems.push_back(at + "unknown program " + std::to_string(s.prog));
+        if (!valid_pc(s.on_match)) problems.push_back(at + "on_match out of range");
+        if (!MPS_PROG_IS_ACTOR(s.prog) && !valid_pc(s.on_miss))
+            problems.push_back(at + "on_miss out of range");
+        if (!policies.empty() && s.policy >= policies.size())
+            problems.push_back(at + "policy index out of range");
+    }
+    for (const auto& e : entries)
+        if (!valid_pc(e.pc)) problems.push_back("entry " + std::string(to_string(e.hook)) +
+                                                ": pc out of range");
+    if (!problems.empty()) return problems;
+
+    // Longest path from each step (steps executed, itself included); a cycle is an error.
+    std::vector<int> depth(steps.size(), 0);  // 0 unknown, -1 on the stack
+    std::function<int(uint16_t)> longest = [&](uint16_t pc) -> int {
+        if (pc == MPS_PC_END) return 0;
+        if (depth[pc] == -1) return 1 << 20;  // cycle
+        if (depth[pc] > 0) return depth[pc];
+        depth[pc] = -1;
+        const auto& s = steps[pc];
+        int d = longest(s.on_match);
+        if (!MPS_PROG_IS_ACTOR(s.prog)) d = std::max(d, longest(s.on_miss));
+        depth[pc] = std::min(d, 1 << 20) + 1;
+        return depth[pc];
+    };
+    for (const auto& e : entries) {
+        int d = longest(e.pc);
+        if (d >= (1 << 20))
+            problems.push_back("entry " + std::string(to_string(e.hook)) + ": chain has a cycle");
+        else if (d > MPS_MAX_CHAIN)
+            problems.push_back("entry " + std::string(to_string(e.hook)) + ": a path runs " +
+                               std::to_string(d) + " steps, more than " +
+                               std::to_string(MPS_MAX_CHAIN));
+    }
+    return problems;
+}
+
+}  // namespace mpsteer::datapath

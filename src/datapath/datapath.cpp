@@ -1,0 +1,472 @@
+#include "datapath/datapath.h"
+
+#include <bpf/bpf.h>
+#include <bpf/libbpf.h>
+#include <linux/if_link.h>
+#include <net/if.h>
+#include <openssl/sha.h>
+#include <spdlog/spdlog.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdarg>
+#include <cstring>
+#include <filesystem>
+
+#include "mps_dp.skel.h"
+
+namespace fs = std::filesystem;
+
+namespace mpsteer::datapath {
+
+namespace {
+constexpr unsigned long kBpfFsMagic = 0xcafe4a11;
+// Not in Debian 12's UAPI headers (Linux 6.1); values from Linux 6.6's enum bpf_attach_type.
+constexpr int kAttachTcxIngress = 46;
+constexpr int kAttachTcxEgress = 47;
+// Handle and priority of our clsact filter on kernels without TCX.
+constexpr uint32_t kTcHandle = 0x6d70;  // "mp"
+constexpr uint32_t kTcPriority = 1;
+
+[[noreturn]] void fail(const std::string& what, int err) {
+    throw Error(what + ": " + std::strerror(err < 0 ? -err : err));
+}
+
+int libbpf_print(enum libbpf_print_level level, const char* fmt, va_list args) {
+    char buf[4096];
+    int n = std::vsnprintf(buf, sizeof buf, fmt, args);
+    while (n > 0 && static_cast<size_t>(n) <= sizeof buf && (buf[n - 1] == '\n')) buf[--n] = 0;
+    switch (level) {  // one level quieter than libbpf says: it is chatty about normal events
+    case LIBBPF_WARN: spdlog::info("libbpf: {}", buf); break;
+    case LIBBPF_INFO: spdlog::debug("libbpf: {}", buf); break;
+    default: spdlog::trace("libbpf: {}", buf); break;
+    }
+    return n;
+}
+
+Fd create_or_adopt(const std::string& path, bpf_map_type type, uint32_t key, uint32_t value,
+                   uint32_t max_entries, const char* name) {
+    int fd = bpf_obj_get(path.c_str());
+    if (fd >= 0) return Fd(fd);
+    fd = bpf_map_create(type, name, key, value, max_entries, nullptr);
+    if (fd < 0) fail(std::string("creating map ") + name, errno);
+    if (bpf_obj_pin(fd, path.c_str())) {
+        int err = errno;
+        close(fd);
+        // Someone else pinned it first: use theirs.
+        if (err == EEXIST && (fd = bpf_obj_get(path.c_str())) >= 0) return Fd(fd);
+        fail("pinning " + path, err);
+    }
+    return Fd(fd);
+}
+
+std::string prog_for(mps_prog p, bool xdp) {
+    return std::string(prog_name(p)) + (xdp ? "_xdp" : "_tc");
+}
+
+uint32_t ifindex_of(const std::string& ifname) {
+    unsigned idx = if_nametoindex(ifname.c_str());
+    if (!idx) throw Error("interface " + ifname + " not found");
+    return idx;
+}
+}  // namespace
+
+Fd& Fd::operator=(Fd&& o) noexcept {
+    if (this != &o) {
+        if (fd_ >= 0) close(fd_);
+        fd_ = std::exchange(o.fd_, -1);
+    }
+    return *this;
+}
+
+Fd::~Fd() {
+    if (fd_ >= 0) close(fd_);
+}
+
+void init_libbpf_logging() { libbpf_set_print(libbpf_print); }
+
+void ensure_bpffs(const std::string& pin_root) {
+    struct statfs st {};
+    if (statfs("/sys/fs/bpf", &st) != 0 || st.f_type != kBpfFsMagic) {
+        spdlog::info("bpffs is not mounted on /sys/fs/bpf: mounting it");
+        fs::create_directories("/sys/fs/bpf");
+        if (mount("bpf", "/sys/fs/bpf", "bpf", 0, "mode=0700") != 0)
+            fail("mounting bpffs on /sys/fs/bpf", errno);
+    }
+    std::error_code ec;
+    fs::create_directories(pin_root, ec);
+    if (ec) throw Error("creating " + pin_root + ": " + ec.message());
+}
+
+StateMaps StateMaps::open(const std::string& pin_root) {
+    ensure_bpffs(pin_root);
+    const std::string dir = pin_root + "/maps";
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) throw Error("creating " + dir + ": " + ec.message());
+    const std::string v = "_v" + std::to_string(MPS_STATE_LAYOUT);
+    StateMaps m;
+    m.root_ = pin_root;
+    m.flows_ = create_or_adopt(dir + "/flows" + v, BPF_MAP_TYPE_LRU_HASH, sizeof(mps_flow_key),
+                               sizeof(mps_flow), MPS_FLOWS_MAX, "flows");
+    m.conns_ = create_or_adopt(dir + "/conns" + v, BPF_MAP_TYPE_LRU_HASH, sizeof(__u32),
+                               sizeof(mps_conn), MPS_CONNS_MAX, "conns");
+    m.events_ = create_or_adopt(dir + "/events" + v, BPF_MAP_TYPE_RINGBUF, 0, 0,
+                                MPS_EVENTS_BYTES, "events");
+    return m;
+}
+
+// ---- Generation --------------------------------------------------------------------------
+
+std::unique_ptr<Generation> Generation::build(const ChainSet& chains, uint32_t number,
+                                              const StateMaps& state) {
+    if (auto problems = chains.check(); !problems.empty()) {
+        std::string msg = "invalid chain set:";
+        for (const auto& p : problems) msg += "\n  " + p;
+        throw Error(msg);
+    }
+    std::unique_ptr<Generation> g(new Generation());
+    g->number_ = number;
+    g->chains_ = chains;
+    g->skel_ = mps_dp__open();
+    if (!g->skel_) fail("opening the BPF object", errno);
+    auto* s = g->skel_;
+    // Shared state first, so every generation sees the same flows.
+    if (int err = bpf_map__reuse_fd(s->maps.flows, state.flows())) fail("reusing flows", err);
+    if (int err = bpf_map__reuse_fd(s->maps.conns, state.conns())) fail("reusing conns", err);
+    if (int err = bpf_map__reuse_fd(s->maps.events, state.events())) fail("reusing events", err);
+    if (int err = mps_dp__load(s))
+        fail("loading the BPF programs (the verifier's log is above)", err);
+
+    // Resolve interface names now: a missing interface fails the build, not the packets.
+    std::vector<mps_step> steps = chains.steps;
+    for (const auto& [pc, ifname] : chains.step_ifnames) {
+        if (pc >= steps.size()) throw Error("interface parameter for a missing step");
+        steps[pc].p.redirect.ifindex = ifindex_of(ifname);
+    }
+    const int steps_fd = bpf_map__fd(s->maps.steps);
+    const int jx = bpf_map__fd(s->maps.jmp_xdp), jt = bpf_map__fd(s->maps.jmp_tc);
+    for (uint32_t pc = 0; pc < steps.size(); ++pc) {
+        if (bpf_map_update_elem(steps_fd, &pc, &steps[pc], BPF_ANY))
+            fail("writing step " + std::to_string(pc), errno);
+        auto prog = static_cast<mps_prog>(steps[pc].prog);
+        for (bool xdp : {true, false}) {
+            auto* p = bpf_object__find_program_by_name(s->obj, prog_for(prog, xdp).c_str());
+            if (!p) throw Error("no BPF program for " + std::string(prog_name(prog)));
+            int fd = bpf_program__fd(p);
+            if (bpf_map_update_elem(xdp ? jx : jt, &pc, &fd, BPF_ANY))
+                fail("filling the prog array at " + std::to_string(pc), errno);
+        }
+    }
+    mps_entry entry[MPS_HOOK_MAX];
+    for (uint32_t h = 0; h < MPS_HOOK_MAX; ++h) entry[h] = {MPS_PC_END, 0, number};
+    const int ifent_fd = bpf_map__fd(s->maps.iface_entries);
+    for (const auto& e : chains.entries) {
+        auto h = static_cast<uint32_t>(e.hook);
+        if (e.ifname.empty()) {
+            entry[h].pc = e.pc;
+        } else {
+            entry[h].flags |= MPS_ENTRYF_PER_IFACE;
+            mps_iface_key k{ifindex_of(e.ifname), h};
+            __u16 pc = e.pc;
+            if (bpf_map_update_elem(ifent_fd, &k, &pc, BPF_ANY))
+                fail("writing the entry for " + e.ifname, errno);
+        }
+    }
+    const int ent_fd = bpf_map__fd(s->maps.entries);
+    for (uint32_t h = 0; h < MPS_HOOK_MAX; ++h)
+        if (bpf_map_update_elem(ent_fd, &h, &entry[h], BPF_ANY)) fail("writing entries", errno);
+    return g;
+}
+
+Generation::~Generation() {
+    if (skel_) mps_dp__destroy(skel_);
+}
+
+int Generation::entry_fd(Hook h) const {
+    switch (h) {
+    case Hook::xdp: return bpf_program__fd(skel_->progs.entry_xdp);
+    case Hook::tc_egress: return bpf_program__fd(skel_->progs.entry_tc_egress);
+    case Hook::tc_ingress: return bpf_program__fd(skel_->progs.entry_tc_ingress);
+    }
+    return -1;
+}
+
+int Generation::prog_fd(std::string_view name) const {
+    auto* p = bpf_object__find_program_by_name(skel_->obj, std::string(name).c_str());
+    if (!p) throw Error("no BPF program " + std::string(name));
+    return bpf_program__fd(p);
+}
+
+int Generation::map_fd(std::string_view name) const {
+    auto* m = bpf_object__find_map_by_name(skel_->obj, std::string(name).c_str());
+    if (!m) throw Error("no BPF map " + std::string(name));
+    return bpf_map__fd(m);
+}
+
+namespace {
+// Per-CPU values are laid out at 8-byte strides, one per possible CPU.
+template <typename T>
+std::vector<T> read_percpu(int fd, uint32_t key) {
+    int ncpu = libbpf_num_possible_cpus();
+    if (ncpu <= 0) fail("counting CPUs", ncpu);
+    std::vector<T> vals(ncpu);
+    static_assert(sizeof(T) % 8 == 0);
+    if (bpf_map_lookup_elem(fd, &key, vals.data())) fail("reading counters", errno);
+    return vals;
+}
+}  // namespace
+
+std::vector<StepCounters> Generation::step_counters() const {
+    std::vector<StepCounters> out(chains_.steps.size());
+    const int fd = bpf_map__fd(skel_->maps.step_counters);
+    for (uint32_t pc = 0; pc < out.size(); ++pc)
+        for (const auto& c : read_percpu<mps_step_counters>(fd, pc)) {
+            out[pc].runs += c.runs;
+            out[pc].matched += c.matched;
+            out[pc].drops += c.drops;
+            out[pc].missed_tail_calls += c.missed_tail_calls;
+        }
+    return out;
+}
+
+GenCounters Generation::gen_counters() const {
+    GenCounters out;
+    const int fd = bpf_map__fd(skel_->maps.gen_counters);
+    for (uint32_t i = 0; i < MPS_GC_MAX; ++i)
+        for (auto v : read_percpu<uint64_t>(fd, i)) out.values[i] += v;
+    return out;
+}
+
+void Generation::pin(const std::string& dir) const {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) throw Error("creating " + dir + ": " + ec.message());
+    for (auto* p : {skel_->progs.entry_xdp, skel_->progs.entry_tc_egress,
+                    skel_->progs.entry_tc_ingress})
+        if (int err = bpf_program__pin(p, (dir + "/" + bpf_program__name(p)).c_str()))
+            fail("pinning " + std::string(bpf_program__name(p)), err);
+    // Pinning the prog arrays keeps the chain alive while anything still runs it.
+    for (auto* m : {skel_->maps.jmp_xdp, skel_->maps.jmp_tc, skel_->maps.steps,
+                    skel_->maps.entries, skel_->maps.step_counters, skel_->maps.gen_counters})
+        if (int err = bpf_map__pin(m, (dir + "/" + bpf_map__name(m)).c_str()))
+            fail("pinning " + std::string(bpf_map__name(m)), err);
+}
+
+// ---- test run ----------------------------------------------------------------------------
+
+RunResult test_run(int prog_fd, std::span<const uint8_t> frame, bool xdp, uint32_t repeat,
+                   uint32_t ifindex) {
+    RunResult r;
+    r.out.resize(frame.size() + 512);
+    __sk_buff skb_ctx{};
+    LIBBPF_OPTS(bpf_test_run_opts, opts, .data_in = frame.data(), .data_out = r.out.data(),
+                .data_size_in = static_cast<__u32>(frame.size()),
+                .data_size_out = static_cast<__u32>(r.out.size()),
+                .repeat = static_cast<int>(repeat));
+    if (!xdp && ifindex) {
+        skb_ctx.ifindex = ifindex;
+        opts.ctx_in = &skb_ctx;
+        opts.ctx_size_in = sizeof skb_ctx;
+    }
+    if (bpf_prog_test_run_opts(prog_fd, &opts)) fail("BPF_PROG_TEST_RUN", errno);
+    r.retval = opts.retval;
+    r.duration_ns = opts.duration;
+    r.out.resize(opts.data_size_out);
+    return r;
+}
+
+// ---- attachments -------------------------------------------------------------------------
+
+std::unique_ptr<HookLink> HookLink::attach(const std::string& ifname, Hook hook, int prog_fd) {
+    std::unique_ptr<HookLink> l(new HookLink());
+    l->ifname_ = ifname;
+    l->hook_ = hook;
+    l->ifindex_ = static_cast<int>(ifindex_of(ifname));
+    l->prog_fd_ = prog_fd;
+    if (hook == Hook::xdp) {
+        // Native first (fast path), generic where the driver has no XDP support.
+        for (auto [flags, mode] : {std::pair{XDP_FLAGS_DRV_MODE, "xdp-native"},
+                                   std::pair{XDP_FLAGS_SKB_MODE, "xdp-generic"}}) {
+            LIBBPF_OPTS(bpf_link_create_opts, opts, .flags = flags);
+            int fd = bpf_link_create(prog_fd, l->ifindex_, BPF_XDP, &opts);
+            if (fd >= 0) {
+                l->link_ = Fd(fd);
+                l->mode_ = mode;
+                return l;
+            }
+            spdlog::debug("{}: {} attach failed: {}", ifname, mode, std::strerror(errno));
+        }
+        fail("attaching XDP to " + ifname, errno);
+    }
+    const bool egress = hook == Hook::tc_egress;
+    int fd = bpf_link_create(prog_fd, l->ifindex_,
+                             static_cast<bpf_attach_type>(egress ? kAttachTcxEgress
+                                                                 : kAttachTcxIngress),
+                             nullptr);
+    if (fd >= 0) {
+        l->link_ = Fd(fd);
+        l->mode_ = "tcx";
+        return l;
+    }
+    spdlog::debug("{}: TCX unavailable ({}), using a clsact filter", ifname, std::strerror(errno));
+    LIBBPF_OPTS(bpf_tc_hook, th, .ifindex = l->ifindex_,
+                .attach_point = egress ? BPF_TC_EGRESS : BPF_TC_INGRESS);
+    if (int err = bpf_tc_hook_create(&th); err && err != -EEXIST)
+        fail("creating clsact on " + ifname, err);
+    LIBBPF_OPTS(bpf_tc_opts, to, .prog_fd = prog_fd, .handle = kTcHandle,
+                .priority = kTcPriority);
+    if (int err = bpf_tc_attach(&th, &to)) fail("attaching TC to " + ifname, err);
+    l->mode_ = "tc-filter";
+    return l;
+}
+
+HookLink::~HookLink() {
+    if (released_ || link_) return;  // closing an unpinned link fd detaches it
+    LIBBPF_OPTS(bpf_tc_hook, th, .ifindex = ifindex_,
+                .attach_point = hook_ == Hook::tc_egress ? BPF_TC_EGRESS : BPF_TC_INGRESS);
+    LIBBPF_OPTS(bpf_tc_opts, to, .handle = kTcHandle, .priority = kTcPriority);
+    bpf_tc_detach(&th, &to);
+}
+
+void HookLink::update(int new_prog_fd) {
+    if (link_) {
+        // BPF_F_REPLACE: fails instead of clobbering if someone else swapped the program.
+        LIBBPF_OPTS(bpf_link_update_opts, opts, .flags = BPF_F_REPLACE,
+                    .old_prog_fd = static_cast<__u32>(prog_fd_));
+        if (bpf_link_update(link_.get(), new_prog_fd, &opts))
+            fail("swapping the program on " + ifname_, errno);
+    } else {
+        LIBBPF_OPTS(bpf_tc_hook, th, .ifindex = ifindex_,
+                    .attach_point = hook_ == Hook::tc_egress ? BPF_TC_EGRESS : BPF_TC_INGRESS);
+        LIBBPF_OPTS(bpf_tc_opts, to, .prog_fd = new_prog_fd, .flags = BPF_TC_F_REPLACE,
+                    .handle = kTcHandle, .priority = kTcPriority);
+        if (int err = bpf_tc_attach(&th, &to)) fail("replacing the TC program on " + ifname_, err);
+    }
+    prog_fd_ = new_prog_fd;
+}
+
+void HookLink::release() { released_ = true; }
+
+void HookLink::pin(const std::string& path) {
+    if (!link_) return;  // clsact filters stay until removed
+    if (bpf_obj_pin(link_.get(), path.c_str())) fail("pinning link " + path, errno);
+}
+
+// ---- events ------------------------------------------------------------------------------
+
+namespace {
+void sha256_key(uint64_t key_wire, unsigned char out[SHA256_DIGEST_LENGTH]) {
+    // The key as on the wire is already big-endian bytes in memory.
+    SHA256(reinterpret_cast<const unsigned char*>(&key_wire), sizeof key_wire, out);
+}
+}  // namespace
+
+uint32_t mptcp_token(uint64_t key_wire) {
+    unsigned char h[SHA256_DIGEST_LENGTH];
+    sha256_key(key_wire, h);
+    return uint32_t(h[0]) << 24 | uint32_t(h[1]) << 16 | uint32_t(h[2]) << 8 | h[3];
+}
+
+uint64_t mptcp_idsn(uint64_t key_wire) {
+    unsigned char h[SHA256_DIGEST_LENGTH];
+    sha256_key(key_wire, h);
+    uint64_t v = 0;
+    for (int i = 24; i < 32; ++i) v = v << 8 | h[i];
+    return v;
+}
+
+EventReader::EventReader(const StateMaps& state, Handler handler)
+    : state_(state), handler_(std::move(handler)) {
+    rb_ = ring_buffer__new(state.events(), &EventReader::on_sample, this, nullptr);
+    if (!rb_) fail("opening the event ring buffer", errno);
+}
+
+EventReader::~EventReader() { ring_buffer__free(rb_); }
+
+int EventReader::fd() const { return ring_buffer__epoll_fd(rb_); }
+
+int EventReader::poll(std::chrono::milliseconds timeout) {
+    int n = ring_buffer__poll(rb_, static_cast<int>(timeout.count()));
+    if (n < 0 && n != -EINTR) fail("polling events", n);
+    return n < 0 ? 0 : n;
+}
+
+// Tokens from keys: write them where the datapath looks (flow tokens, connection entry).
+int EventReader::on_sample(void* self_ptr, void* data, size_t size) {
+    auto* self = static_cast<EventReader*>(self_ptr);
+    if (size < sizeof(mps_event)) return 0;
+    Event ev{};
+    std::memcpy(&ev.raw, data, sizeof ev.raw);
+    const auto& r = ev.raw;
+    const int flows = self->state_.flows(), conns = self->state_.conns();
+    mps_flow f{};
+    const bool have_flow = bpf_map_lookup_elem(flows, &r.flow, &f) == 0;
+    if (r.type == MPS_EV_MP_CAPABLE) {
+        // key[0] is the sender's key, key[1] (third ACK only) the receiver's.
+        const int sender = r.from_a ? 0 : 1;
+        uint32_t tok[2] = {0, 0};
+        uint64_t keys[2] = {0, 0};
+        keys[sender] = r.key[0];
+        keys[sender ^ 1] = r.key[1];
+        if (have_flow) {  // keys may have arrived in separate packets
+            for (int i = 0; i < 2; ++i)
+                if (!keys[i]) keys[i] = f.key[i];
+        }
+        for (int i = 0; i < 2; ++i) tok[i] = keys[i] ? mptcp_token(keys[i]) : 0;
+        ev.token_a = tok[0];
+        ev.token_b = tok[1];
+        if (have_flow) {
+            for (int i = 0; i < 2; ++i) {
+                if (!keys[i]) continue;
+                f.key[i] = keys[i];
+                f.token[i] = tok[i];
+                f.idsn[i] = mptcp_idsn(keys[i]);
+            }
+            if (tok[0] && tok[1]) {
+                mps_conn c{};
+                c.token[0] = std::min(tok[0], tok[1]);
+                c.token[1] = std::max(tok[0], tok[1]);
+                c.subflows = 1;
+                f.conn_token = c.token[0];
+                bpf_map_update_elem(conns, &c.token[0], &c, BPF_NOEXIST);
+            }
+            bpf_map_update_elem(flows, &r.flow, &f, BPF_EXIST);
+        }
+    } else if (r.type == MPS_EV_MP_JOIN && have_flow) {
+        // The token names the receiver's side; the connection entry gives the other one.
+        __u32 key = r.token;
+        mps_conn c{};
+        bool found = bpf_map_lookup_elem(conns, &key, &c) == 0;
+        if (!found) {  // conns are keyed by the lower token: try as the higher one
+            mps_conn probe{};
+            __u32 next{}, *prev = nullptr;
+            while (bpf_map_get_next_key(conns, prev, &next) == 0) {
+                if (bpf_map_lookup_elem(conns, &next, &probe) == 0 &&
+                    (probe.token[0] == r.token || probe.token[1] == r.token)) {
+                    c = probe;
+                    found = true;
+                    break;
+                }
+                key = next;
+                prev = &key;
+            }
+        }
+        if (found) {
+            const int receiver = r.from_a ? 1 : 0;
+            f.token[receiver] = r.token;
+            f.token[receiver ^ 1] = c.token[0] == r.token ? c.token[1] : c.token[0];
+            f.conn_token = c.token[0];
+            bpf_map_update_elem(flows, &r.flow, &f, BPF_EXIST);
+            c.subflows++;
+            bpf_map_update_elem(conns, &c.token[0], &c, BPF_EXIST);
+        }
+    }
+    self->handler_(ev);
+    return 0;
+}
+
+}  // namespace mpsteer::datapath

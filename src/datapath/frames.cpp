@@ -1,0 +1,56 @@
+#include "datapath/frames.h"
+
+#include <arpa/inet.h>
+
+#include <cstring>
+
+namespace mpsteer::datapath {
+
+namespace {
+uint32_t sum16(const uint8_t* p, size_t n, uint32_t acc = 0) {
+    for (size_t i = 0; i + 1 < n; i += 2) acc += uint32_t(p[i]) << 8 | p[i + 1];
+    if (n & 1) acc += uint32_t(p[n - 1]) << 8;
+    return acc;
+}
+uint16_t fold(uint32_t acc) {
+    while (acc >> 16) acc = (acc & 0xffff) + (acc >> 16);
+    return static_cast<uint16_t>(~acc);
+}
+void put16(uint8_t* p, uint16_t v) { p[0] = v >> 8, p[1] = v & 0xff; }
+void put32(uint8_t* p, uint32_t v) { put16(p, v >> 16), put16(p + 2, v & 0xffff); }
+}  // namespace
+
+std::vector<uint8_t> mptcp_data_frame(const FrameSpec& s) {
+    // TCP options: NOP NOP TS(10) + DSS(20: flags A|M, data ACK 4, DSN 4, SSN 4, len 2, pad)
+    const uint8_t opts[32] = {1, 1, 8, 10, 0, 0, 0, 1, 0, 0, 0, 2,
+                              30, 20, 0x20, 0x05, 0, 0, 0x10, 0, 0, 0, 0x20, 0,
+                              0, 0, 0, 1, 0, 100, 1, 1};
+    const size_t eth = 14, ip = 20, tcp = 20 + sizeof opts;
+    std::vector<uint8_t> f(eth + ip + tcp + s.payload, 0);
+    uint8_t* e = f.data();
+    std::memcpy(e, "\x02\x00\x00\x00\x00\x02\x02\x00\x00\x00\x00\x01\x08\x00", 14);
+    uint8_t* i = e + eth;
+    i[0] = 0x45;
+    put16(i + 2, static_cast<uint16_t>(ip + tcp + s.payload));
+    i[6] = 0x40;  // DF
+    i[8] = 64;
+    i[9] = 6;
+    put32(i + 12, s.saddr);
+    put32(i + 16, s.daddr);
+    put16(i + 10, fold(sum16(i, ip)));
+    uint8_t* t = i + ip;
+    put16(t, s.sport);
+    put16(t + 2, s.dport);
+    put32(t + 4, 1000);
+    put32(t + 8, 2000);
+    t[12] = static_cast<uint8_t>((tcp / 4) << 4);
+    t[13] = 0x18;  // ACK|PSH
+    put16(t + 14, 512);
+    std::memcpy(t + 20, opts, sizeof opts);
+    for (size_t k = 0; k < s.payload; ++k) t[tcp + k] = static_cast<uint8_t>(k);
+    uint32_t pseudo = sum16(i + 12, 8) + 6 + static_cast<uint32_t>(tcp + s.payload);
+    put16(t + 16, fold(sum16(t, tcp + s.payload, pseudo)));
+    return f;
+}
+
+}  // namespace mpsteer::datapath

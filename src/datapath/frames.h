@@ -1,0 +1,18 @@
+// Canned frames for pre-flight checks and benchmarks: a typical MPTCP data segment.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace mpsteer::datapath {
+
+struct FrameSpec {
+    uint32_t saddr = 0x0a000101, daddr = 0x0a000102;  // host order: 10.0.1.1 -> 10.0.1.2
+    uint16_t sport = 40000, dport = 5201;
+    uint16_t payload = 100;
+};
+// Ethernet + IPv4 + TCP (ACK|PSH, NOP NOP TS, DSS with data ACK and DSN mapping) + payload,
+// with valid IPv4 and TCP checksums.
+std::vector<uint8_t> mptcp_data_frame(const FrameSpec& spec = {});
+
+}  // namespace mpsteer::datapath
