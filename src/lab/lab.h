@@ -1,0 +1,193 @@
+// The namespace test bed: a client and a server network namespace joined by two veth pairs,
+// kernel MPTCP between them, a small MPTCP sender/sink, and the kernel's own view of the
+// connections (MPTCP netlink events, MPTCP_INFO). Used by the e2e tests and `mpsteer demo`.
+//
+// Layout of a Lab with prefix P = "mps-<tag>" (path n = 1, 2):
+//   namespaces  P-cli, P-srv
+//   veth pair   P-c<n> (in P-cli, 10.0.<n>.1/24, fd00:<n>::1/64)
+//          <->  P-s<n> (in P-srv, 10.0.<n>.2/24, fd00:<n>::2/64)
+//   MPTCP       limits subflows 2 / add_addr_accepted 2 on both sides; the server signals
+//               10.0.2.2 (endpoint id 1), so a client connecting to 10.0.1.2 opens a second
+//               subflow 10.0.2.1 -> 10.0.2.2.
+// Everything the Lab creates lives inside its two namespaces and carries the prefix, so
+// deleting the namespaces by name removes it all (Lab::cleanup does that for leftovers).
+// Errors are exceptions (lab::Error) with the failing command and its output.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace mpsteer::lab {
+
+struct Error : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+// ---- commands ------------------------------------------------------------------------------
+
+struct CmdResult {
+    int status = 0;   // exit code; 128 + signal when killed
+    std::string out;  // stdout and stderr, interleaved
+};
+// Runs argv (no shell) and waits. Never throws for a non-zero exit; throws if it cannot start.
+CmdResult run(const std::vector<std::string>& argv);
+// The same inside a namespace (`ip netns exec <netns> argv...`).
+CmdResult run_in(const std::string& netns, const std::vector<std::string>& argv);
+// run(), throwing Error (command line and output) on a non-zero exit. Returns the output.
+std::string must(const std::vector<std::string>& argv);
+std::string must_in(const std::string& netns, const std::vector<std::string>& argv);
+
+// Moves the calling thread into /run/netns/<netns> and back on destruction. Only this thread
+// changes namespace; sockets created meanwhile stay in <netns> for their whole life, and
+// name-based calls (if_nametoindex, HookLink::attach) resolve there.
+class NetnsGuard {
+public:
+    explicit NetnsGuard(const std::string& netns);
+    ~NetnsGuard();
+    NetnsGuard(const NetnsGuard&) = delete;
+    NetnsGuard& operator=(const NetnsGuard&) = delete;
+private:
+    int saved_ = -1;
+};
+
+// ---- the lab -------------------------------------------------------------------------------
+
+// tc netem on both ends of a path (so each direction gets `delay_ms`: RTT = 2 x delay_ms).
+struct PathShape {
+    unsigned delay_ms = 0;
+    unsigned rate_kbit = 0;  // 0: no rate limit
+};
+
+struct LabConfig {
+    std::string tag;        // empty: "p<pid>"; keep it short (interface names hold 15 chars)
+    PathShape path[2];      // path 1, path 2
+    bool ipv6 = true;       // also fd00:<n>::/64 on each path
+    bool signal = true;     // server announces its path-2 address (ADD_ADDR)
+};
+
+class Lab {
+public:
+    static constexpr const char* kPrefix = "mps-";
+
+    explicit Lab(LabConfig cfg = {});  // removes leftovers with the same prefix first
+    ~Lab();                            // deletes every namespace and link it made
+    Lab(const Lab&) = delete;
+    Lab& operator=(const Lab&) = delete;
+
+    // Deletes every namespace and root-namespace link whose name starts with `prefix`
+    // (e.g. "mps-" for all leftovers, "mps-t123" for one lab). Returns how many it removed.
+    static int cleanup(const std::string& prefix);
+
+    const std::string& prefix() const { return prefix_; }
+    std::string client_ns() const { return prefix_ + "-cli"; }
+    std::string server_ns() const { return prefix_ + "-srv"; }
+    std::string client_if(int path) const;  // path 1 or 2
+    std::string server_if(int path) const;
+    static std::string client_addr(int path);  // "10.0.<path>.1"
+    static std::string server_addr(int path);  // "10.0.<path>.2"
+    static std::string client_addr6(int path); // "fd00:<path>::1"
+    static std::string server_addr6(int path);
+
+    // Replaces the netem settings of one path (both ends) while the lab runs.
+    void shape(int path, PathShape s);
+    // `ss -tniM` in a namespace, for logs and failure messages.
+    std::string ss(const std::string& netns) const;
+
+private:
+    void build();
+    std::string prefix_;
+    LabConfig cfg_;
+};
+
+// Interface counters read inside a namespace (/proc/thread-self/net/dev).
+struct LinkCounters {
+    uint64_t rx_bytes = 0, rx_packets = 0, tx_bytes = 0, tx_packets = 0;
+};
+LinkCounters link_counters(const std::string& netns, const std::string& ifname);
+
+// ---- the kernel's view: MPTCP netlink events -----------------------------------------------
+
+struct MptcpEvent {
+    uint32_t type = 0;  // MPTCP_EVENT_* (linux/mptcp.h)
+    uint32_t token = 0; // the local connection's token, as `ip mptcp monitor` prints it
+    std::string saddr, daddr;
+    uint16_t sport = 0, dport = 0;
+    uint8_t loc_id = 0, rem_id = 0;
+};
+std::string event_name(uint32_t type);  // "created", "established", "sf_established", ...
+std::string to_string(const MptcpEvent& e);
+
+// Subscribes to the mptcp_pm_events genl group inside a namespace. The subscription is in
+// place when the constructor returns, so no event of a later connection is missed.
+class MptcpMonitor {
+public:
+    explicit MptcpMonitor(const std::string& netns);
+    ~MptcpMonitor();
+    MptcpMonitor(const MptcpMonitor&) = delete;
+    MptcpMonitor& operator=(const MptcpMonitor&) = delete;
+    // Waits up to `timeout` for events; returns those received (possibly none).
+    std::vector<MptcpEvent> poll(std::chrono::milliseconds timeout);
+    int fd() const { return fd_; }
+private:
+    int fd_ = -1;
+};
+
+// ---- traffic -------------------------------------------------------------------------------
+
+// What one side of a transfer saw. The checksum is FNV-1a 64 over the bytes in order, so a
+// sender's and a sink's checksums match only if every byte arrived intact and in order.
+struct TrafficStats {
+    uint64_t bytes = 0;
+    uint64_t checksum = 0;
+    double seconds = 0;
+    uint32_t token = 0;     // this side's MPTCP token (MPTCP_INFO); 0: not MPTCP
+    unsigned subflows = 0;  // additional subflows open at the end (MPTCP_INFO)
+    bool fallback = false;  // the connection fell back to plain TCP
+};
+
+// An MPTCP listener inside `netns` that accepts one connection and reads it to the end in a
+// thread. Construct it before the sender starts.
+class Sink {
+public:
+    Sink(const std::string& netns, uint16_t port, bool ipv6 = false);
+    ~Sink();
+    Sink(const Sink&) = delete;
+    Sink& operator=(const Sink&) = delete;
+    uint64_t bytes_so_far() const { return bytes_.load(); }
+    // Waits until the peer closed (throws Error on timeout or a socket error).
+    TrafficStats wait(std::chrono::milliseconds timeout);
+private:
+    void serve();
+    int listen_fd_ = -1;
+    std::atomic<uint64_t> bytes_{0};
+    std::atomic<bool> done_{false};
+    std::atomic<bool> stop_{false};
+    std::string error_;
+    TrafficStats result_;
+    std::thread thread_;
+};
+
+struct SendOptions {
+    uint64_t bytes = 0;                         // 0: no byte limit
+    std::chrono::milliseconds duration{0};      // 0: no time limit
+    const std::atomic<bool>* stop = nullptr;    // set to end early
+
+    static SendOptions of_bytes(uint64_t n) { SendOptions o; o.bytes = n; return o; }
+    static SendOptions of_time(std::chrono::milliseconds d, const std::atomic<bool>* stop = nullptr) {
+        SendOptions o;
+        o.duration = d;
+        o.stop = stop;
+        return o;
+    }
+};
+// Connects from `netns` to addr:port over MPTCP and sends a deterministic byte stream until
+// a limit is reached, then closes. Blocks; run it in a thread to do other things meanwhile.
+TrafficStats send_stream(const std::string& netns, const std::string& addr, uint16_t port,
+                         const SendOptions& opt);
+
+}  // namespace mpsteer::lab

@@ -1,0 +1,230 @@
+// A minimal MPTCP sender and sink: a deterministic byte stream, FNV-1a over what went out and
+// what came in, and the kernel's MPTCP_INFO of each socket (token, subflows, fallback).
+#include <arpa/inet.h>
+#include <linux/mptcp.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "lab/lab.h"
+
+#ifndef IPPROTO_MPTCP
+#define IPPROTO_MPTCP 262
+#endif
+#ifndef SOL_MPTCP
+#define SOL_MPTCP 284
+#endif
+
+namespace mpsteer::lab {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr uint64_t kFnvOffset = 0xcbf29ce484222325ull;
+constexpr uint64_t kFnvPrime = 0x100000001b3ull;
+
+uint64_t fnv1a(uint64_t h, const uint8_t* p, size_t n) {
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * kFnvPrime;
+    return h;
+}
+
+// The stream repeats a pseudo-random block whose prime length never lines up with segment,
+// window or buffer sizes, so misplaced data changes the checksum.
+constexpr size_t kPatternLen = 1048573;
+const std::vector<uint8_t>& pattern() {
+    static const std::vector<uint8_t> p = [] {
+        std::vector<uint8_t> v(kPatternLen);
+        uint64_t x = 0x9e3779b97f4a7c15ull;
+        for (auto& b : v) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            b = static_cast<uint8_t>(x >> 32);
+        }
+        return v;
+    }();
+    return p;
+}
+
+std::string errstr(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+void fill_info(int fd, TrafficStats& s) {
+    mptcp_info info{};
+    socklen_t len = sizeof info;
+    if (getsockopt(fd, SOL_MPTCP, MPTCP_INFO, &info, &len) != 0) {
+        s.fallback = true;  // the kernel only answers for live MPTCP connections
+        return;
+    }
+    s.token = info.mptcpi_token;
+    s.subflows = info.mptcpi_subflows;
+    s.fallback = info.mptcpi_flags & MPTCP_INFO_FLAG_FALLBACK;
+}
+
+double since(Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+}  // namespace
+
+// ---- sink ----------------------------------------------------------------------------------
+
+Sink::Sink(const std::string& netns, uint16_t port, bool ipv6) {
+    NetnsGuard in(netns);
+    int family = ipv6 ? AF_INET6 : AF_INET;
+    listen_fd_ = socket(family, SOCK_STREAM | SOCK_CLOEXEC, IPPROTO_MPTCP);
+    if (listen_fd_ < 0) throw Error(errstr("sink: MPTCP socket (net.mptcp.enabled?)"));
+    int one = 1;
+    setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    sockaddr_storage ss{};
+    socklen_t sl;
+    if (ipv6) {
+        auto* a = reinterpret_cast<sockaddr_in6*>(&ss);
+        a->sin6_family = AF_INET6;
+        a->sin6_port = htons(port);
+        a->sin6_addr = in6addr_any;
+        sl = sizeof *a;
+    } else {
+        auto* a = reinterpret_cast<sockaddr_in*>(&ss);
+        a->sin_family = AF_INET;
+        a->sin_port = htons(port);
+        a->sin_addr.s_addr = htonl(INADDR_ANY);
+        sl = sizeof *a;
+    }
+    if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&ss), sl) != 0 || listen(listen_fd_, 4)) {
+        std::string e = errstr("sink: bind/listen port " + std::to_string(port));
+        close(listen_fd_);
+        throw Error(e);
+    }
+    thread_ = std::thread([this] { serve(); });
+}
+
+Sink::~Sink() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+    close(listen_fd_);
+}
+
+void Sink::serve() {
+    int fd = -1;
+    // Poll so the destructor can stop a sink that never got its connection.
+    while (!stop_) {
+        pollfd p{listen_fd_, POLLIN, 0};
+        if (::poll(&p, 1, 100) > 0) {
+            fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+            break;
+        }
+    }
+    if (fd < 0) {
+        error_ = stop_ ? "sink: stopped before a connection" : errstr("sink: accept");
+        done_ = true;
+        return;
+    }
+    auto t0 = Clock::now();
+    uint64_t h = kFnvOffset;
+    std::vector<uint8_t> buf(1 << 18);
+    while (!stop_) {
+        pollfd p{fd, POLLIN, 0};
+        if (::poll(&p, 1, 100) <= 0) continue;
+        ssize_t n = recv(fd, buf.data(), buf.size(), 0);
+        if (n > 0) {
+            h = fnv1a(h, buf.data(), n);
+            bytes_ += n;
+            continue;
+        }
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) error_ = errstr("sink: recv");
+        break;
+    }
+    result_.seconds = since(t0);
+    result_.bytes = bytes_;
+    result_.checksum = h;
+    fill_info(fd, result_);
+    close(fd);
+    done_ = true;
+}
+
+TrafficStats Sink::wait(std::chrono::milliseconds timeout) {
+    auto end = Clock::now() + timeout;
+    while (!done_ && Clock::now() < end) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (!done_) throw Error("sink: no end of stream within the timeout");
+    thread_.join();
+    if (!error_.empty()) throw Error(error_);
+    return result_;
+}
+
+// ---- sender --------------------------------------------------------------------------------
+
+TrafficStats send_stream(const std::string& netns, const std::string& addr, uint16_t port,
+                         const SendOptions& opt) {
+    sockaddr_storage ss{};
+    socklen_t sl;
+    int family;
+    if (auto* a4 = reinterpret_cast<sockaddr_in*>(&ss);
+        inet_pton(AF_INET, addr.c_str(), &a4->sin_addr) == 1) {
+        family = a4->sin_family = AF_INET;
+        a4->sin_port = htons(port);
+        sl = sizeof *a4;
+    } else if (auto* a6 = reinterpret_cast<sockaddr_in6*>(&ss);
+               inet_pton(AF_INET6, addr.c_str(), &a6->sin6_addr) == 1) {
+        family = a6->sin6_family = AF_INET6;
+        a6->sin6_port = htons(port);
+        sl = sizeof *a6;
+    } else {
+        throw Error("send: not an address: " + addr);
+    }
+
+    int fd;
+    {
+        NetnsGuard in(netns);
+        fd = socket(family, SOCK_STREAM | SOCK_CLOEXEC, IPPROTO_MPTCP);
+    }
+    if (fd < 0) throw Error(errstr("send: MPTCP socket"));
+    // A bounded blocking send, so the stop flag and the deadline are checked even when the
+    // peer's window is closed.
+    timeval tv{0, 100000};
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    if (connect(fd, reinterpret_cast<sockaddr*>(&ss), sl) != 0) {
+        std::string e = errstr("send: connect " + addr + ":" + std::to_string(port));
+        close(fd);
+        throw Error(e);
+    }
+
+    const auto& pat = pattern();
+    TrafficStats s;
+    s.checksum = kFnvOffset;
+    auto t0 = Clock::now();
+    auto deadline = t0 + opt.duration;
+    size_t pos = 0;
+    for (;;) {
+        if (opt.stop && opt.stop->load()) break;
+        if (opt.duration.count() && Clock::now() >= deadline) break;
+        size_t chunk = std::min<size_t>(64 * 1024, kPatternLen - pos);
+        if (opt.bytes) {
+            if (s.bytes >= opt.bytes) break;
+            chunk = std::min<uint64_t>(chunk, opt.bytes - s.bytes);
+        }
+        ssize_t n = send(fd, pat.data() + pos, chunk, MSG_NOSIGNAL);
+        if (n < 0) {
+            if (errno == EAGAIN || errno == EINTR) continue;
+            std::string e = errstr("send");
+            close(fd);
+            throw Error(e);
+        }
+        s.checksum = fnv1a(s.checksum, pat.data() + pos, n);
+        s.bytes += n;
+        pos = (pos + n) % kPatternLen;
+    }
+    fill_info(fd, s);
+    s.seconds = since(t0);
+    shutdown(fd, SHUT_WR);
+    close(fd);  // the kernel delivers what is queued; the sink's result says when it arrived
+    return s;
+}
+
+}  // namespace mpsteer::lab
