@@ -1,0 +1,298 @@
+// Model -> ChainSet. Selector expressions become branches through labels that are bound to
+// pcs once the step they name has been emitted (every jump goes forward, so chains cannot loop).
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <set>
+
+#include "compile/compile.h"
+
+namespace mpsteer::compile {
+
+using manifest::Action;
+using manifest::HookPoint;
+using manifest::Policy;
+using manifest::Selector;
+
+namespace {
+
+constexpr int kEnd = -1;  // label meaning MPS_PC_END
+
+uint32_t kind_bit(const std::string& name) {
+    static const std::map<std::string, uint32_t> bits = {
+        {"mp_capable", MPS_K_MP_CAPABLE}, {"mp_join", MPS_K_MP_JOIN},
+        {"dss", MPS_K_DSS},               {"add_addr", MPS_K_ADD_ADDR},
+        {"remove_addr", MPS_K_REMOVE_ADDR}, {"mp_prio", MPS_K_MP_PRIO},
+        {"mp_fail", MPS_K_MP_FAIL},       {"fastclose", MPS_K_FASTCLOSE},
+        {"mp_tcprst", MPS_K_MP_TCPRST},   {"data_ack", MPS_K_DATA_ACK},
+        {"data_fin", MPS_K_DATA_FIN},     {"any_mptcp", MPS_K_ANY_MPTCP},
+        {"plain_tcp", MPS_K_PLAIN_TCP},   {"syn", MPS_K_SYN},
+        {"fin", MPS_K_FIN},               {"rst", MPS_K_RST},
+        {"ack", MPS_K_ACK},               {"payload", MPS_K_PAYLOAD},
+        {"timestamp", MPS_K_TIMESTAMP},
+    };
+    auto it = bits.find(name);
+    if (it == bits.end()) throw Error("unknown packet type '" + name + "'");
+    return it->second;
+}
+
+void put_addr(__u32* dst, const manifest::IpAddr& a) {
+    std::memcpy(dst, a.bytes.data(), a.family == 4 ? 4 : 16);  // network order, as on the wire
+}
+
+struct Builder {
+    std::vector<mps_step> steps;
+    std::vector<std::array<int, 2>> targets;  // labels of on_match, on_miss
+    std::vector<std::string> text;
+    std::vector<std::pair<uint16_t, std::string>> ifnames;
+    std::vector<int> label_pc;
+    uint16_t policy = 0;
+    uint8_t flags = 0;
+
+    int label() {
+        label_pc.push_back(-2);  // unbound
+        return int(label_pc.size() - 1);
+    }
+    void bind(int l) { label_pc[size_t(l)] = int(steps.size()); }
+    void bind_end(int l) { label_pc[size_t(l)] = kEnd; }
+
+    void emit(const mps_step& s, int on_match, int on_miss, std::string t) {
+        steps.push_back(s);
+        steps.back().flags = flags;
+        targets.push_back({on_match, on_miss});
+        text.push_back(std::move(t));
+    }
+
+    mps_step encode(const Selector& s) {
+        mps_step st{};
+        auto make = [&](mps_prog p) { st = datapath::make_step(p, MPS_PC_END, MPS_PC_END, policy); };
+        switch (s.kind) {
+        case Selector::Kind::src:
+        case Selector::Kind::dst: {
+            make(s.kind == Selector::Kind::src ? MPS_SEL_SRC : MPS_SEL_DST);
+            auto& c = st.p.cidr;
+            c.family = s.addr.family;
+            c.prefix = s.prefix;
+            put_addr(c.addr, s.addr);
+            manifest::IpAddr mask;
+            mask.family = s.addr.family;
+            for (unsigned i = 0; i < 16; ++i) {
+                unsigned bits = s.prefix > i * 8 ? std::min(8u, s.prefix - i * 8) : 0;
+                mask.bytes[i] = uint8_t(0xff00u >> bits);
+            }
+            put_addr(c.mask, mask);
+            break;
+        }
+        case Selector::Kind::ip_pair:
+        case Selector::Kind::subflow: {
+            bool sub = s.kind == Selector::Kind::subflow;
+            make(sub ? MPS_SEL_SUBFLOW : MPS_SEL_IP_PAIR);
+            auto& p = st.p.pair;
+            p.family = s.a.family;
+            put_addr(p.a, s.a);
+            put_addr(p.b, s.b);
+            if (sub) p.port_a = s.port_a, p.port_b = s.port_b;
+            break;
+        }
+        case Selector::Kind::port:
+            make(MPS_SEL_PORT);
+            st.p.port.dir = s.dir == manifest::PortDir::src   ? MPS_DIR_SRC
+                            : s.dir == manifest::PortDir::dst ? MPS_DIR_DST
+                                                              : MPS_DIR_EITHER;
+            st.p.port.lo = s.port_lo;
+            st.p.port.hi = s.port_hi;
+            break;
+        case Selector::Kind::packet_type:
+            make(MPS_SEL_PACKET_TYPE);
+            for (const auto& t : s.packet_types) st.p.kinds.any_of |= kind_bit(t);
+            break;
+        case Selector::Kind::token:
+            make(MPS_SEL_TOKEN);
+            st.p.token.token = s.token;
+            break;
+        case Selector::Kind::sequence:
+            make(MPS_SEL_SEQUENCE);
+            st.p.seq.kind = s.seq_kind == manifest::SeqKind::data ? MPS_SEQ_DATA : MPS_SEQ_SUBFLOW;
+            st.p.seq.lo = s.lo;
+            st.p.seq.hi = s.hi;
+            break;
+        case Selector::Kind::flow_bytes:
+            make(MPS_SEL_FLOW_BYTES);
+            st.p.bytes.scope =
+                s.scope == manifest::BytesScope::connection ? MPS_BYTES_CONN : MPS_BYTES_SUBFLOW;
+            st.p.bytes.lo = s.lo;
+            st.p.bytes.hi = s.hi;
+            break;
+        default: throw Error("not a selector program: " + s.describe());
+        }
+        return st;
+    }
+
+    // Emits `s` so that a match continues at label t and a miss at label f.
+    void expr(const Selector& s, int t, int f) {
+        switch (s.kind) {
+        case Selector::Kind::all:
+        case Selector::Kind::any: {
+            bool any = s.kind == Selector::Kind::any;
+            for (size_t i = 0; i + 1 < s.children.size(); ++i) {
+                int next = label();
+                // AND: a match goes on to the next child; OR: a miss does.
+                expr(s.children[i], any ? t : next, any ? next : f);
+                bind(next);
+            }
+            if (s.children.empty()) throw Error("empty selector group");
+            expr(s.children.back(), t, f);
+            break;
+        }
+        case Selector::Kind::not_: expr(s.children.at(0), f, t); break;
+        case Selector::Kind::ref: throw Error("unresolved selector_set " + s.ref);
+        default: emit(encode(s), t, f, s.describe()); break;
+        }
+    }
+
+    void action(const Action& a, int next) {
+        static const std::map<Action::Kind, mps_prog> progs = {
+            {Action::Kind::pass, MPS_ACT_PASS},
+            {Action::Kind::drop, MPS_ACT_DROP},
+            {Action::Kind::record, MPS_ACT_RECORD},
+            {Action::Kind::get_connect, MPS_ACT_GET_CONNECT},
+            {Action::Kind::get_subflow, MPS_ACT_GET_SUBFLOW},
+            {Action::Kind::rate_limit, MPS_ACT_RATE_LIMIT},
+            {Action::Kind::blk_subflow, MPS_ACT_BLK_SUBFLOW},
+            {Action::Kind::add_subflow, MPS_ACT_ADD_SUBFLOW},
+            {Action::Kind::set_backup, MPS_ACT_SET_BACKUP},
+            {Action::Kind::no_subflows, MPS_ACT_NO_SUBFLOWS},
+            {Action::Kind::redirect, MPS_ACT_REDIRECT},
+        };
+        auto it = progs.find(a.kind);
+        if (it == progs.end()) throw Error("unresolved action_chain " + a.ref);
+        mps_step st = datapath::make_step(it->second, MPS_PC_END, MPS_PC_END, policy);
+        switch (a.kind) {
+        case Action::Kind::rate_limit:
+            st.p.rate.bytes_per_sec = a.rate_bytes_per_sec;
+            st.p.rate.rtt_us = a.rtt_us;
+            st.p.rate.min_window = a.min_window;
+            break;
+        case Action::Kind::set_backup:
+            st.p.backup.backup = a.backup ? 1 : 0;
+            st.p.backup.every_packet = a.once ? 0 : 1;
+            break;
+        case Action::Kind::redirect:
+            ifnames.emplace_back(uint16_t(steps.size()), a.interface);  // ifindex: the loader's
+            break;
+        default: break;
+        }
+        // pass and drop end the chain in the datapath; say so in the table too.
+        bool ends = a.kind == Action::Kind::pass || a.kind == Action::Kind::drop;
+        emit(st, ends ? kEnd : next, kEnd, a.describe());
+    }
+
+    void policy_steps(const Policy& p, uint16_t index, int next_policy) {
+        policy = index;
+        flags = p.failure_mode == manifest::FailureMode::drop ? MPS_STEPF_FAIL_DROP : 0;
+        int actions = label();
+        for (size_t i = 0; i < p.select.size(); ++i) {
+            int next = i + 1 < p.select.size() ? label() : actions;
+            expr(p.select[i], next, next_policy);
+            if (next != actions) bind(next);
+        }
+        bind(actions);
+        int after = p.cont ? next_policy : kEnd;
+        for (size_t i = 0; i < p.actions.size(); ++i) {
+            int next = i + 1 < p.actions.size() ? label() : after;
+            action(p.actions[i], next);
+            if (next != after) bind(next);
+        }
+    }
+
+    uint16_t resolve(int l) const {
+        if (l == kEnd) return MPS_PC_END;
+        int pc = label_pc.at(size_t(l));
+        if (pc == -2) throw Error("internal: unbound label");
+        return pc == kEnd ? MPS_PC_END : uint16_t(pc);
+    }
+};
+
+bool on_hook(const Policy& p, HookPoint h) {
+    return std::binary_search(p.hooks.begin(), p.hooks.end(), h);
+}
+
+}  // namespace
+
+Output compile(const manifest::Model& model) {
+    Output out;
+    auto& cs = out.chains;
+    std::vector<const Policy*> order;
+    for (const auto& p : model.policies) {
+        cs.policies.push_back(p.name);
+        order.push_back(&p);
+    }
+    std::sort(cs.policies.begin(), cs.policies.end());
+    std::stable_sort(order.begin(), order.end(), [](const Policy* a, const Policy* b) {
+        return std::tie(a->priority, a->name) < std::tie(b->priority, b->name);
+    });
+    auto index_of = [&](const std::string& name) {
+        return uint16_t(std::lower_bound(cs.policies.begin(), cs.policies.end(), name) -
+                        cs.policies.begin());
+    };
+
+    Builder b;
+    std::vector<std::pair<datapath::EntryPoint, int>> entries;  // entry, label
+    std::set<std::pair<std::string, uint8_t>> attach;
+    for (HookPoint h : {HookPoint::xdp, HookPoint::tc_egress, HookPoint::tc_ingress}) {
+        auto dh = *datapath::hook_from_string(manifest::to_string(h));
+        std::set<std::string> named;
+        bool some_unnamed = false;
+        for (const Policy* p : order) {
+            if (!on_hook(*p, h)) continue;
+            named.insert(p->interfaces.begin(), p->interfaces.end());
+            some_unnamed |= p->interfaces.empty();
+            for (const auto& i : p->interfaces) attach.emplace(i, uint8_t(dh));
+            if (p->interfaces.empty()) attach.emplace("", uint8_t(dh));
+        }
+        std::vector<std::string> ifnames;
+        if (some_unnamed) ifnames.push_back("");  // every other interface
+        ifnames.insert(ifnames.end(), named.begin(), named.end());
+        for (const auto& ifn : ifnames) {
+            std::vector<const Policy*> chain;
+            for (const Policy* p : order) {
+                if (!on_hook(*p, h)) continue;
+                if (p->interfaces.empty() ||
+                    std::binary_search(p->interfaces.begin(), p->interfaces.end(), ifn))
+                    chain.push_back(p);
+            }
+            if (chain.empty()) continue;
+            int start = b.label();
+            b.bind(start);
+            entries.push_back({datapath::EntryPoint{dh, ifn, 0}, start});
+            for (size_t i = 0; i < chain.size(); ++i) {
+                int next = i + 1 < chain.size() ? b.label() : kEnd;
+                b.policy_steps(*chain[i], index_of(chain[i]->name), next);
+                if (next != kEnd) b.bind(next);
+            }
+        }
+    }
+    if (b.steps.size() > MPS_MAX_STEPS)
+        throw Error("the policies need " + std::to_string(b.steps.size()) +
+                    " steps; the datapath holds at most " + std::to_string(MPS_MAX_STEPS));
+    for (size_t pc = 0; pc < b.steps.size(); ++pc) {
+        b.steps[pc].on_match = b.resolve(b.targets[pc][0]);
+        b.steps[pc].on_miss =
+            MPS_PROG_IS_ACTOR(b.steps[pc].prog) ? MPS_PC_END : b.resolve(b.targets[pc][1]);
+    }
+    for (auto& [e, l] : entries) {
+        e.pc = b.resolve(l);
+        cs.entries.push_back(e);
+    }
+    for (const auto& [ifn, h] : attach) cs.attachments.push_back({ifn, datapath::Hook(h)});
+    std::sort(cs.attachments.begin(), cs.attachments.end(), [](const auto& x, const auto& y) {
+        return std::tie(x.hook, x.ifname) < std::tie(y.hook, y.ifname);
+    });
+    cs.steps = std::move(b.steps);
+    cs.step_ifnames = std::move(b.ifnames);
+    out.step_text = std::move(b.text);
+    if (auto problems = cs.check(); !problems.empty()) throw Error(problems.front());
+    return out;
+}
+
+}  // namespace mpsteer::compile

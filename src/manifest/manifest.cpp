@@ -1,0 +1,326 @@
+// Entry points (files, directories, in-memory sources), diagnostics, number parsers and the
+// text forms of the model.
+#include <algorithm>
+#include <arpa/inet.h>
+#include <charconv>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "manifest/internal.h"
+
+namespace mpsteer::manifest {
+
+namespace fs = std::filesystem;
+
+std::string Diagnostic::format() const {
+    std::string out = pos.file + ":" + std::to_string(pos.line) + ":" + std::to_string(pos.col) +
+                      ": " + (severity == Severity::error ? "error" : "warning") + ": ";
+    if (!pointer.empty()) out += pointer + ": ";
+    return out + message;
+}
+
+void sort_diagnostics(std::vector<Diagnostic>& d) {
+    auto key = [](const Diagnostic& x) {
+        return std::tie(x.pos.file, x.pos.line, x.pos.col, x.severity, x.pointer, x.message);
+    };
+    std::sort(d.begin(), d.end(), [&](const auto& a, const auto& b) { return key(a) < key(b); });
+    d.erase(std::unique(d.begin(), d.end(), [&](const auto& a, const auto& b) {
+                return key(a) == key(b);
+            }),
+            d.end());
+}
+
+bool Result::ok() const {
+    return std::none_of(diagnostics.begin(), diagnostics.end(),
+                        [](const Diagnostic& d) { return d.severity == Severity::error; });
+}
+
+std::string_view to_string(HookPoint h) {
+    switch (h) {
+    case HookPoint::xdp: return "xdp";
+    case HookPoint::tc_egress: return "tc_egress";
+    case HookPoint::tc_ingress: return "tc_ingress";
+    }
+    return "?";
+}
+
+std::string to_string(const IpAddr& a) {
+    char buf[INET6_ADDRSTRLEN] = {};
+    inet_ntop(a.family == 4 ? AF_INET : AF_INET6, a.bytes.data(), buf, sizeof buf);
+    return buf;
+}
+
+std::optional<IpAddr> parse_ip(std::string_view s) {
+    if (s.size() >= INET6_ADDRSTRLEN) return std::nullopt;
+    std::string str(s);
+    IpAddr a;
+    if (inet_pton(AF_INET, str.c_str(), a.bytes.data()) == 1) {
+        a.family = 4;
+        return a;
+    }
+    if (inet_pton(AF_INET6, str.c_str(), a.bytes.data()) == 1) {
+        a.family = 6;
+        return a;
+    }
+    return std::nullopt;
+}
+
+namespace {
+// Splits "123.5Mbit" into a decimal number (scaled by 10^6 to stay integral) and a unit.
+bool split_number(std::string_view s, uint64_t& micro, std::string_view& unit) {
+    size_t i = 0;
+    uint64_t whole = 0, frac = 0, scale = 1000000;
+    auto digit = [&](char c) { return c >= '0' && c <= '9'; };
+    if (s.empty() || !digit(s[0])) return false;
+    for (; i < s.size() && digit(s[i]); ++i) {
+        if (whole > UINT64_MAX / 10 / 1000000) return false;
+        whole = whole * 10 + uint64_t(s[i] - '0');
+    }
+    if (i < s.size() && s[i] == '.') {
+        ++i;
+        size_t n = 0;
+        for (; i < s.size() && digit(s[i]); ++i, ++n) {
+            if (n >= 6) return false;
+            scale /= 10;
+            frac += uint64_t(s[i] - '0') * scale;
+        }
+        if (n == 0) return false;
+    }
+    micro = whole * 1000000 + frac;
+    unit = s.substr(i);
+    return true;
+}
+}  // namespace
+
+std::optional<uint64_t> parse_duration_us(std::string_view s) {
+    uint64_t micro;
+    std::string_view unit;
+    if (!split_number(s, micro, unit) || micro % 1000000) return std::nullopt;
+    uint64_t n = micro / 1000000, mul;
+    if (unit == "us") mul = 1;
+    else if (unit == "ms") mul = 1000;
+    else if (unit == "s") mul = 1000000;
+    else if (unit == "m") mul = 60000000;
+    else return std::nullopt;
+    if (n > UINT64_MAX / mul) return std::nullopt;
+    return n * mul;
+}
+
+std::optional<uint64_t> parse_rate_bytes_per_sec(std::string_view s) {
+    uint64_t micro;
+    std::string_view unit;
+    if (!split_number(s, micro, unit)) return std::nullopt;
+    // bits per second need dividing by 8; bytes per second by 1
+    uint64_t mul, div;
+    if (unit == "bit") mul = 1, div = 8;
+    else if (unit == "kbit" || unit == "Kbit") mul = 1000, div = 8;
+    else if (unit == "mbit" || unit == "Mbit") mul = 1000000, div = 8;
+    else if (unit == "gbit" || unit == "Gbit") mul = 1000000000, div = 8;
+    else if (unit == "B/s") mul = 1, div = 1;
+    else if (unit == "KB/s") mul = 1000, div = 1;
+    else if (unit == "MB/s") mul = 1000000, div = 1;
+    else if (unit == "GB/s") mul = 1000000000, div = 1;
+    else return std::nullopt;
+    // micro * mul / (div * 10^6) without overflow for the ranges the schema allows
+    unsigned __int128 v = (unsigned __int128)micro * mul / div / 1000000;
+    if (v > UINT64_MAX) return std::nullopt;
+    return uint64_t(v);
+}
+
+std::string_view to_string(Action::Kind k) {
+    switch (k) {
+    case Action::Kind::pass: return "pass";
+    case Action::Kind::drop: return "drop";
+    case Action::Kind::record: return "record";
+    case Action::Kind::get_connect: return "get_connect";
+    case Action::Kind::get_subflow: return "get_subflow";
+    case Action::Kind::rate_limit: return "rate_limit";
+    case Action::Kind::blk_subflow: return "blk_subflow";
+    case Action::Kind::add_subflow: return "add_subflow";
+    case Action::Kind::set_backup: return "set_backup";
+    case Action::Kind::no_subflows: return "no_subflows";
+    case Action::Kind::redirect: return "redirect";
+    case Action::Kind::ref: return "action_chain";
+    }
+    return "?";
+}
+
+// Where each actor makes sense (documented in schemas/README.md):
+// - set_backup and no_subflows add or change options in packets this host sends: tc_egress.
+// - blk_subflow hides ADD_ADDR from this host's stack, add_subflow re-injects it into the
+//   stack: ingress (xdp, tc_ingress).
+// - redirect sends a packet out of another interface: xdp (forwarding) and tc_egress; at
+//   tc_ingress the packet is already past the XDP hook meant for that.
+// - the rest observe, count, drop or rewrite the window and run anywhere.
+bool applicable(Action::Kind k, HookPoint h) {
+    switch (k) {
+    case Action::Kind::set_backup:
+    case Action::Kind::no_subflows: return h == HookPoint::tc_egress;
+    case Action::Kind::blk_subflow:
+    case Action::Kind::add_subflow: return h != HookPoint::tc_egress;
+    case Action::Kind::redirect: return h != HookPoint::tc_ingress;
+    default: return true;
+    }
+}
+
+size_t Selector::leaves() const {
+    if (children.empty()) return 1;
+    size_t n = 0;
+    for (const auto& c : children) n += c.leaves();
+    return n;
+}
+
+size_t Policy::steps() const {
+    size_t n = actions.size();
+    for (const auto& s : select) n += s.leaves();
+    return n;
+}
+
+namespace {
+std::string port_text(uint16_t lo, uint16_t hi) {
+    return lo == hi ? std::to_string(lo) : std::to_string(lo) + "-" + std::to_string(hi);
+}
+std::string range_text(uint64_t lo, uint64_t hi) {
+    return "[" + std::to_string(lo) + ", " + (hi == UINT64_MAX ? "inf" : std::to_string(hi)) + ")";
+}
+}  // namespace
+
+std::string Selector::describe() const {
+    auto list = [&](const char* name) {
+        std::string s = std::string(name) + "(";
+        for (size_t i = 0; i < children.size(); ++i)
+            s += (i ? ", " : "") + children[i].describe();
+        return s + ")";
+    };
+    switch (kind) {
+    case Kind::src: return "src " + to_string(addr) + "/" + std::to_string(prefix);
+    case Kind::dst: return "dst " + to_string(addr) + "/" + std::to_string(prefix);
+    case Kind::ip_pair: return "ip_pair " + to_string(a) + " <-> " + to_string(b);
+    case Kind::subflow:
+        return "subflow " + to_string(a) + "." + std::to_string(port_a) + " <-> " +
+               to_string(b) + "." + std::to_string(port_b);
+    case Kind::port:
+        return std::string("port ") +
+               (dir == PortDir::src ? "src " : dir == PortDir::dst ? "dst " : "either ") +
+               port_text(port_lo, port_hi);
+    case Kind::packet_type: {
+        std::string s = "packet_type ";
+        for (size_t i = 0; i < packet_types.size(); ++i) s += (i ? "|" : "") + packet_types[i];
+        return s;
+    }
+    case Kind::token: {
+        char buf[16];
+        snprintf(buf, sizeof buf, "0x%08x", token);
+        return std::string("token ") + buf;
+    }
+    case Kind::sequence:
+        return std::string("sequence ") + (seq_kind == SeqKind::data ? "data " : "subflow ") +
+               range_text(lo, hi);
+    case Kind::flow_bytes:
+        return std::string("flow_bytes ") +
+               (scope == BytesScope::connection ? "connection " : "subflow ") + range_text(lo, hi);
+    case Kind::any: return list("any");
+    case Kind::all: return list("all");
+    case Kind::not_: return list("not");
+    case Kind::ref: return "selector_set " + ref;
+    }
+    return "?";
+}
+
+std::string Action::describe() const {
+    std::string s(to_string(kind));
+    switch (kind) {
+    case Kind::rate_limit:
+        s += " " + std::to_string(rate_bytes_per_sec) + "B/s rtt " + std::to_string(rtt_us) +
+             "us min_window " + std::to_string(min_window);
+        break;
+    case Kind::set_backup:
+        s += std::string(backup ? " backup" : " no-backup") + (once ? " once" : " every-packet");
+        break;
+    case Kind::redirect: s += " " + interface; break;
+    case Kind::ref: s = "action_chain " + ref; break;
+    default: break;
+    }
+    return s;
+}
+
+namespace {
+
+void add_file(const fs::path& p, std::vector<std::string>& files) {
+    files.push_back(p.lexically_normal().string());
+}
+
+void collect(const std::string& arg, std::vector<std::string>& files,
+             std::vector<Diagnostic>& diags) {
+    std::error_code ec;
+    fs::path root(arg);
+    if (fs::is_directory(root, ec)) {
+        std::vector<std::string> found;
+        fs::recursive_directory_iterator it(root, fs::directory_options::skip_permission_denied,
+                                            ec),
+            end;
+        for (; !ec && it != end; it.increment(ec)) {
+            const auto name = it->path().filename().string();
+            if (!name.empty() && name[0] == '.') {
+                if (it->is_directory(ec)) it.disable_recursion_pending();
+                continue;
+            }
+            auto ext = it->path().extension().string();
+            if ((ext == ".yaml" || ext == ".yml") && it->is_regular_file(ec))
+                add_file(it->path(), found);
+        }
+        if (ec) diags.push_back({Severity::error, {arg, 0, 0}, "", "cannot read: " + ec.message()});
+        files.insert(files.end(), found.begin(), found.end());
+    } else if (fs::exists(root, ec)) {
+        add_file(root, files);
+    } else {
+        diags.push_back({Severity::error, {arg, 0, 0}, "", "no such file or directory"});
+    }
+}
+
+}  // namespace
+
+namespace detail {
+Result load_docs(std::vector<Doc> docs, std::vector<Diagnostic> diags,
+                 std::vector<std::string> files, const Options& opts);
+}
+
+Result load_sources(const std::vector<std::pair<std::string, std::string>>& sources,
+                    const Options& opts) {
+    std::vector<Diagnostic> diags;
+    std::vector<detail::Doc> docs;
+    std::vector<std::string> files;
+    for (const auto& [name, text] : sources) {
+        files.push_back(name);
+        auto d = detail::parse_yaml(name, text, diags);
+        for (auto& x : d) docs.push_back(std::move(x));
+    }
+    return detail::load_docs(std::move(docs), std::move(diags), std::move(files), opts);
+}
+
+Result load_paths(const std::vector<std::string>& paths, const Options& opts) {
+    std::vector<Diagnostic> diags;
+    std::vector<std::string> files;
+    for (const auto& p : paths) collect(p, files, diags);
+    std::sort(files.begin(), files.end());
+    files.erase(std::unique(files.begin(), files.end()), files.end());
+    std::vector<std::pair<std::string, std::string>> sources;
+    for (const auto& f : files) {
+        std::ifstream in(f, std::ios::binary);
+        std::ostringstream ss;
+        ss << in.rdbuf();
+        if (!in) {
+            diags.push_back({Severity::error, {f, 0, 0}, "", "cannot read the file"});
+            continue;
+        }
+        sources.emplace_back(f, ss.str());
+    }
+    Result r = load_sources(sources, opts);
+    r.diagnostics.insert(r.diagnostics.end(), diags.begin(), diags.end());
+    sort_diagnostics(r.diagnostics);
+    r.files = files;
+    return r;
+}
+
+}  // namespace mpsteer::manifest

@@ -1,0 +1,166 @@
+// Manifests: YAML documents (Policy, SelectorSet, ActionChain) loaded from files, converted to
+// typed JSON, validated against the JSON Schemas in schemas/ (embedded at build time), checked
+// for meaning (references, ranges, conflicts) and turned into a typed model with every
+// reference inlined. Nothing here touches the kernel; the compiler (src/compile) takes the model.
+// Problems are reported as Diagnostics, never thrown; the format is documented in schemas/README.md.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace mpsteer::manifest {
+
+// 1-based line and column, as editors and compilers print them.
+struct Position {
+    std::string file;
+    int line = 0;
+    int col = 0;
+    auto operator<=>(const Position&) const = default;
+};
+
+enum class Severity { error, warning };
+
+struct Diagnostic {
+    Severity severity = Severity::error;
+    Position pos;
+    std::string pointer;  // JSON pointer into the document ("" for the document itself)
+    std::string message;
+    // "FILE:LINE:COL: error: /json/pointer: message"
+    std::string format() const;
+};
+// Sorts by file, line, column, severity, message; removes exact duplicates.
+void sort_diagnostics(std::vector<Diagnostic>& d);
+
+enum class HookPoint : uint8_t { xdp, tc_egress, tc_ingress };
+std::string_view to_string(HookPoint h);
+
+struct IpAddr {
+    uint8_t family = 0;              // 4 or 6
+    std::array<uint8_t, 16> bytes{}; // network order; IPv4 uses the first 4
+    auto operator<=>(const IpAddr&) const = default;
+};
+std::string to_string(const IpAddr& a);
+
+enum class PortDir : uint8_t { src, dst, either };
+enum class SeqKind : uint8_t { subflow, data };
+enum class BytesScope : uint8_t { subflow, connection };
+
+struct Selector {
+    enum class Kind : uint8_t {
+        subflow, ip_pair, src, dst, port, packet_type, token, sequence, flow_bytes,
+        any,   // children: OR
+        all,   // children: AND (an included selector set)
+        not_,  // one child
+        ref,   // `selector_set: NAME` before inlining; never in a Model
+    };
+    Kind kind = Kind::src;
+    Position pos;
+    IpAddr addr;             // src, dst (already masked)
+    uint8_t prefix = 0;
+    IpAddr a, b;             // ip_pair, subflow
+    uint16_t port_a = 0, port_b = 0;  // subflow
+    PortDir dir = PortDir::either;    // port
+    uint16_t port_lo = 0, port_hi = 0;
+    std::vector<std::string> packet_types;  // packet_type, names as in the schema
+    uint32_t token = 0;
+    SeqKind seq_kind = SeqKind::subflow;
+    BytesScope scope = BytesScope::subflow;
+    uint64_t lo = 0, hi = UINT64_MAX;  // sequence, flow_bytes: [lo, hi)
+    std::vector<Selector> children;    // any, all; not: exactly one
+    std::string ref;                   // ref: the selector set's name
+    // Number of selector programs this expands to (leaves).
+    size_t leaves() const;
+    std::string describe() const;  // "dst 10.0.1.0/24", "any(port dst 80, port dst 443)"
+};
+
+struct Action {
+    enum class Kind : uint8_t {
+        pass, drop, record, get_connect, get_subflow, rate_limit, blk_subflow, add_subflow,
+        set_backup, no_subflows, redirect,
+        ref,  // `action_chain: NAME` before inlining; never in a Model
+    };
+    Kind kind = Kind::pass;
+    Position pos;
+    uint64_t rate_bytes_per_sec = 0;  // rate_limit
+    uint32_t rtt_us = 0;
+    uint32_t min_window = 0;
+    bool backup = true;               // set_backup
+    bool once = true;
+    std::string interface;            // redirect
+    std::vector<std::string> metrics; // record (informational)
+    std::string ref;                  // ref: the action chain's name
+    std::string describe() const;
+};
+std::string_view to_string(Action::Kind k);
+// Where an actor may run (documented in schemas/README.md).
+bool applicable(Action::Kind k, HookPoint h);
+
+struct LuaHook {
+    std::string script;       // as written (relative to the repository)
+    std::string path;         // the file found on disk
+    uint32_t every_ms = 0;    // 0: no on_tick
+    nlohmann::json params = nlohmann::json::object();
+};
+
+enum class FailureMode : uint8_t { pass, drop };
+
+struct Policy {
+    std::string name;
+    Position pos;                          // the document
+    std::vector<std::string> interfaces;   // sorted; empty: every managed interface
+    std::vector<HookPoint> hooks;          // sorted
+    uint32_t priority = 0;
+    FailureMode failure_mode = FailureMode::pass;
+    bool cont = false;                     // `continue: true`
+    std::vector<Selector> select;          // AND; selector sets inlined
+    std::vector<Action> actions;           // action chains inlined
+    std::optional<LuaHook> lua;
+    // The resolved policy as canonical JSON (references inlined, defaults filled): two
+    // revisions of a policy are "the same" when this text is.
+    std::string canonical;
+    // Longest run of steps through the policy: selectors + actions.
+    size_t steps() const;
+};
+
+struct Model {
+    std::vector<Policy> policies;  // sorted by name
+};
+
+struct Options {
+    // Interfaces that exist; names outside it give a warning. nullopt: read /sys/class/net.
+    std::optional<std::set<std::string>> known_interfaces;
+    // Where the search for Lua scripts stops going up; empty: the nearest directory with a
+    // .git entry, else the filesystem root.
+    std::string repo_root;
+    // Skip the script-exists check (fuzzing, or validating a manifest away from its repo).
+    bool check_scripts = true;
+};
+
+struct Result {
+    Model model;
+    std::vector<Diagnostic> diagnostics;  // sorted
+    std::vector<std::string> files;       // files read, sorted
+    bool ok() const;                      // no error (warnings allowed)
+};
+
+// Files and directories (recursively: *.yaml, *.yml; hidden entries skipped). A path that
+// does not exist is an error diagnostic.
+Result load_paths(const std::vector<std::string>& paths, const Options& opts = {});
+// In-memory sources (tests, fuzzing): {file name, text}. The name is used in positions and
+// to find scripts.
+Result load_sources(const std::vector<std::pair<std::string, std::string>>& sources,
+                    const Options& opts = {});
+
+// Number parsers shared with the CLI and tests; nullopt when malformed or out of range.
+std::optional<uint64_t> parse_duration_us(std::string_view s);        // "100ms" -> 100000
+std::optional<uint64_t> parse_rate_bytes_per_sec(std::string_view s); // "20Mbit" -> 2500000
+std::optional<IpAddr> parse_ip(std::string_view s);
+
+}  // namespace mpsteer::manifest
