@@ -42,16 +42,17 @@ struct {
 	__type(value, __u16);
 } iface_entries SEC(".maps");
 
+/* Slot MPS_PROG_NONE (0) holds the interpreter, slot N the actor program with enum value N. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
-	__uint(max_entries, MPS_MAX_STEPS);
+	__uint(max_entries, MPS_PROG_MAX);
 	__type(key, __u32);
 	__type(value, __u32);
 } jmp_xdp SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
-	__uint(max_entries, MPS_MAX_STEPS);
+	__uint(max_entries, MPS_PROG_MAX);
 	__type(key, __u32);
 	__type(value, __u32);
 } jmp_tc SEC(".maps");
@@ -158,9 +159,12 @@ static __always_inline void gen_count(__u32 which)
 /* The TCP header of the packet described by pc, re-derived from the offsets. */
 static __always_inline struct tcphdr *view_tcp(void *ctx, bool xdp, const struct mps_pkt_ctx *pc)
 {
+	/* A mask, not a comparison: clang merges repeated bounds checks on the same field and
+	 * forms data + off from a copy the verifier never saw bounded. The entry program only
+	 * accepts l4_off < 512, so the mask never changes the value. */
 	__u32 off = pc->l4_off;
-	if (off > 512)
-		return NULL;
+	barrier_var(off);
+	off &= 0x1ff;
 	void *end = ctx_end(ctx, xdp);
 	struct tcphdr *tcp = ctx_data(ctx, xdp) + off;
 	if ((void *)(tcp + 1) > end)
@@ -178,9 +182,9 @@ static __always_inline int load_tuple(void *ctx, bool xdp, const struct mps_pkt_
 				      struct tuple *t)
 {
 	void *data = ctx_data(ctx, xdp), *end = ctx_end(ctx, xdp);
-	__u32 l3 = pc->l3_off;
-	if (l3 > 64)
-		return -1;
+	__u32 l3 = pc->l3_off; /* < 64, see view_tcp() */
+	barrier_var(l3);
+	l3 &= 0x3f;
 	if (pc->family == 4) {
 		struct iphdr *ip = data + l3;
 		if ((void *)(ip + 1) > end)
@@ -238,11 +242,12 @@ static __always_inline void flow_key(const struct tuple *t, __u8 family, struct 
 }
 
 /*
- * Option walks live in global functions: the verifier checks each once per program instead
- * of once per call site (inlined, the walks multiply its states past the 1M limit).
+ * The option walk with offsets, in a global function: verified once per program, in an empty
+ * context. Inlined, the walk multiplies with the state of its caller (hundreds of thousands
+ * of verifier instructions); the price is a BPF-to-BPF call (~11 ns here), paid only by
+ * programs that read or write options (actors, SYNs), never by the selector hot path.
  */
-__noinline int opt_scan_xdp(struct xdp_md *ctx, __u32 l4_off, __u32 l4_len,
-			 struct opt_locs *loc)
+__noinline int opt_scan_xdp(struct xdp_md *ctx, __u32 l4_off, __u32 l4_len, struct opt_locs *loc)
 {
 	if (!loc)
 		return PARSE_MALFORMED;
@@ -251,8 +256,7 @@ __noinline int opt_scan_xdp(struct xdp_md *ctx, __u32 l4_off, __u32 l4_len,
 			    loc);
 }
 
-__noinline int opt_scan_tc(struct __sk_buff *ctx, __u32 l4_off, __u32 l4_len,
-			struct opt_locs *loc)
+__noinline int opt_scan_tc(struct __sk_buff *ctx, __u32 l4_off, __u32 l4_len, struct opt_locs *loc)
 {
 	if (!loc)
 		return PARSE_MALFORMED;
@@ -261,21 +265,13 @@ __noinline int opt_scan_tc(struct __sk_buff *ctx, __u32 l4_off, __u32 l4_len,
 			    loc);
 }
 
-static __always_inline int opt_scan(void *ctx, bool xdp, const struct mps_pkt_ctx *pc,
-				    struct opt_locs *loc)
+/* Kinds into the context (cached for later programs), offsets into *loc. Returns <0 when
+ * the options are malformed: a program that modifies a packet walks its options first, so a
+ * malformed packet is never modified. */
+static __always_inline int scan(void *ctx, bool xdp, struct mps_pkt_ctx *pc, struct opt_locs *loc)
 {
-	return xdp ? opt_scan_xdp(ctx, pc->l4_off, pc->l4_len, loc)
-		   : opt_scan_tc(ctx, pc->l4_off, pc->l4_len, loc);
-}
-
-/* Validate the options once per packet (cached in the context): anything reading or
- * writing options calls this first, so a malformed packet is never modified. */
-static __always_inline int ensure_scanned(void *ctx, bool xdp, struct mps_pkt_ctx *pc)
-{
-	struct opt_locs loc;
-	if (pc->flags & MPS_CTXF_SCANNED)
-		return 0;
-	int r = opt_scan(ctx, xdp, pc, &loc);
+	int r = xdp ? opt_scan_xdp(ctx, pc->l4_off, pc->l4_len, loc)
+		    : opt_scan_tc(ctx, pc->l4_off, pc->l4_len, loc);
 	if (r < 0)
 		return -1;
 	pc->kinds = r;
@@ -283,16 +279,22 @@ static __always_inline int ensure_scanned(void *ctx, bool xdp, struct mps_pkt_ct
 	return 0;
 }
 
-/* Locate an option in a validated header: a pointer to it with at least `need` bytes
- * readable, or NULL (absent, shorter than `need`, or outside the linear data). */
-
-static __always_inline __u8 *opt_ptr(void *ctx, bool xdp, const struct mps_pkt_ctx *pc,
-				     enum opt_which which, __u32 need, __u32 *len)
+/* Kinds only (no offsets): free when an earlier program already walked the options. */
+static __always_inline int ensure_scanned(void *ctx, bool xdp, struct mps_pkt_ctx *pc)
 {
 	struct opt_locs loc;
-	if (opt_scan(ctx, xdp, pc, &loc) < 0)
-		return NULL;
-	__u32 off = loc.off[which], l = loc.len[which];
+	if (pc->flags & MPS_CTXF_SCANNED)
+		return 0;
+	return scan(ctx, xdp, pc, &loc);
+}
+
+/* A pointer to an option found by scan() with at least `need` bytes readable, or NULL (absent,
+ * shorter than `need`, or outside the linear data). */
+static __always_inline __u8 *opt_ptr(void *ctx, bool xdp, const struct mps_pkt_ctx *pc,
+				     const struct opt_locs *loc, enum opt_which which, __u32 need,
+				     __u32 *len)
+{
+	__u32 off = loc->off[which], l = loc->len[which];
 	*len = l;
 	if (!off || off > 60 || l < need)
 		return NULL;
@@ -332,7 +334,8 @@ static __always_inline void learn_syn(void *ctx, bool xdp, struct mps_pkt_ctx *p
 	__u8 from_a;
 	__u32 len;
 
-	if (ensure_scanned(ctx, xdp, pc) || load_tuple(ctx, xdp, pc, &t))
+	struct opt_locs locs, *loc = &locs;
+	if (scan(ctx, xdp, pc, loc) || load_tuple(ctx, xdp, pc, &t))
 		return;
 	flow_key(&t, pc->family, &k, &from_a);
 	bool synack = pc->kinds & MPS_K_ACK;
@@ -350,13 +353,13 @@ static __always_inline void learn_syn(void *ctx, bool xdp, struct mps_pkt_ctx *p
 		return;
 	__u32 d = from_a ? 0 : 1;
 	f->dir[d].isn = bpf_ntohl(tcp->seq);
-	__u8 *ws = opt_ptr(ctx, xdp, pc, OPT_WSCALE, 3, &len);
+	__u8 *ws = opt_ptr(ctx, xdp, pc, loc, OPT_WSCALE, 3, &len);
 	f->dir[d].wscale = ws ? (ws[2] > 14 ? 14 : ws[2]) : 0; /* RFC 7323 clamps to 14 */
 	f->dir[d].wscale_known = 1;
 	if (pc->kinds & MPS_K_MP_JOIN) {
 		f->role = MPS_ROLE_JOIN;
 		/* MP_JOIN SYN (length 12): the token is the receiver's, i.e. the other side's. */
-		__u8 *o = opt_ptr(ctx, xdp, pc, OPT_JOIN, 12, &len);
+		__u8 *o = opt_ptr(ctx, xdp, pc, loc, OPT_JOIN, 12, &len);
 		if (o && !synack && len == 12) {
 			__u32 tok = load_be32_h(o + 4);
 			f->token[d ^ 1] = tok;
@@ -419,9 +422,10 @@ static __always_inline struct mps_flow *account(void *ctx, bool xdp, struct mps_
 
 	/* RTT: remember one TSval per direction; the first echo of it (or a later one)
 	 * coming back the other way closes the sample. */
-	if (ensure_scanned(ctx, xdp, pc) || !(pc->kinds & MPS_K_TIMESTAMP))
+	struct opt_locs locs, *loc = &locs;
+	if (scan(ctx, xdp, pc, loc) || !(pc->kinds & MPS_K_TIMESTAMP))
 		return f;
-	__u8 *o = opt_ptr(ctx, xdp, pc, OPT_TS, 10, &len);
+	__u8 *o = opt_ptr(ctx, xdp, pc, loc, OPT_TS, 10, &len);
 	if (!o)
 		return f;
 	__u32 tsval = load_be32_h(o + 2), tsecr = load_be32_h(o + 6);
@@ -450,193 +454,58 @@ static __always_inline struct mps_flow *account(void *ctx, bool xdp, struct mps_
 	return f;
 }
 
-/* ---- chain mechanics -------------------------------------------------------------------- */
-
-static __always_inline const struct mps_step *load_step(__u32 pc)
-{
-	return bpf_map_lookup_elem(&steps, &pc);
-}
-
-static __always_inline void step_count(__u32 pc, bool matched, bool dropped)
-{
-	struct mps_step_counters *c = bpf_map_lookup_elem(&step_counters, &pc);
-	if (!c)
-		return;
-	c->runs++;
-	if (matched)
-		c->matched++;
-	if (dropped)
-		c->drops++;
-}
-
-/* Jump to step `next`; falls through only when the slot is empty or the kernel's tail-call
- * limit is hit, which is counted and answered with the policy's failure mode. */
-static __always_inline int chain_next(void *ctx, bool xdp, struct mps_pkt_ctx *pc, __u8 fail_flags,
-				      __u32 next)
-{
-	if (next == MPS_PC_END)
-		return PASS(xdp);
-	if (pc->hops >= MPS_MAX_CHAIN) {
-		gen_count(MPS_GC_CHAIN_TOO_LONG);
-		return PASS(xdp);
-	}
-	__u32 from = pc->pc;
-	pc->pc = next;
-	pc->hops++;
-	if (pctx_store(ctx, xdp, pc))
-		return PASS(xdp);
-	if (xdp)
-		bpf_tail_call(ctx, &jmp_xdp, next);
-	else
-		bpf_tail_call(ctx, &jmp_tc, next);
-	gen_count(MPS_GC_MISSED_TAIL_CALL);
-	struct mps_step_counters *c = bpf_map_lookup_elem(&step_counters, &from);
-	if (c)
-		c->missed_tail_calls++;
-	return (fail_flags & MPS_STEPF_FAIL_DROP) ? DROP(xdp) : PASS(xdp);
-}
-
-static __always_inline int entry(void *ctx, bool xdp, __u8 hook, __u32 ifindex)
-{
-	struct mps_pkt_ctx pc = {};
-	void *data, *end;
-	__u32 pkt_len;
-
-	gen_count(MPS_GC_PACKETS);
-	__u32 h = hook;
-	struct mps_entry *e = bpf_map_lookup_elem(&entries, &h);
-	if (!e || e->pc == MPS_PC_END)
-		return PASS(xdp);
-	__u32 first = e->pc;
-	if (e->flags & MPS_ENTRYF_PER_IFACE) {
-		struct mps_iface_key ik = {.ifindex = ifindex, .hook = hook};
-		__u16 *p = bpf_map_lookup_elem(&iface_entries, &ik);
-		if (p)
-			first = *p;
-		if (first == MPS_PC_END)
-			return PASS(xdp);
-	}
-
-	if (xdp) {
-		pkt_len = ((struct xdp_md *)ctx)->data_end - ((struct xdp_md *)ctx)->data;
-	} else {
-		struct __sk_buff *skb = ctx;
-		pkt_len = skb->len;
-		/* Headers of a non-linear skb may sit outside the linear area. */
-		if (skb->data_end - skb->data < 134 && skb->len > skb->data_end - skb->data)
-			bpf_skb_pull_data(skb, skb->len < 134 ? skb->len : 134);
-	}
-	data = ctx_data(ctx, xdp);
-	end = ctx_end(ctx, xdp);
-	int r = parse_packet(data, end, pkt_len, &pc);
-	if (r) {
-		gen_count(r == PARSE_MALFORMED ? MPS_GC_MALFORMED : MPS_GC_NOT_TCP);
-		return PASS(xdp);
-	}
-	pc.hook = hook;
-	pc.pc = first;
-
-	if (xdp && bpf_xdp_adjust_meta(ctx, -(int)sizeof(struct mps_pkt_ctx))) {
-		gen_count(MPS_GC_NO_META);
-		return PASS(xdp);
-	}
-	struct tcphdr *tcp = view_tcp(ctx, xdp, &pc);
-	if (tcp && tcp->syn) {
-		learn_syn(ctx, xdp, &pc);
-		if (!(pc.flags & MPS_CTXF_SCANNED)) { /* a SYN with malformed options */
-			gen_count(MPS_GC_MALFORMED);
-			return PASS(xdp);
-		}
-	}
-	if (pctx_store(ctx, xdp, &pc))
-		return PASS(xdp);
-	if (xdp)
-		bpf_tail_call(ctx, &jmp_xdp, first);
-	else
-		bpf_tail_call(ctx, &jmp_tc, first);
-	gen_count(MPS_GC_MISSED_TAIL_CALL);
-	return PASS(xdp);
-}
-
-SEC("xdp")
-int entry_xdp(struct xdp_md *ctx)
-{
-	return entry(ctx, true, MPS_HOOK_XDP, ctx->ingress_ifindex);
-}
-
-SEC("tc")
-int entry_tc_egress(struct __sk_buff *skb)
-{
-	return entry(skb, false, MPS_HOOK_TC_EGRESS, skb->ifindex);
-}
-
-SEC("tc")
-int entry_tc_ingress(struct __sk_buff *skb)
-{
-	return entry(skb, false, MPS_HOOK_TC_INGRESS, skb->ifindex);
-}
-
 /* ---- selectors -------------------------------------------------------------------------- */
 
 /* A selector answers 1 (match), 0 (miss) or -1 (malformed: pass the packet untouched). */
 
-static __always_inline bool addr_eq(const __u32 *x, const __u32 *y)
+/*
+ * The selectors the interpreter runs inline, written branch-free over a tuple parsed once:
+ * the interpreter loop is verified once per iteration, so every branch in here would be
+ * paid 32 times over by the verifier.
+ */
+static __always_inline __u64 is_zero(__u64 d)
 {
-	return x[0] == y[0] && x[1] == y[1] && x[2] == y[2] && x[3] == y[3];
+	return 1 ^ ((d | -d) >> 63);
 }
 
-static __always_inline int sel_cidr(void *ctx, bool xdp, struct mps_pkt_ctx *pc,
-				    const struct mps_step *st, bool dst)
+/* 1 when lo <= v <= hi. */
+static __always_inline __u64 in_range(__u64 v, __u64 lo, __u64 hi)
 {
-	struct tuple t;
-	const struct mps_p_cidr *p = &st->p.cidr;
-	if (p->family != pc->family)
-		return 0;
-	if (load_tuple(ctx, xdp, pc, &t))
-		return -1;
-	const __u32 *a = dst ? t.dst : t.src;
-	return (a[0] & p->mask[0]) == p->addr[0] && (a[1] & p->mask[1]) == p->addr[1] &&
-	       (a[2] & p->mask[2]) == p->addr[2] && (a[3] & p->mask[3]) == p->addr[3];
+	return 1 ^ ((((__s64)v - (__s64)lo) | ((__s64)hi - (__s64)v)) >> 63 & 1);
 }
 
-static __always_inline int sel_pair(void *ctx, bool xdp, struct mps_pkt_ctx *pc,
-				    const struct mps_step *st, bool ports)
+static __always_inline __u64 m_cidr(const struct tuple *t, __u8 family, const struct mps_p_cidr *p,
+				   bool dst)
 {
-	struct tuple t;
-	const struct mps_p_pair *p = &st->p.pair;
-	if (p->family != pc->family)
-		return 0;
-	if (load_tuple(ctx, xdp, pc, &t))
-		return -1;
-	if (addr_eq(t.src, p->a) && addr_eq(t.dst, p->b))
-		return !ports || (t.sport == p->port_a && t.dport == p->port_b);
-	if (addr_eq(t.src, p->b) && addr_eq(t.dst, p->a))
-		return !ports || (t.sport == p->port_b && t.dport == p->port_a);
-	return 0;
+	const __u32 *a = dst ? t->dst : t->src;
+	__u64 d = ((a[0] & p->mask[0]) ^ p->addr[0]) | ((a[1] & p->mask[1]) ^ p->addr[1]) |
+		  ((a[2] & p->mask[2]) ^ p->addr[2]) | ((a[3] & p->mask[3]) ^ p->addr[3]) |
+		  (__u64)(p->family ^ family);
+	return is_zero(d);
 }
 
-static __always_inline int sel_port(void *ctx, bool xdp, struct mps_pkt_ctx *pc,
-				    const struct mps_step *st)
+/* Either direction; ports only for subflow. */
+static __always_inline __u64 m_pair(const struct tuple *t, __u8 family, const struct mps_p_pair *p,
+				   bool ports)
 {
-	const struct mps_p_port *p = &st->p.port;
-	struct tcphdr *tcp = view_tcp(ctx, xdp, pc);
-	if (!tcp)
-		return -1;
-	__u16 sp = bpf_ntohs(tcp->source), dp = bpf_ntohs(tcp->dest);
-	bool s = sp >= p->lo && sp <= p->hi, d = dp >= p->lo && dp <= p->hi;
-	if (p->dir == MPS_DIR_SRC)
-		return s;
-	if (p->dir == MPS_DIR_DST)
-		return d;
-	return s || d;
+	__u64 fwd = (t->src[0] ^ p->a[0]) | (t->src[1] ^ p->a[1]) | (t->src[2] ^ p->a[2]) |
+		    (t->src[3] ^ p->a[3]) | (t->dst[0] ^ p->b[0]) | (t->dst[1] ^ p->b[1]) |
+		    (t->dst[2] ^ p->b[2]) | (t->dst[3] ^ p->b[3]);
+	__u64 rev = (t->src[0] ^ p->b[0]) | (t->src[1] ^ p->b[1]) | (t->src[2] ^ p->b[2]) |
+		    (t->src[3] ^ p->b[3]) | (t->dst[0] ^ p->a[0]) | (t->dst[1] ^ p->a[1]) |
+		    (t->dst[2] ^ p->a[2]) | (t->dst[3] ^ p->a[3]);
+	if (ports) {
+		fwd |= (t->sport ^ p->port_a) | (t->dport ^ p->port_b);
+		rev |= (t->sport ^ p->port_b) | (t->dport ^ p->port_a);
+	}
+	return (is_zero(fwd) | is_zero(rev)) & is_zero(p->family ^ family);
 }
 
-static __always_inline int sel_packet_type(void *ctx, bool xdp, struct mps_pkt_ctx *pc,
-					   const struct mps_step *st)
+static __always_inline __u64 m_port(const struct tuple *t, const struct mps_p_port *p)
 {
-	if (ensure_scanned(ctx, xdp, pc))
-		return -1;
-	return (pc->kinds & st->p.kinds.any_of) != 0;
+	__u64 s = in_range(t->sport, p->lo, p->hi) & (p->dir & MPS_DIR_SRC);
+	__u64 d = in_range(t->dport, p->lo, p->hi) & ((p->dir & MPS_DIR_DST) >> 1);
+	return s | d;
 }
 
 static __always_inline struct mps_flow *lookup_flow(void *ctx, bool xdp,
@@ -678,11 +547,12 @@ static __always_inline int sel_sequence(void *ctx, bool xdp, struct mps_pkt_ctx 
 		rel = (__u32)(bpf_ntohl(tcp->seq) - f->dir[d].isn);
 	} else {
 		__u32 len;
-		if (ensure_scanned(ctx, xdp, pc))
+		struct opt_locs locs, *loc = &locs;
+		if (scan(ctx, xdp, pc, loc))
 			return -1;
 		if (!(pc->kinds & MPS_K_DSS) || !f->idsn[d])
 			return 0;
-		__u8 *o = opt_ptr(ctx, xdp, pc, OPT_DSS, 4, &len);
+		__u8 *o = opt_ptr(ctx, xdp, pc, loc, OPT_DSS, 4, &len);
 		if (!o)
 			return 0;
 		__u8 fl = o[3];
@@ -692,16 +562,16 @@ static __always_inline int sel_sequence(void *ctx, bool xdp, struct mps_pkt_ctx 
 		__u32 need = at + ((fl & 0x08) ? 8 : 4);
 		if (need > len)
 			return -1;
-		o = opt_ptr(ctx, xdp, pc, OPT_DSS, 20, &len);
-		if (!o)
-			return 0;
 		__u8 *q = o + (at & 0xf);
-		if ((void *)(q + 8) > ctx_end(ctx, xdp))
-			return 0;
-		if (fl & 0x08)
+		if (fl & 0x08) {
+			if ((void *)(q + 8) > ctx_end(ctx, xdp))
+				return 0;
 			rel = bpf_be64_to_cpu(load_be64(q)) - f->idsn[d];
-		else
+		} else {
+			if ((void *)(q + 4) > ctx_end(ctx, xdp))
+				return 0;
 			rel = (__u32)(load_be32_h(q) - (__u32)f->idsn[d]);
+		}
 	}
 	return rel >= p->lo && rel < p->hi;
 }
@@ -729,41 +599,10 @@ static __always_inline int sel_flow_bytes(void *ctx, bool xdp, struct mps_pkt_ct
 	return seen >= p->lo && seen < p->hi;
 }
 
-#define SELECTOR(name, expr)                                                                   \
-	static __always_inline int name##_body(void *ctx, bool xdp)                             \
-	{                                                                                      \
-		struct mps_pkt_ctx pc;                                                         \
-		if (pctx_load(ctx, xdp, &pc))                                                  \
-			return PASS(xdp);                                                      \
-		const struct mps_step *st = load_step(pc.pc);                                  \
-		if (!st)                                                                       \
-			return PASS(xdp);                                                      \
-		int m = (expr);                                                                \
-		if (m < 0) {                                                                   \
-			gen_count(MPS_GC_MALFORMED);                                           \
-			return PASS(xdp);                                                      \
-		}                                                                              \
-		step_count(pc.pc, m, false);                                                   \
-		return chain_next(ctx, xdp, &pc, st->flags, m ? st->on_match : st->on_miss);   \
-	}                                                                                      \
-	SEC("xdp") int name##_xdp(struct xdp_md *ctx) { return name##_body(ctx, true); }       \
-	SEC("tc") int name##_tc(struct __sk_buff *ctx) { return name##_body(ctx, false); }
-
-SELECTOR(sel_subflow, sel_pair(ctx, xdp, &pc, st, true))
-SELECTOR(sel_ip_pair, sel_pair(ctx, xdp, &pc, st, false))
-SELECTOR(sel_src, sel_cidr(ctx, xdp, &pc, st, false))
-SELECTOR(sel_dst, sel_cidr(ctx, xdp, &pc, st, true))
-SELECTOR(sel_port, sel_port(ctx, xdp, &pc, st))
-SELECTOR(sel_packet_type, sel_packet_type(ctx, xdp, &pc, st))
-SELECTOR(sel_token, sel_token(ctx, xdp, &pc, st))
-SELECTOR(sel_sequence, sel_sequence(ctx, xdp, &pc, st))
-SELECTOR(sel_flow_bytes, sel_flow_bytes(ctx, xdp, &pc, st))
-
 /* ---- actors ----------------------------------------------------------------------------- */
 
-/* An actor answers 1 (applied), 0 (not applicable), -1 (malformed: pass untouched) or
- * ACT_DROP; afterwards the chain continues at on_match. */
-#define ACT_DROP 2
+/* An actor answers 1 (applied), 0 (not applicable) or -1 (malformed: pass untouched);
+ * afterwards the chain continues at on_match. pass and drop are verdicts of the interpreter. */
 
 static __always_inline int act_record(void *ctx, bool xdp, struct mps_pkt_ctx *pc)
 {
@@ -792,19 +631,20 @@ static __always_inline int act_get_connect(void *ctx, bool xdp, struct mps_pkt_c
 {
 	struct tuple t;
 	__u32 len;
-	if (ensure_scanned(ctx, xdp, pc))
+	struct opt_locs locs, *loc = &locs;
+	if (scan(ctx, xdp, pc, loc))
 		return -1;
 	if (!(pc->kinds & MPS_K_MP_CAPABLE))
 		return 0;
 	if (load_tuple(ctx, xdp, pc, &t))
 		return -1;
-	__u8 *o = opt_ptr(ctx, xdp, pc, OPT_MPC, 12, &len);
+	__u8 *o = opt_ptr(ctx, xdp, pc, loc, OPT_MPC, 12, &len);
 	if (!o)
 		return 0;
 	__u64 k0 = load_be64(o + 4), k1 = 0;
 	__u8 version = o[2] & 0x0f, flags = o[3];
 	if (len >= 20) {
-		o = opt_ptr(ctx, xdp, pc, OPT_MPC, 20, &len);
+		o = opt_ptr(ctx, xdp, pc, loc, OPT_MPC, 20, &len);
 		if (!o)
 			return 0;
 		k1 = load_be64(o + 12);
@@ -837,13 +677,14 @@ static __always_inline int act_get_subflow(void *ctx, bool xdp, struct mps_pkt_c
 {
 	struct tuple t;
 	__u32 len;
-	if (ensure_scanned(ctx, xdp, pc))
+	struct opt_locs locs, *loc = &locs;
+	if (scan(ctx, xdp, pc, loc))
 		return -1;
 	if ((pc->kinds & (MPS_K_MP_JOIN | MPS_K_SYN | MPS_K_ACK)) != (MPS_K_MP_JOIN | MPS_K_SYN))
 		return 0;
 	if (load_tuple(ctx, xdp, pc, &t))
 		return -1;
-	__u8 *o = opt_ptr(ctx, xdp, pc, OPT_JOIN, 12, &len);
+	__u8 *o = opt_ptr(ctx, xdp, pc, loc, OPT_JOIN, 12, &len);
 	if (!o || len != 12)
 		return 0;
 	struct mps_event *ev = event_new(MPS_EV_MP_JOIN, pc, &t);
@@ -919,6 +760,281 @@ static __always_inline int act_rate_limit(void *ctx, bool xdp, struct mps_pkt_ct
 	return 1;
 }
 
+/* ---- chain mechanics -------------------------------------------------------------------- */
+
+/*
+ * The interpreter. Selectors run inline (a global function call each); actors that only give
+ * a verdict (pass, drop) too. Any other actor is a tail call to its own program with a
+ * constant slot, which the JIT turns into a direct jump: a tail call through a variable
+ * index is an indirect jump, ~13 ns behind a retpoline, against ~1 ns (see bpf/README.md).
+ * The actor then tail-calls the interpreter (slot 0) to continue at its on_match step.
+ */
+static __always_inline const struct mps_step *load_step(__u32 pc)
+{
+	return bpf_map_lookup_elem(&steps, &pc);
+}
+
+static __always_inline void step_count(__u32 pc, bool matched, bool dropped)
+{
+	struct mps_step_counters *c = bpf_map_lookup_elem(&step_counters, &pc);
+	if (!c)
+		return;
+	c->runs++;
+	if (matched)
+		c->matched++;
+	if (dropped)
+		c->drops++;
+}
+
+static __always_inline int missed_tail_call(__u32 pc, __u8 step_flags, bool xdp)
+{
+	gen_count(MPS_GC_MISSED_TAIL_CALL);
+	struct mps_step_counters *c = bpf_map_lookup_elem(&step_counters, &pc);
+	if (c)
+		c->missed_tail_calls++;
+	return (step_flags & MPS_STEPF_FAIL_DROP) ? DROP(xdp) : PASS(xdp);
+}
+
+#define TAIL(ctx, xdp, slot)                                                                   \
+	do {                                                                                   \
+		if (xdp)                                                                       \
+			bpf_tail_call_static(ctx, &jmp_xdp, slot);                             \
+		else                                                                           \
+			bpf_tail_call_static(ctx, &jmp_tc, slot);                              \
+	} while (0)
+
+/* Hand the packet to the program of step pc->pc (an actor, or a selector too costly to run
+ * inline). Returns only when that fails. */
+static __always_inline int call_prog(void *ctx, bool xdp, struct mps_pkt_ctx *pc, bool meta_ready)
+{
+	__u32 at = pc->pc;
+	const struct mps_step *st = load_step(at);
+	if (!st)
+		return PASS(xdp);
+	__u8 flags = st->flags;
+	/* XDP keeps the context in front of the frame; made only when a program needs it (the
+	 * helper costs ~8 ns). When that fails, metadata left by an earlier run over the same
+	 * buffer (BPF_PROG_TEST_RUN repeats) may already be there. */
+	if (xdp && !meta_ready && bpf_xdp_adjust_meta(ctx, -(int)sizeof(struct mps_pkt_ctx))) {
+		struct xdp_md *x = ctx;
+		if ((void *)(long)x->data_meta + sizeof(struct mps_pkt_ctx) >
+		    (void *)(long)x->data) {
+			gen_count(MPS_GC_NO_META);
+			return PASS(xdp);
+		}
+	}
+	pc->hops++;
+	if (pctx_store(ctx, xdp, pc))
+		return PASS(xdp);
+	switch (st->prog) {
+	case MPS_SEL_TOKEN: TAIL(ctx, xdp, MPS_SEL_TOKEN); break;
+	case MPS_SEL_SEQUENCE: TAIL(ctx, xdp, MPS_SEL_SEQUENCE); break;
+	case MPS_SEL_FLOW_BYTES: TAIL(ctx, xdp, MPS_SEL_FLOW_BYTES); break;
+	case MPS_ACT_RECORD: TAIL(ctx, xdp, MPS_ACT_RECORD); break;
+	case MPS_ACT_GET_CONNECT: TAIL(ctx, xdp, MPS_ACT_GET_CONNECT); break;
+	case MPS_ACT_GET_SUBFLOW: TAIL(ctx, xdp, MPS_ACT_GET_SUBFLOW); break;
+	case MPS_ACT_RATE_LIMIT: TAIL(ctx, xdp, MPS_ACT_RATE_LIMIT); break;
+	case MPS_ACT_BLK_SUBFLOW: TAIL(ctx, xdp, MPS_ACT_BLK_SUBFLOW); break;
+	case MPS_ACT_ADD_SUBFLOW: TAIL(ctx, xdp, MPS_ACT_ADD_SUBFLOW); break;
+	case MPS_ACT_SET_BACKUP: TAIL(ctx, xdp, MPS_ACT_SET_BACKUP); break;
+	case MPS_ACT_NO_SUBFLOWS: TAIL(ctx, xdp, MPS_ACT_NO_SUBFLOWS); break;
+	case MPS_ACT_REDIRECT: TAIL(ctx, xdp, MPS_ACT_REDIRECT); break;
+	default: break;
+	}
+	return missed_tail_call(at, flags, xdp);
+}
+
+enum walk_result { WALK_PASS, WALK_DROP, WALK_PROG, WALK_SCAN, WALK_MALFORMED, WALK_TOO_LONG };
+
+/*
+ * Run the inline steps from pc->pc: the cheap selectors and the verdicts. Stops at a step
+ * that needs its own program (WALK_PROG) or the option walk (WALK_SCAN, for packet_type: the
+ * walk is done once, outside this loop, which keeps the verifier's work linear).
+ */
+static __always_inline int walk(void *ctx, bool xdp, struct mps_pkt_ctx *pc, const struct tuple *t)
+{
+	for (int i = 0; i < MPS_MAX_CHAIN; i++) {
+		__u32 at = pc->pc;
+		if (at == MPS_PC_END)
+			return WALK_PASS;
+		const struct mps_step *st = load_step(at);
+		if (!st)
+			return WALK_PASS;
+		__u64 m;
+		switch (st->prog) {
+		case MPS_SEL_SUBFLOW: m = m_pair(t, pc->family, &st->p.pair, true); break;
+		case MPS_SEL_IP_PAIR: m = m_pair(t, pc->family, &st->p.pair, false); break;
+		case MPS_SEL_SRC: m = m_cidr(t, pc->family, &st->p.cidr, false); break;
+		case MPS_SEL_DST: m = m_cidr(t, pc->family, &st->p.cidr, true); break;
+		case MPS_SEL_PORT: m = m_port(t, &st->p.port); break;
+		case MPS_SEL_PACKET_TYPE:
+			if (!(pc->flags & MPS_CTXF_SCANNED))
+				return WALK_SCAN;
+			m = is_zero(pc->kinds & st->p.kinds.any_of) ^ 1;
+			break;
+		case MPS_ACT_PASS:
+			step_count(at, true, false);
+			return WALK_PASS;
+		case MPS_ACT_DROP:
+			step_count(at, true, true);
+			return WALK_DROP;
+		default:
+			return WALK_PROG;
+		}
+		/* No per-step hop count here: the loop bound cuts inline runs, the loader rejects
+		 * cycles and paths over MPS_MAX_CHAIN, and the kernel's tail-call limit bounds the
+		 * programs. A count carried through the loop would be tracked precisely and make
+		 * the verifier walk the option scan below once per iteration.
+		 * Selectors are not counted either: a counter update costs as much as the selector;
+		 * actors and verdicts count what a policy did. */
+		__u16 on_match = st->on_match, on_miss = st->on_miss;
+		pc->pc = on_miss ^ ((on_match ^ on_miss) & (__u16)-(__s64)m);
+	}
+	return WALK_TOO_LONG;
+}
+
+static __always_inline int run_chain(void *ctx, bool xdp, struct mps_pkt_ctx *pc, bool meta_ready)
+{
+	struct tuple t;
+	if (load_tuple(ctx, xdp, pc, &t))
+		return PASS(xdp);
+	int r = walk(ctx, xdp, pc, &t);
+	if (r == WALK_SCAN)
+		r = ensure_scanned(ctx, xdp, pc) ? WALK_MALFORMED : walk(ctx, xdp, pc, &t);
+	switch (r) {
+	case WALK_DROP:
+		return DROP(xdp);
+	case WALK_PROG:
+		return call_prog(ctx, xdp, pc, meta_ready);
+	case WALK_MALFORMED:
+		gen_count(MPS_GC_MALFORMED);
+		return PASS(xdp);
+	case WALK_TOO_LONG:
+		gen_count(MPS_GC_CHAIN_TOO_LONG);
+		return PASS(xdp);
+	default:
+		return PASS(xdp);
+	}
+}
+
+static __always_inline int entry(void *ctx, bool xdp, __u8 hook, __u32 ifindex)
+{
+	struct mps_pkt_ctx pc = {};
+	__u32 pkt_len;
+
+	__u32 h = hook;
+	struct mps_entry *e = bpf_map_lookup_elem(&entries, &h);
+	if (!e || e->pc == MPS_PC_END)
+		return PASS(xdp);
+	__u32 first = e->pc;
+	if (e->flags & MPS_ENTRYF_PER_IFACE) {
+		struct mps_iface_key ik = {.ifindex = ifindex, .hook = hook};
+		__u16 *p = bpf_map_lookup_elem(&iface_entries, &ik);
+		if (p)
+			first = *p;
+		if (first == MPS_PC_END)
+			return PASS(xdp);
+	}
+	gen_count(MPS_GC_PACKETS);
+
+	if (xdp) {
+		pkt_len = ((struct xdp_md *)ctx)->data_end - ((struct xdp_md *)ctx)->data;
+	} else {
+		struct __sk_buff *skb = ctx;
+		pkt_len = skb->len;
+		/* Headers of a non-linear skb may sit outside the linear area. */
+		if (skb->data_end - skb->data < 134 && skb->len > skb->data_end - skb->data)
+			bpf_skb_pull_data(skb, skb->len < 134 ? skb->len : 134);
+	}
+	int r = parse_packet(ctx_data(ctx, xdp), ctx_end(ctx, xdp), pkt_len, &pc);
+	if (r) {
+		gen_count(r == PARSE_MALFORMED ? MPS_GC_MALFORMED : MPS_GC_NOT_TCP);
+		return PASS(xdp);
+	}
+	pc.hook = hook;
+	pc.pc = first;
+	struct tcphdr *tcp = view_tcp(ctx, xdp, &pc);
+	if (tcp && tcp->syn) {
+		learn_syn(ctx, xdp, &pc);
+		if (!(pc.flags & MPS_CTXF_SCANNED)) { /* a SYN with malformed options */
+			gen_count(MPS_GC_MALFORMED);
+			return PASS(xdp);
+		}
+	}
+	return run_chain(ctx, xdp, &pc, false);
+}
+
+SEC("xdp")
+int entry_xdp(struct xdp_md *ctx)
+{
+	return entry(ctx, true, MPS_HOOK_XDP, ctx->ingress_ifindex);
+}
+
+SEC("tc")
+int entry_tc_egress(struct __sk_buff *skb)
+{
+	return entry(skb, false, MPS_HOOK_TC_EGRESS, skb->ifindex);
+}
+
+SEC("tc")
+int entry_tc_ingress(struct __sk_buff *skb)
+{
+	return entry(skb, false, MPS_HOOK_TC_INGRESS, skb->ifindex);
+}
+
+/* Slot 0: where actors come back to continue the chain. */
+static __always_inline int resume(void *ctx, bool xdp)
+{
+	struct mps_pkt_ctx pc;
+	if (pctx_load(ctx, xdp, &pc))
+		return PASS(xdp);
+	return run_chain(ctx, xdp, &pc, true);
+}
+
+SEC("xdp")
+int interp_xdp(struct xdp_md *ctx)
+{
+	return resume(ctx, true);
+}
+
+SEC("tc")
+int interp_tc(struct __sk_buff *ctx)
+{
+	return resume(ctx, false);
+}
+
+/* Selectors with their own program (they look up and update flow state). */
+#define SELECTOR(name, expr)                                                                   \
+	static __always_inline int name##_body(void *ctx, bool xdp)                             \
+	{                                                                                      \
+		struct mps_pkt_ctx pc;                                                         \
+		if (pctx_load(ctx, xdp, &pc))                                                  \
+			return PASS(xdp);                                                      \
+		const struct mps_step *st = load_step(pc.pc);                                  \
+		if (!st)                                                                       \
+			return PASS(xdp);                                                      \
+		int m = (expr);                                                                \
+		if (m < 0) {                                                                   \
+			gen_count(MPS_GC_MALFORMED);                                           \
+			return PASS(xdp);                                                      \
+		}                                                                              \
+		step_count(pc.pc, m, false);                                                   \
+		__u32 at = pc.pc;                                                              \
+		pc.pc = m ? st->on_match : st->on_miss;                                        \
+		if (pc.pc == MPS_PC_END)                                                       \
+			return PASS(xdp);                                                      \
+		if (pctx_store(ctx, xdp, &pc))                                                 \
+			return PASS(xdp);                                                      \
+		TAIL(ctx, xdp, MPS_PROG_NONE);                                                 \
+		return missed_tail_call(at, st->flags, xdp);                                   \
+	}                                                                                      \
+	SEC("xdp") int name##_xdp(struct xdp_md *ctx) { return name##_body(ctx, true); }       \
+	SEC("tc") int name##_tc(struct __sk_buff *ctx) { return name##_body(ctx, false); }
+
+SELECTOR(sel_token, sel_token(ctx, xdp, &pc, st))
+SELECTOR(sel_sequence, sel_sequence(ctx, xdp, &pc, st))
+SELECTOR(sel_flow_bytes, sel_flow_bytes(ctx, xdp, &pc, st))
+
 #define ACTOR(name, expr)                                                                      \
 	static __always_inline int name##_body(void *ctx, bool xdp)                             \
 	{                                                                                      \
@@ -933,26 +1049,19 @@ static __always_inline int act_rate_limit(void *ctx, bool xdp, struct mps_pkt_ct
 			gen_count(MPS_GC_MALFORMED);                                           \
 			return PASS(xdp);                                                      \
 		}                                                                              \
-		step_count(pc.pc, r > 0, r == ACT_DROP);                                       \
-		if (r == ACT_DROP)                                                             \
-			return DROP(xdp);                                                      \
-		return chain_next(ctx, xdp, &pc, st->flags, st->on_match);                     \
+		step_count(pc.pc, r > 0, false);                                               \
+		__u32 at = pc.pc;                                                              \
+		pc.pc = st->on_match;                                                          \
+		if (pc.pc == MPS_PC_END)                                                       \
+			return PASS(xdp);                                                      \
+		if (pctx_store(ctx, xdp, &pc))                                                 \
+			return PASS(xdp);                                                      \
+		TAIL(ctx, xdp, MPS_PROG_NONE);                                                 \
+		return missed_tail_call(at, st->flags, xdp);                                   \
 	}                                                                                      \
 	SEC("xdp") int name##_xdp(struct xdp_md *ctx) { return name##_body(ctx, true); }       \
 	SEC("tc") int name##_tc(struct __sk_buff *ctx) { return name##_body(ctx, false); }
 
-/* pass ends the chain: the packet goes on untouched by later steps. */
-static __always_inline int act_pass_body(void *ctx, bool xdp)
-{
-	struct mps_pkt_ctx pc;
-	if (!pctx_load(ctx, xdp, &pc))
-		step_count(pc.pc, true, false);
-	return PASS(xdp);
-}
-SEC("xdp") int act_pass_xdp(struct xdp_md *ctx) { return act_pass_body(ctx, true); }
-SEC("tc") int act_pass_tc(struct __sk_buff *ctx) { return act_pass_body(ctx, false); }
-
-ACTOR(act_drop, ACT_DROP)
 ACTOR(act_record, act_record(ctx, xdp, &pc))
 ACTOR(act_get_connect, act_get_connect(ctx, xdp, &pc))
 ACTOR(act_get_subflow, act_get_subflow(ctx, xdp, &pc))
@@ -966,9 +1075,8 @@ int bench_parse_only(struct xdp_md *ctx)
 	void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
 	if (parse_packet(data, end, end - data, &pc))
 		return XDP_PASS;
-	struct opt_locs loc;
 	/* uses the result so the walk is not optimised out */
-	return opt_scan_xdp(ctx, pc.l4_off, pc.l4_len, &loc) ? XDP_PASS : XDP_DROP;
+	return scan_options(data, end, pc.l4_off, pc.l4_len, NULL) ? XDP_PASS : XDP_DROP;
 }
 
 SEC("xdp")

@@ -204,27 +204,45 @@ std::vector<std::string> ChainSet::check() const {
                                                 ": pc out of range");
     if (!problems.empty()) return problems;
 
-    // Longest path from each step (steps executed, itself included); a cycle is an error.
-    std::vector<int> depth(steps.size(), 0);  // 0 unknown, -1 on the stack
-    std::function<int(uint16_t)> longest = [&](uint16_t pc) -> int {
-        if (pc == MPS_PC_END) return 0;
-        if (depth[pc] == -1) return 1 << 20;  // cycle
-        if (depth[pc] > 0) return depth[pc];
-        depth[pc] = -1;
+    // Longest path from each step: steps executed and programs entered (each costs
+    // two of the kernel's 33 tail calls: there and back to the interpreter). A cycle is an
+    // error.
+    struct Depth {
+        int steps = 0, actors = 0;
+    };
+    constexpr int kCycle = 1 << 20;
+    std::vector<int> state(steps.size(), 0);  // 0 new, 1 on the stack, 2 done
+    std::vector<Depth> memo(steps.size());
+    std::function<Depth(uint16_t)> longest = [&](uint16_t pc) -> Depth {
+        if (pc == MPS_PC_END) return {};
+        if (state[pc] == 1) return {kCycle, 0};
+        if (state[pc] == 2) return memo[pc];
+        state[pc] = 1;
         const auto& s = steps[pc];
-        int d = longest(s.on_match);
-        if (!MPS_PROG_IS_ACTOR(s.prog)) d = std::max(d, longest(s.on_miss));
-        depth[pc] = std::min(d, 1 << 20) + 1;
-        return depth[pc];
+        Depth d = longest(s.on_match);
+        if (!MPS_PROG_IS_ACTOR(s.prog)) {
+            Depth m = longest(s.on_miss);
+            d = {std::max(d.steps, m.steps), std::max(d.actors, m.actors)};
+        }
+        d.steps = std::min(d.steps, kCycle) + 1;
+        if (has_program(static_cast<mps_prog>(s.prog))) d.actors++;
+        state[pc] = 2;
+        memo[pc] = d;
+        return d;
     };
     for (const auto& e : entries) {
-        int d = longest(e.pc);
-        if (d >= (1 << 20))
-            problems.push_back("entry " + std::string(to_string(e.hook)) + ": chain has a cycle");
-        else if (d > MPS_MAX_CHAIN)
-            problems.push_back("entry " + std::string(to_string(e.hook)) + ": a path runs " +
-                               std::to_string(d) + " steps, more than " +
-                               std::to_string(MPS_MAX_CHAIN));
+        Depth d = longest(e.pc);
+        std::string at = "entry " + std::string(to_string(e.hook)) +
+                         (e.ifname.empty() ? "" : " " + e.ifname) + ": ";
+        if (d.steps >= kCycle)
+            problems.push_back(at + "chain has a cycle");
+        else if (d.steps > MPS_MAX_CHAIN)
+            problems.push_back(at + "a path runs " + std::to_string(d.steps) +
+                               " steps, more than " + std::to_string(MPS_MAX_CHAIN));
+        if (d.actors > kMaxActorsPerPath)
+            problems.push_back(at + "a path enters " + std::to_string(d.actors) +
+                               " actor programs, more than " +
+                               std::to_string(kMaxActorsPerPath));
     }
     return problems;
 }

@@ -55,10 +55,25 @@ struct ChainSet {
     std::vector<std::string> check() const;
 };
 
+// Step programs one packet may enter (each costs two tail calls; the kernel allows 33).
+constexpr int kMaxActorsPerPath = 16;
+
 // Step constructors: fill the union correctly so callers never touch raw bytes.
 mps_step make_step(mps_prog prog, uint16_t on_match, uint16_t on_miss = MPS_PC_END,
                    uint16_t policy = 0);
-std::string_view prog_name(mps_prog p);  // "sel_dst", "act_record", ...
+std::string_view prog_name(mps_prog p);
+// Whether a step runs in its own program (reached by tail call) rather than inline in the
+// interpreter (the cheap selectors, pass and drop).
+constexpr bool has_program(mps_prog p) {
+    switch (p) {
+    case MPS_SEL_SUBFLOW: case MPS_SEL_IP_PAIR: case MPS_SEL_SRC: case MPS_SEL_DST:
+    case MPS_SEL_PORT: case MPS_SEL_PACKET_TYPE: case MPS_ACT_PASS: case MPS_ACT_DROP:
+    case MPS_PROG_NONE: case MPS_PROG_MAX:
+        return false;
+    default:
+        return true;
+    }
+}  // "sel_dst", "act_record", ...
 std::optional<mps_prog> prog_from_name(std::string_view name);
 
 }  // namespace mpsteer::datapath

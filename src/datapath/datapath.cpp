@@ -15,6 +15,7 @@
 #include <cstdarg>
 #include <cstring>
 #include <filesystem>
+#include <set>
 
 #include "mps_dp.skel.h"
 
@@ -148,18 +149,26 @@ std::unique_ptr<Generation> Generation::build(const ChainSet& chains, uint32_t n
         steps[pc].p.redirect.ifindex = ifindex_of(ifname);
     }
     const int steps_fd = bpf_map__fd(s->maps.steps);
-    const int jx = bpf_map__fd(s->maps.jmp_xdp), jt = bpf_map__fd(s->maps.jmp_tc);
-    for (uint32_t pc = 0; pc < steps.size(); ++pc) {
+    for (uint32_t pc = 0; pc < steps.size(); ++pc)
         if (bpf_map_update_elem(steps_fd, &pc, &steps[pc], BPF_ANY))
             fail("writing step " + std::to_string(pc), errno);
-        auto prog = static_cast<mps_prog>(steps[pc].prog);
-        for (bool xdp : {true, false}) {
-            auto* p = bpf_object__find_program_by_name(s->obj, prog_for(prog, xdp).c_str());
-            if (!p) throw Error("no BPF program for " + std::string(prog_name(prog)));
+    // Slot 0: the interpreter; slot N: the program of enum value N for the steps that have
+    // one (a missing one is a load error here, not a missed tail call later).
+    std::set<mps_prog> actors;
+    for (const auto& st : steps)
+        if (has_program(static_cast<mps_prog>(st.prog)))
+            actors.insert(static_cast<mps_prog>(st.prog));
+    for (bool xdp : {true, false}) {
+        const int jmp = bpf_map__fd(xdp ? s->maps.jmp_xdp : s->maps.jmp_tc);
+        auto put_slot = [&](uint32_t slot, const std::string& name) {
+            auto* p = bpf_object__find_program_by_name(s->obj, name.c_str());
+            if (!p) throw Error("no BPF program " + name + " (not implemented yet?)");
             int fd = bpf_program__fd(p);
-            if (bpf_map_update_elem(xdp ? jx : jt, &pc, &fd, BPF_ANY))
-                fail("filling the prog array at " + std::to_string(pc), errno);
-        }
+            if (bpf_map_update_elem(jmp, &slot, &fd, BPF_ANY))
+                fail("filling the prog array slot " + std::to_string(slot), errno);
+        };
+        put_slot(MPS_PROG_NONE, xdp ? "interp_xdp" : "interp_tc");
+        for (auto a : actors) put_slot(a, prog_for(a, xdp));
     }
     mps_entry entry[MPS_HOOK_MAX];
     for (uint32_t h = 0; h < MPS_HOOK_MAX; ++h) entry[h] = {MPS_PC_END, 0, number};
@@ -263,11 +272,19 @@ RunResult test_run(int prog_fd, std::span<const uint8_t> frame, bool xdp, uint32
     RunResult r;
     r.out.resize(frame.size() + 512);
     __sk_buff skb_ctx{};
+    xdp_md xdp_in{}, xdp_out{};
     LIBBPF_OPTS(bpf_test_run_opts, opts, .data_in = frame.data(), .data_out = r.out.data(),
                 .data_size_in = static_cast<__u32>(frame.size()),
                 .data_size_out = static_cast<__u32>(r.out.size()),
                 .repeat = static_cast<int>(repeat));
-    if (!xdp && ifindex) {
+    if (xdp) {
+        // The kernel copies out from data_meta; ctx_out.data says where the frame starts.
+        xdp_in.data_end = static_cast<__u32>(frame.size());
+        opts.ctx_in = &xdp_in;
+        opts.ctx_size_in = sizeof xdp_in;
+        opts.ctx_out = &xdp_out;
+        opts.ctx_size_out = sizeof xdp_out;
+    } else if (ifindex) {
         skb_ctx.ifindex = ifindex;
         opts.ctx_in = &skb_ctx;
         opts.ctx_size_in = sizeof skb_ctx;
@@ -276,6 +293,8 @@ RunResult test_run(int prog_fd, std::span<const uint8_t> frame, bool xdp, uint32
     r.retval = opts.retval;
     r.duration_ns = opts.duration;
     r.out.resize(opts.data_size_out);
+    if (xdp && xdp_out.data > 0 && xdp_out.data <= r.out.size())
+        r.out.erase(r.out.begin(), r.out.begin() + xdp_out.data);
     return r;
 }
 

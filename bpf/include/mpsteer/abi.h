@@ -101,7 +101,8 @@ struct mps_pkt_ctx {
 #define MPS_CTXF_ACCOUNTED 0x02 /* flow counters already updated for this packet */
 
 /* Step parameters. Addresses in network byte order, ports in host order. */
-enum mps_dir { MPS_DIR_SRC = 0, MPS_DIR_DST = 1, MPS_DIR_EITHER = 2 };
+/* Which port a port selector looks at (a bit mask: either = both bits). */
+enum mps_dir { MPS_DIR_SRC = 1, MPS_DIR_DST = 2, MPS_DIR_EITHER = 3 };
 
 struct mps_p_cidr {          /* src, dst */
 	__u8 family;

@@ -118,7 +118,7 @@ static __always_inline int parse_ipv6(void *data, void *end, __u32 pkt_len,
 /* TCP header: doff >= 5, the whole header inside the frame and inside the IP length. */
 static __always_inline int parse_tcp(void *data, void *end, struct mps_pkt_ctx *pc)
 {
-	if (pc->l4_off > 512) /* deeper than any header stack we walk */
+	if (pc->l4_off >= 512 || pc->l3_off >= 64) /* deeper than any header stack we walk */
 		return PARSE_SKIP;
 	struct tcphdr *tcp = data + pc->l4_off;
 	if ((void *)(tcp + 1) > end)
@@ -164,7 +164,7 @@ struct opt_locs {
 /*
  * Walk the TCP options (at most 40 bytes) of the header at data + l4_off. Any option whose
  * length is < 2 or runs past the header is malformed. Returns the MPS_K_* kinds, or
- * PARSE_MALFORMED, and fills *loc. Written for the verifier: the loop is bounded (with
+ * PARSE_MALFORMED, and fills *loc when given. Written for the verifier: the loop is bounded (with
  * -mcpu=v3 it proves termination), kinds are built without branching per subtype, and the
  * offsets leave through memory rather than registers so they are not tracked precisely along
  * every path; the datapath calls this from a global function, verified once per program.
@@ -184,6 +184,9 @@ static __always_inline int scan_options(void *data, void *end, __u32 l4_off, __u
 
 	if (hlen < sizeof(*tcp) || hlen > l4_len || hlen > 60)
 		return PARSE_MALFORMED;
+	/* Branch-free: every branch here would double the verifier's paths. */
+	kinds |= (__u32)tcp->syn << 13 | (__u32)tcp->fin << 14 | (__u32)tcp->rst << 15 |
+		 (__u32)tcp->ack << 16 | (__u32)(l4_len > hlen) << 17;
 
 	/* No iteration counter: `off` grows by >= 1 per option and hlen <= 60 bounds it. A
 	 * counter would be tracked precisely and multiply the verifier's states by 40. */
@@ -205,19 +208,22 @@ static __always_inline int scan_options(void *data, void *end, __u32 l4_off, __u
 			return PARSE_MALFORMED;
 		__u32 slot = OPT_SLOTS;
 		if (kind == TCPOPT_MPTCP) {
-			if (len < 4 || (void *)(p + 4) > end) /* every MPTCP option has >= 4 bytes */
+			if (len < 3 || (void *)(p + 3) > end) /* MP_PRIO is the shortest: 3 */
 				return PARSE_MALFORMED;
 			slot = p[2] >> 4;
 			kinds |= MPS_K_ANY_MPTCP | ((1u << slot) & 0x1ff);
-			if (slot == OPT_DSS)
+			if (slot == OPT_DSS) {
+				if (len < 4 || (void *)(p + 4) > end)
+					return PARSE_MALFORMED;
 				kinds |= (p[3] & 0x01u) << 9 | ((p[3] >> 4) & 0x01u) << 10;
+			}
 		} else if (kind == TCPOPT_TS && len == 10) {
 			kinds |= MPS_K_TIMESTAMP;
 			slot = OPT_TS;
 		} else if (kind == TCPOPT_WSCALE && len == 3) {
 			slot = OPT_WSCALE;
 		}
-		if (slot < OPT_SLOTS && !loc->off[slot]) {
+		if (loc && slot < OPT_SLOTS && !loc->off[slot]) {
 			loc->off[slot] = off;
 			loc->len[slot] = len;
 		}
