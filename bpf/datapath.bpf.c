@@ -1084,3 +1084,6 @@ int bench_bare_pass(struct xdp_md *ctx)
 {
 	return XDP_PASS;
 }
+
+/* Option-rewriting actors live in their own file. */
+#include "rewrite.bpf.h"
