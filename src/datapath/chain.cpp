@@ -241,7 +241,7 @@ std::vector<std::string> ChainSet::check() const {
                                " steps, more than " + std::to_string(MPS_MAX_CHAIN));
         if (d.actors > kMaxActorsPerPath)
             problems.push_back(at + "a path enters " + std::to_string(d.actors) +
-                               " actor programs, more than " +
+                               " programs, more than " +
                                std::to_string(kMaxActorsPerPath));
     }
     return problems;

@@ -1,0 +1,7 @@
+#!/bin/sh
+# Installs what is missing (Debian packages), then configures and builds mpsteer in ./build.
+set -eu
+cd "$(dirname "$0")/.."
+packaging/setup-deps.sh
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -Wno-dev >/dev/null
+ninja -C build

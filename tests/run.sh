@@ -1,0 +1,9 @@
+#!/bin/sh
+# The whole test suite: build, then every ctest label (unit, bpf, e2e). Needs root for the bpf
+# and e2e labels. Extra arguments go to ctest (for example: -L unit).
+set -eu
+cd "$(dirname "$0")/.."
+[ "$(id -u)" = 0 ] || { echo "tests: run as root (BPF and network namespaces)" >&2; exit 1; }
+packaging/build.sh
+# Serial: e2e tests measure throughput and would disturb each other on a small machine.
+ctest --test-dir build --output-on-failure --timeout 600 "$@"

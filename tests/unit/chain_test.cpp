@@ -1,0 +1,105 @@
+// The chain set (structural checks, deterministic serialisation) and MPTCP token derivation.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+
+#include "datapath/chain.h"
+#include "datapath/datapath.h"
+
+using namespace mpsteer::datapath;
+
+namespace {
+ChainSet linear(size_t selectors, mps_prog last = MPS_ACT_PASS) {
+    ChainSet c;
+    for (size_t i = 0; i < selectors; ++i)
+        c.steps.push_back(make_step(MPS_SEL_PORT, static_cast<uint16_t>(i + 1), MPS_PC_END));
+    c.steps.push_back(make_step(last, MPS_PC_END));
+    c.entries.push_back({Hook::xdp, "", 0});
+    c.policies.push_back("p");
+    return c;
+}
+
+bool mentions(const std::vector<std::string>& problems, const std::string& what) {
+    for (const auto& p : problems)
+        if (p.find(what) != std::string::npos) return true;
+    return false;
+}
+}  // namespace
+
+TEST_CASE("a 32-step chain is accepted, 33 steps are not", "[chain]") {
+    CHECK(linear(31).check().empty());
+    auto problems = linear(32).check();
+    REQUIRE(problems.size() == 1);
+    CHECK(mentions(problems, "33 steps, more than 32"));
+}
+
+TEST_CASE("cycles, dangling targets and unknown programs are rejected", "[chain]") {
+    auto c = linear(2);
+    c.steps[1].on_miss = 0;  // back to the start
+    CHECK(mentions(c.check(), "cycle"));
+
+    c = linear(2);
+    c.steps[0].on_match = 7;
+    CHECK(mentions(c.check(), "on_match out of range"));
+
+    c = linear(1);
+    c.steps[0].prog = 17;
+    CHECK(mentions(c.check(), "unknown program 17"));
+
+    c = linear(1);
+    c.entries.push_back({Hook::tc_egress, "", 9});
+    CHECK(mentions(c.check(), "entry tc_egress: pc out of range"));
+}
+
+TEST_CASE("more than 16 program steps on a path exceed the tail-call budget", "[chain]") {
+    ChainSet c;
+    for (uint16_t i = 0; i < 17; ++i) c.steps.push_back(make_step(MPS_ACT_RECORD, i + 1));
+    c.steps.push_back(make_step(MPS_ACT_PASS, MPS_PC_END));
+    c.entries.push_back({Hook::xdp, "", 0});
+    CHECK(mentions(c.check(), "enters 17 programs, more than 16"));
+    c.steps.erase(c.steps.begin());
+    for (auto& s : c.steps)
+        if (s.on_match != MPS_PC_END) s.on_match--;
+    CHECK(c.check().empty());
+}
+
+TEST_CASE("serialisation is byte-identical for equal chain sets and differs otherwise", "[chain]") {
+    auto a = linear(3), b = linear(3);
+    CHECK(a.serialize() == b.serialize());
+    b.steps[1].p.port.hi = 80;
+    CHECK(a.serialize() != b.serialize());
+    b = linear(3);
+    b.attachments.push_back({"eth0", Hook::xdp});
+    CHECK(a.serialize() != b.serialize());
+}
+
+TEST_CASE("describe names programs, targets and policies", "[chain]") {
+    auto c = linear(1);
+    c.steps[0].p.port = {MPS_DIR_DST, 0, 80, 443};
+    auto text = c.describe();
+    CHECK(text.find("entry xdp -> 0") != std::string::npos);
+    CHECK(text.find("0: sel_port dst 80-443 match->1 miss->end [p]") != std::string::npos);
+    CHECK(text.find("1: act_pass match->end [p]") != std::string::npos);
+}
+
+TEST_CASE("program names round-trip and inline steps have no program", "[chain]") {
+    for (int p = 0; p < MPS_PROG_MAX; ++p) {
+        auto name = prog_name(static_cast<mps_prog>(p));
+        if (name == "none") continue;
+        CHECK(prog_from_name(name) == static_cast<mps_prog>(p));
+    }
+    CHECK_FALSE(has_program(MPS_SEL_DST));
+    CHECK_FALSE(has_program(MPS_ACT_DROP));
+    CHECK(has_program(MPS_SEL_TOKEN));
+    CHECK(has_program(MPS_ACT_RATE_LIMIT));
+}
+
+TEST_CASE("MPTCP token and IDSN are SHA-256 of the key as on the wire (RFC 8684 3.1)",
+          "[token]") {
+    // Expected values computed independently: python3 hashlib.sha256(bytes.fromhex(...)).
+    const unsigned char wire[8] = {0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef};
+    uint64_t key;
+    std::memcpy(&key, wire, sizeof key);
+    CHECK(mptcp_token(key) == 0x55c53f5du);
+    CHECK(mptcp_idsn(key) == 0x570762cd38be9818ULL);
+}
