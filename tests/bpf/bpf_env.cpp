@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <bpf/bpf.h>
 #include <sched.h>
+#include <openssl/sha.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -285,7 +286,7 @@ Env::Env(const dp::ChainSet& chains)
 
 Env::~Env() = default;
 
-Run raw_run(int prog_fd, const Bytes& frame, bool xdp)
+Run raw_run(int prog_fd, const Bytes& frame, bool xdp, uint32_t repeat)
 {
     // Our own BPF_PROG_TEST_RUN rather than dp::test_run: for XDP the kernel copies out from
     // data_meta, and ctx_out.data says how many bytes of metadata to skip (see
@@ -294,7 +295,7 @@ Run raw_run(int prog_fd, const Bytes& frame, bool xdp)
     xdp_md ctx_in{}, ctx_out{};
     LIBBPF_OPTS(bpf_test_run_opts, opts, .data_in = frame.data(), .data_out = out.data(),
                 .data_size_in = uint32_t(frame.size()), .data_size_out = uint32_t(out.size()),
-                .repeat = 1);
+                .repeat = int(repeat));
     if (xdp) {
         ctx_in.data_end = uint32_t(frame.size());
         opts.ctx_in = &ctx_in;
@@ -310,9 +311,9 @@ Run raw_run(int prog_fd, const Bytes& frame, bool xdp)
     return {opts.retval, std::move(out)};
 }
 
-Run Env::run(Hook h, const Bytes& frame)
+Run Env::run(Hook h, const Bytes& frame, uint32_t repeat)
 {
-    return raw_run(gen_->entry_fd(h), frame, is_xdp(h));
+    return raw_run(gen_->entry_fd(h), frame, is_xdp(h), repeat);
 }
 
 void Env::set_step(uint32_t pc, const mps_step& s)
@@ -378,6 +379,36 @@ std::string describe_frame(const Bytes& got, const Bytes& want)
                     hexdump(got, want) + "\nwant (" + std::to_string(want.size()) + " bytes):\n" +
                     hexdump(want, got);
     return s;
+}
+
+uint64_t wire64(uint64_t v)
+{
+    Bytes b;
+    put64(b, v);
+    uint64_t w;
+    std::memcpy(&w, b.data(), 8);
+    return w;
+}
+
+static std::array<uint8_t, 32> sha256_be(uint64_t key)
+{
+    Bytes b;
+    put64(b, key);
+    std::array<uint8_t, 32> h{};
+    SHA256(b.data(), b.size(), h.data());
+    return h;
+}
+
+uint32_t token_of(uint64_t key)
+{
+    auto h = sha256_be(key);
+    return get32(h, 0);
+}
+
+uint64_t idsn_of(uint64_t key)
+{
+    auto h = sha256_be(key);
+    return uint64_t(get32(h, 24)) << 32 | get32(h, 28);
 }
 
 }  // namespace mpsteer::test

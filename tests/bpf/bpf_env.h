@@ -97,13 +97,13 @@ struct Run {
 };
 
 // BPF_PROG_TEST_RUN of one frame; the output is the frame only (XDP metadata stripped).
-Run raw_run(int prog_fd, const Bytes& frame, bool xdp);
+Run raw_run(int prog_fd, const Bytes& frame, bool xdp, uint32_t repeat = 1);
 
 class Env {
 public:
     explicit Env(const dp::ChainSet& chains);
     ~Env();
-    Run run(Hook h, const Bytes& frame);
+    Run run(Hook h, const Bytes& frame, uint32_t repeat = 1);
     Run run(Hook h, const Packet& p) { return run(h, p.build()); }
     // Rewrites one step of the loaded generation in place (as a parameter update from the
     // agent would): lets a table of cases share one generation instead of loading per case.
@@ -137,5 +137,13 @@ dp::StepCounters step_delta(const Snap& a, const Snap& b, size_t pc);
 uint64_t gen_delta(const Snap& a, const Snap& b, mps_gen_counter c);
 
 std::string describe_frame(const Bytes& got, const Bytes& want);
+
+// The 8 bytes of a 64-bit value as they sit on the wire, read into a u64 the way the datapath
+// stores keys ("as on the wire").
+uint64_t wire64(uint64_t v);
+// RFC 8684 §3.1, computed here with OpenSSL: token = most significant 32 bits of
+// SHA-256(key), IDSN = least significant 64 bits; `key` is the number written big-endian.
+uint32_t token_of(uint64_t key);
+uint64_t idsn_of(uint64_t key);
 
 }  // namespace mpsteer::test
