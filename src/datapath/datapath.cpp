@@ -195,7 +195,22 @@ Generation::~Generation() {
     if (skel_) mps_dp__destroy(skel_);
 }
 
+std::unique_ptr<Generation> Generation::adopt(const std::string& dir, const ChainSet& chains,
+                                              uint32_t number) {
+    std::unique_ptr<Generation> g(new Generation());
+    g->number_ = number;
+    g->chains_ = chains;
+    for (const char* name : {"entry_xdp", "entry_tc_egress", "entry_tc_ingress", "step_counters",
+                             "gen_counters"}) {
+        int fd = bpf_obj_get((dir + "/" + name).c_str());
+        if (fd < 0) fail("adopting " + dir + "/" + name, errno);
+        g->adopted_.emplace_back(fd);
+    }
+    return g;
+}
+
 int Generation::entry_fd(Hook h) const {
+    if (!skel_) return adopted_[static_cast<size_t>(h)].get();
     switch (h) {
     case Hook::xdp: return bpf_program__fd(skel_->progs.entry_xdp);
     case Hook::tc_egress: return bpf_program__fd(skel_->progs.entry_tc_egress);
@@ -205,12 +220,14 @@ int Generation::entry_fd(Hook h) const {
 }
 
 int Generation::prog_fd(std::string_view name) const {
+    if (!skel_) throw Error("an adopted generation has only its entry programs");
     auto* p = bpf_object__find_program_by_name(skel_->obj, std::string(name).c_str());
     if (!p) throw Error("no BPF program " + std::string(name));
     return bpf_program__fd(p);
 }
 
 int Generation::map_fd(std::string_view name) const {
+    if (!skel_) throw Error("an adopted generation has only its counters");
     auto* m = bpf_object__find_map_by_name(skel_->obj, std::string(name).c_str());
     if (!m) throw Error("no BPF map " + std::string(name));
     return bpf_map__fd(m);
@@ -231,7 +248,7 @@ std::vector<T> read_percpu(int fd, uint32_t key) {
 
 std::vector<StepCounters> Generation::step_counters() const {
     std::vector<StepCounters> out(chains_.steps.size());
-    const int fd = bpf_map__fd(skel_->maps.step_counters);
+    const int fd = skel_ ? bpf_map__fd(skel_->maps.step_counters) : adopted_[3].get();
     for (uint32_t pc = 0; pc < out.size(); ++pc)
         for (const auto& c : read_percpu<mps_step_counters>(fd, pc)) {
             out[pc].runs += c.runs;
@@ -244,13 +261,14 @@ std::vector<StepCounters> Generation::step_counters() const {
 
 GenCounters Generation::gen_counters() const {
     GenCounters out;
-    const int fd = bpf_map__fd(skel_->maps.gen_counters);
+    const int fd = skel_ ? bpf_map__fd(skel_->maps.gen_counters) : adopted_[4].get();
     for (uint32_t i = 0; i < MPS_GC_MAX; ++i)
         for (auto v : read_percpu<uint64_t>(fd, i)) out.values[i] += v;
     return out;
 }
 
 void Generation::pin(const std::string& dir) const {
+    if (!skel_) return;  // adopted: already pinned
     std::error_code ec;
     fs::create_directories(dir, ec);
     if (ec) throw Error("creating " + dir + ": " + ec.message());
@@ -343,6 +361,22 @@ std::unique_ptr<HookLink> HookLink::attach(const std::string& ifname, Hook hook,
     return l;
 }
 
+std::unique_ptr<HookLink> HookLink::adopt(const std::string& pin_path, const std::string& ifname,
+                                          Hook hook, int prog_fd) {
+    std::unique_ptr<HookLink> l(new HookLink());
+    l->ifname_ = ifname;
+    l->hook_ = hook;
+    l->pin_path_ = pin_path;
+    l->prog_fd_ = prog_fd;
+    int fd = bpf_obj_get(pin_path.c_str());
+    if (fd < 0) fail("adopting link " + pin_path, errno);
+    l->link_ = Fd(fd);
+    l->mode_ = hook == Hook::xdp ? "xdp" : "tcx";
+    unsigned idx = if_nametoindex(ifname.c_str());
+    l->ifindex_ = static_cast<int>(idx);
+    return l;
+}
+
 HookLink::~HookLink() {
     if (released_ || link_) return;  // closing an unpinned link fd detaches it
     LIBBPF_OPTS(bpf_tc_hook, th, .ifindex = ifindex_,
@@ -351,13 +385,17 @@ HookLink::~HookLink() {
     bpf_tc_detach(&th, &to);
 }
 
-void HookLink::update(int new_prog_fd) {
+void HookLink::update(int new_prog_fd, bool expect_current) {
     if (link_) {
         // BPF_F_REPLACE: fails instead of clobbering if someone else swapped the program.
-        LIBBPF_OPTS(bpf_link_update_opts, opts, .flags = BPF_F_REPLACE,
-                    .old_prog_fd = static_cast<__u32>(prog_fd_));
+        LIBBPF_OPTS(bpf_link_update_opts, opts);
+        if (expect_current) {
+            opts.flags = BPF_F_REPLACE;
+            opts.old_prog_fd = static_cast<__u32>(prog_fd_);
+        }
         if (bpf_link_update(link_.get(), new_prog_fd, &opts))
-            fail("swapping the program on " + ifname_, errno);
+            fail("swapping the program on " + ifname_ + " " + std::string(to_string(hook_)),
+                 errno);
     } else {
         LIBBPF_OPTS(bpf_tc_hook, th, .ifindex = ifindex_,
                     .attach_point = hook_ == Hook::tc_egress ? BPF_TC_EGRESS : BPF_TC_INGRESS);
@@ -368,11 +406,27 @@ void HookLink::update(int new_prog_fd) {
     prog_fd_ = new_prog_fd;
 }
 
-void HookLink::release() { released_ = true; }
-
 void HookLink::pin(const std::string& path) {
     if (!link_) return;  // clsact filters stay until removed
+    std::error_code ec;
+    fs::create_directories(fs::path(path).parent_path(), ec);
+    unlink(path.c_str());  // a stale pin of a link that is gone
     if (bpf_obj_pin(link_.get(), path.c_str())) fail("pinning link " + path, errno);
+    pin_path_ = path;
+}
+
+void HookLink::detach() {
+    if (!pin_path_.empty()) unlink(pin_path_.c_str());
+    if (link_) {
+        bpf_link_detach(link_.get());
+        link_ = Fd();
+    } else {
+        LIBBPF_OPTS(bpf_tc_hook, th, .ifindex = ifindex_,
+                    .attach_point = hook_ == Hook::tc_egress ? BPF_TC_EGRESS : BPF_TC_INGRESS);
+        LIBBPF_OPTS(bpf_tc_opts, to, .handle = kTcHandle, .priority = kTcPriority);
+        bpf_tc_detach(&th, &to);
+    }
+    released_ = true;
 }
 
 // ---- events ------------------------------------------------------------------------------

@@ -73,6 +73,10 @@ public:
     // thread's network namespace.
     static std::unique_ptr<Generation> build(const ChainSet& chains, uint32_t number,
                                              const StateMaps& state);
+    // A generation an earlier process built and pinned (pin()): its entry programs and
+    // counters, without loading anything. Throws Error when the pins are incomplete.
+    static std::unique_ptr<Generation> adopt(const std::string& dir, const ChainSet& chains,
+                                             uint32_t number);
     ~Generation();
     Generation(const Generation&) = delete;
     Generation& operator=(const Generation&) = delete;
@@ -80,18 +84,22 @@ public:
     uint32_t number() const { return number_; }
     const ChainSet& chains() const { return chains_; }
     int entry_fd(Hook h) const;
-    int prog_fd(std::string_view program_name) const;  // e.g. "bench_bare_pass"
-    int map_fd(std::string_view map_name) const;       // e.g. "jmp_xdp", "steps"
+    int prog_fd(std::string_view program_name) const;  // e.g. "bench_bare_pass" (built only)
+    int map_fd(std::string_view map_name) const;       // e.g. "jmp_xdp", "steps" (built only)
 
     std::vector<StepCounters> step_counters() const;  // summed over CPUs, index = pc
     GenCounters gen_counters() const;
 
-    void pin(const std::string& dir) const;  // entry programs and per-generation maps
+    // Pins the entry programs and the per-generation maps (the prog arrays among them: a
+    // prog array is emptied when its last reference goes, and packets may still be in it).
+    void pin(const std::string& dir) const;
 private:
     Generation() = default;
     uint32_t number_ = 0;
     ChainSet chains_;
-    struct mps_dp* skel_ = nullptr;
+    struct mps_dp* skel_ = nullptr;  // built here; null when adopted
+    std::vector<Fd> adopted_;        // adopted: entry_xdp, entry_tc_egress, entry_tc_ingress,
+                                     // step_counters, gen_counters
 };
 
 // BPF_PROG_TEST_RUN on one frame.
@@ -110,12 +118,19 @@ RunResult test_run(int prog_fd, std::span<const uint8_t> frame, bool xdp, uint32
 class HookLink {
 public:
     static std::unique_ptr<HookLink> attach(const std::string& ifname, Hook hook, int prog_fd);
+    // A link pinned by an earlier process (see pin()); prog_fd is the program it runs now.
+    static std::unique_ptr<HookLink> adopt(const std::string& pin_path, const std::string& ifname,
+                                           Hook hook, int prog_fd);
     ~HookLink();
-    // Atomically swaps the program (the old one keeps running until the swap).
-    void update(int new_prog_fd);
-    void release();  // leave it attached when this object goes (pin links first: an
-                     // unpinned link goes away with its last fd)
+    // Atomically swaps the program (the old one keeps running until the swap). With
+    // expect_current, fails if someone else swapped it since (BPF_F_REPLACE).
+    void update(int new_prog_fd, bool expect_current = true);
     void pin(const std::string& path);
+    // Detaches now and removes the pin.
+    void detach();
+    // Leave it attached when this object goes (the agent exits): only a pinned link survives
+    // its last file descriptor.
+    void release() { released_ = true; }
     const std::string& ifname() const { return ifname_; }
     Hook hook() const { return hook_; }
     std::string mode() const { return mode_; }  // "xdp-native", "xdp-generic", "tcx", "tc-filter"
@@ -124,6 +139,7 @@ private:
     std::string ifname_;
     Hook hook_ = Hook::xdp;
     std::string mode_;
+    std::string pin_path_;
     int ifindex_ = 0;
     Fd link_;           // bpf_link (XDP, TCX); empty for a clsact filter
     int prog_fd_ = -1;  // the program attached now (expected old program on update)
