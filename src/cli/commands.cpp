@@ -7,10 +7,14 @@ int exit_code() { return g_exit_code; }
 
 // Defined in each <name>_cmd.cpp. One line per command, here and in the list below.
 void add_bench_command(CLI::App&);
+void add_validate_command(CLI::App&);
+void add_plan_command(CLI::App&);
 
 std::vector<AddCommand> all_commands() {
     return {
         add_bench_command,
+        add_validate_command,
+        add_plan_command,
     };
 }
 }  // namespace mpsteer::cli

@@ -291,7 +291,12 @@ Result load_sources(const std::vector<std::pair<std::string, std::string>>& sour
     std::vector<Diagnostic> diags;
     std::vector<detail::Doc> docs;
     std::vector<std::string> files;
-    for (const auto& [name, text] : sources) {
+    // Sorted by name so that "first defined" and every other order-dependent answer is the
+    // same whatever order the caller lists the files in.
+    auto sorted = sources;
+    std::stable_sort(sorted.begin(), sorted.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (const auto& [name, text] : sorted) {
         files.push_back(name);
         auto d = detail::parse_yaml(name, text, diags);
         for (auto& x : d) docs.push_back(std::move(x));

@@ -61,7 +61,8 @@ struct Selector {
         ref,   // `selector_set: NAME` before inlining; never in a Model
     };
     Kind kind = Kind::src;
-    Position pos;
+    Position pos;            // of the selector's key, in the file that defines it
+    std::string pointer;     // JSON pointer of that key in its document
     IpAddr addr;             // src, dst (already masked)
     uint8_t prefix = 0;
     IpAddr a, b;             // ip_pair, subflow
@@ -87,7 +88,8 @@ struct Action {
         ref,  // `action_chain: NAME` before inlining; never in a Model
     };
     Kind kind = Kind::pass;
-    Position pos;
+    Position pos;                     // of the action's key, in the file that defines it
+    std::string pointer;              // JSON pointer of that key in its document
     uint64_t rate_bytes_per_sec = 0;  // rate_limit
     uint32_t rtt_us = 0;
     uint32_t min_window = 0;

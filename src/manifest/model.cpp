@@ -145,6 +145,7 @@ struct Checker {
         std::string vp = pointer_join(ptr, key);
         Selector s;
         s.pos = d.key_at(vp);
+        s.pointer = vp;
         bool ok = true;
         if (key == "src" || key == "dst") {
             s.kind = key == "src" ? Selector::Kind::src : Selector::Kind::dst;
@@ -255,6 +256,7 @@ struct Checker {
         std::string vp = pointer_join(ptr, key);
         Action a;
         a.pos = d.key_at(vp);
+        a.pointer = vp;
         static const std::map<std::string, Action::Kind> kinds = {
             {"pass", Action::Kind::pass},
             {"drop", Action::Kind::drop},
@@ -474,7 +476,7 @@ struct Resolver {
         if (s.kind == Selector::Kind::ref) {
             auto named = set_names.find(s.ref);
             if (named == set_names.end()) {
-                ck.error_at(s.pos, "", "unknown selector set '" + s.ref + "'" +
+                ck.error_at(s.pos, s.pointer, "unknown selector set '" + s.ref + "'" +
                                            suggest(s.ref, set_names));
                 return false;
             }
@@ -482,7 +484,7 @@ struct Resolver {
             if (std::find(stack.begin(), stack.end(), s.ref) != stack.end()) {
                 std::string path;
                 for (const auto& n : stack) path += n + " -> ";
-                ck.error_at(s.pos, "", "selector set '" + s.ref + "' includes itself (" + path +
+                ck.error_at(s.pos, s.pointer, "selector set '" + s.ref + "' includes itself (" + path +
                                            s.ref + ")");
                 return false;
             }
@@ -514,7 +516,7 @@ struct Resolver {
             }
             auto named = chain_names.find(a.ref);
             if (named == chain_names.end()) {
-                ck.error_at(a.pos, "", "unknown action chain '" + a.ref + "'" +
+                ck.error_at(a.pos, a.pointer, "unknown action chain '" + a.ref + "'" +
                                            suggest(a.ref, chain_names));
                 ok = false;
                 continue;
@@ -523,7 +525,7 @@ struct Resolver {
             if (std::find(stack.begin(), stack.end(), a.ref) != stack.end()) {
                 std::string path;
                 for (const auto& n : stack) path += n + " -> ";
-                ck.error_at(a.pos, "", "action chain '" + a.ref + "' includes itself (" + path +
+                ck.error_at(a.pos, a.pointer, "action chain '" + a.ref + "' includes itself (" + path +
                                            a.ref + ")");
                 ok = false;
                 continue;
@@ -662,13 +664,14 @@ Result load_docs(std::vector<Doc> docs, std::vector<Diagnostic> diags,
                                         ? "tc_egress"
                                     : a.kind == Action::Kind::redirect ? "xdp or tc_egress"
                                                                        : "xdp or tc_ingress";
-                ck.error_at(a.pos, "", "action '" + std::string(to_string(a.kind)) +
-                                           "' cannot run on hook '" + std::string(to_string(h)) +
-                                           "' (use " + where + ")");
+                ck.error_at(a.pos, a.pointer, "action '" + std::string(to_string(a.kind)) +
+                                                 "' cannot run on hook '" +
+                                                 std::string(to_string(h)) + "' of policy '" +
+                                                 p->name + "' (use " + where + ")");
                 ok = false;
             }
             if (i > 0 && terminal(p->actions[i - 1].kind)) {
-                ck.error_at(a.pos, "", "action '" + std::string(to_string(a.kind)) +
+                ck.error_at(a.pos, a.pointer, "action '" + std::string(to_string(a.kind)) +
                                            "' is never reached: '" +
                                            std::string(to_string(p->actions[i - 1].kind)) +
                                            "' before it ends the chain");
@@ -731,6 +734,17 @@ Result load_docs(std::vector<Doc> docs, std::vector<Diagnostic> diags,
                 bool on = p.interfaces.empty() ||
                           std::binary_search(p.interfaces.begin(), p.interfaces.end(), ifn);
                 if (on) chain.push_back(&e);
+            }
+            // A policy that selects everything and ends the chain hides the ones after it.
+            for (size_t k = 0; k + 1 < chain.size(); ++k) {
+                const Policy& p = chain[k]->first;
+                if (!p.select.empty() || (p.cont && !terminal(p.actions.back().kind))) continue;
+                for (size_t later = k + 1; later < chain.size(); ++later)
+                    ck.warning(*chain[later]->second, "/spec/priority",
+                               "never runs on hook '" + std::string(to_string(h)) +
+                                   "': policy '" + p.name +
+                                   "' before it selects every packet and ends the chain");
+                break;
             }
             size_t longest = 0;
             for (size_t k = chain.size(); k-- > 0;) {

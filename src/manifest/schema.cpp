@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <regex>
 
 #include <valijson/adapters/nlohmann_json_adapter.hpp>
 #include <valijson/schema.hpp>
@@ -224,9 +225,37 @@ bool schema_validate(const Doc& doc, std::vector<Diagnostic>& diags) {
         if (wrapper(r.desc)) {
             // Kept only when nothing more precise was said at or below this place.
             bool covered = std::any_of(raws.begin(), raws.end(), [&](const Raw& o) {
-                return !wrapper(o.desc) && o.pointer.rfind(r.pointer, 0) == 0;
+                return o.pointer.rfind(r.pointer, 0) == 0 &&
+                       (!wrapper(o.desc) || o.pointer.size() > r.pointer.size());
             });
             if (covered) continue;
+            // valijson says nothing of its own when `propertyNames` fails: find the names.
+            if (starts(r.desc, "Failed to validate against schema associated with property name")) {
+                std::string name = quoted(r.desc);
+                auto path = r.path;
+                path.push_back(name);
+                const json* child = S.walk(root, path, doc.json);
+                std::string cptr = pointer_join(r.pointer, name);
+                const json* inst = nullptr;
+                try {
+                    inst = &doc.json.at(json::json_pointer(cptr));
+                } catch (const json::exception&) {
+                }
+                if (child && inst && inst->is_object() && child->contains("propertyNames") &&
+                    (*child)["propertyNames"].contains("pattern")) {
+                    std::regex re((*child)["propertyNames"]["pattern"].get<std::string>());
+                    for (auto it = inst->begin(); it != inst->end(); ++it) {
+                        if (std::regex_search(it.key(), re)) continue;
+                        std::string kp = pointer_join(cptr, it.key());
+                        diags.push_back({Severity::error, doc.key_at(kp), kp,
+                                         "invalid name '" + it.key() + "' (must match " +
+                                             (*child)["propertyNames"]["pattern"].get<std::string>() +
+                                             ")"});
+                        ok = false;
+                    }
+                    continue;
+                }
+            }
         }
         const json* sch = S.walk(root, r.path, doc.json);
         const json* val = nullptr;

@@ -1,0 +1,253 @@
+// The compiler: step encoding, branch layout, entries per hook and interface, determinism,
+// and the plan model / diff.
+#include <arpa/inet.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <set>
+
+#include <catch2/catch.hpp>
+
+#include "compile/compile.h"
+
+using namespace mpsteer;
+namespace fs = std::filesystem;
+
+namespace {
+
+manifest::Options opts() {
+    manifest::Options o;
+    o.known_interfaces = std::set<std::string>{"lo", "eth0", "eth1", "eth2"};
+    o.check_scripts = false;
+    return o;
+}
+
+manifest::Model model_of(const std::string& yaml) {
+    auto r = manifest::load_sources({{"t.yaml", yaml}}, opts());
+    for (const auto& d : r.diagnostics) INFO(d.format());
+    REQUIRE(r.ok());
+    return r.model;
+}
+
+std::string policy(const std::string& name, const std::string& attach, int prio,
+                   const std::string& select, const std::string& actions,
+                   const std::string& extra = "") {
+    return "apiVersion: mpsteer.dev/v1\nkind: Policy\nmetadata: {name: " + name +
+           "}\nspec:\n  attach: " + attach + "\n  priority: " + std::to_string(prio) + "\n" +
+           extra + (select.empty() ? "" : "  select:\n" + select) + "  actions:\n" + actions;
+}
+
+}  // namespace
+
+TEST_CASE("selector parameters are encoded for the datapath", "[compile]") {
+    auto m = model_of(policy("p", "{hooks: [xdp]}", 1,
+                             "    - dst: 10.0.1.0/24\n"
+                             "    - src: 2001:db8::/33\n"
+                             "    - port: {src: 1000-2000}\n"
+                             "    - packet_type: [add_addr, syn]\n"
+                             "    - token: 0xdeadbeef\n"
+                             "    - subflow: {a: {address: 10.0.0.1, port: 5000}, b: {address: 10.0.0.2, port: 80}}\n"
+                             "    - flow_bytes: {scope: connection, from: 1KB, to: 2KiB}\n"
+                             "    - sequence: {kind: data, from: 5}\n",
+                             "    - rate_limit: {rate: 8Mbit, rtt: 10ms, min_window: 4096}\n"));
+    auto out = compile::compile(m);
+    const auto& s = out.chains.steps;
+    REQUIRE(s.size() == 9);
+    CHECK(s[0].prog == MPS_SEL_DST);
+    CHECK(s[0].p.cidr.family == 4);
+    CHECK(s[0].p.cidr.prefix == 24);
+    CHECK(s[0].p.cidr.addr[0] == htonl(0x0a000100));
+    CHECK(s[0].p.cidr.mask[0] == htonl(0xffffff00));
+    CHECK(s[0].p.cidr.mask[1] == 0);
+    CHECK(s[1].prog == MPS_SEL_SRC);
+    CHECK(s[1].p.cidr.family == 6);
+    CHECK(s[1].p.cidr.addr[0] == htonl(0x20010db8));
+    CHECK(s[1].p.cidr.mask[0] == 0xffffffff);
+    CHECK(s[1].p.cidr.mask[1] == htonl(0x80000000));
+    CHECK(s[1].p.cidr.mask[2] == 0);
+    CHECK(s[2].p.port.dir == MPS_DIR_SRC);
+    CHECK(s[2].p.port.lo == 1000);
+    CHECK(s[2].p.port.hi == 2000);
+    CHECK(s[3].p.kinds.any_of == (MPS_K_ADD_ADDR | MPS_K_SYN));
+    CHECK(s[4].p.token.token == 0xdeadbeef);
+    CHECK(s[5].prog == MPS_SEL_SUBFLOW);
+    CHECK(s[5].p.pair.a[0] == htonl(0x0a000001));
+    CHECK(s[5].p.pair.port_a == 5000);
+    CHECK(s[5].p.pair.port_b == 80);
+    CHECK(s[6].p.bytes.scope == MPS_BYTES_CONN);
+    CHECK(s[6].p.bytes.lo == 1000);
+    CHECK(s[6].p.bytes.hi == 2048);
+    CHECK(s[7].p.seq.kind == MPS_SEQ_DATA);
+    CHECK(s[7].p.seq.lo == 5);
+    CHECK(s[7].p.seq.hi == UINT64_MAX);
+    CHECK(s[8].prog == MPS_ACT_RATE_LIMIT);
+    CHECK(s[8].p.rate.bytes_per_sec == 1000000);
+    CHECK(s[8].p.rate.rtt_us == 10000);
+    CHECK(s[8].p.rate.min_window == 4096);
+    // A plain AND: every match goes on, every miss ends (no next policy).
+    for (size_t pc = 0; pc < 8; ++pc) {
+        CHECK(s[pc].on_match == pc + 1);
+        CHECK(s[pc].on_miss == MPS_PC_END);
+    }
+    CHECK(s[8].on_match == MPS_PC_END);
+    CHECK(out.chains.check().empty());
+}
+
+TEST_CASE("any and not become branch targets", "[compile]") {
+    // select: A and (B or not C), then one action.
+    auto m = model_of(policy("p", "{hooks: [xdp]}", 1,
+                             "    - port: {dst: 1}\n"
+                             "    - any:\n"
+                             "        - port: {dst: 2}\n"
+                             "        - not: {port: {dst: 3}}\n",
+                             "    - record: {}\n"));
+    const auto& s = compile::compile(m).chains.steps;
+    REQUIRE(s.size() == 4);
+    CHECK((s[0].on_match == 1 && s[0].on_miss == MPS_PC_END));  // A
+    CHECK((s[1].on_match == 3 && s[1].on_miss == 2));           // B: match -> action
+    CHECK((s[2].on_match == MPS_PC_END && s[2].on_miss == 3));  // C: miss -> action
+    CHECK(s[3].prog == MPS_ACT_RECORD);
+}
+
+TEST_CASE("policies on one hook run by priority; a miss falls to the next", "[compile]") {
+    auto m = model_of(policy("late", "{hooks: [xdp]}", 20, "    - port: {dst: 2}\n",
+                             "    - drop: {}\n") +
+                      "---\n" +
+                      policy("early", "{hooks: [xdp]}", 10, "    - port: {dst: 1}\n",
+                             "    - record: {}\n", "  continue: true\n  failure_mode: drop\n"));
+    auto out = compile::compile(m);
+    const auto& c = out.chains;
+    CHECK(c.policies == std::vector<std::string>{"early", "late"});
+    REQUIRE(c.entries.size() == 1);
+    CHECK(c.entries[0].ifname.empty());
+    CHECK(c.entries[0].pc == 0);
+    REQUIRE(c.steps.size() == 4);
+    CHECK(c.steps[0].policy == 0);
+    CHECK(c.steps[0].on_miss == 2);  // early misses -> late
+    CHECK(c.steps[1].on_match == 2);  // continue: after early's actions, late
+    CHECK(c.steps[0].flags == MPS_STEPF_FAIL_DROP);
+    CHECK(c.steps[1].flags == MPS_STEPF_FAIL_DROP);
+    CHECK(c.steps[2].flags == 0);
+    CHECK(c.steps[3].prog == MPS_ACT_DROP);
+    CHECK(c.steps[3].policy == 1);
+    CHECK(c.attachments == std::vector<datapath::Attachment>{{"", datapath::Hook::xdp}});
+}
+
+TEST_CASE("different interface lists give per-interface entries with their own steps",
+          "[compile]") {
+    auto m = model_of(policy("all", "{hooks: [tc_egress]}", 10, "", "    - record: {}\n") +
+                      "---\n" +
+                      policy("e1", "{interfaces: [eth1], hooks: [tc_egress, xdp]}", 5, "",
+                             "    - redirect: {interface: eth2}\n"));
+    auto out = compile::compile(m);
+    const auto& c = out.chains;
+    // xdp: only e1 (eth1); tc_egress: "" -> all, eth1 -> e1 then all.
+    REQUIRE(c.entries.size() == 3);
+    CHECK(c.entries[0].hook == datapath::Hook::xdp);
+    CHECK(c.entries[0].ifname == "eth1");
+    CHECK(c.entries[1].hook == datapath::Hook::tc_egress);
+    CHECK(c.entries[1].ifname == "");
+    CHECK(c.entries[2].ifname == "eth1");
+    CHECK(c.steps.size() == 4);  // xdp: redirect; tc "": record; tc eth1: redirect, record
+    CHECK(c.steps[c.entries[2].pc].prog == MPS_ACT_REDIRECT);
+    // redirect names its interface for the loader; ifindex is left to it.
+    CHECK(c.step_ifnames == std::vector<std::pair<uint16_t, std::string>>{{0, "eth2"}, {2, "eth2"}});
+    CHECK(c.attachments == std::vector<datapath::Attachment>{{"eth1", datapath::Hook::xdp},
+                                                             {"", datapath::Hook::tc_egress},
+                                                             {"eth1", datapath::Hook::tc_egress}});
+    CHECK(c.check().empty());
+}
+
+TEST_CASE("pass and drop end the chain even with continue", "[compile]") {
+    auto m = model_of(policy("a", "{hooks: [xdp]}", 1, "", "    - pass: {}\n") + "---\n" +
+                      policy("b", "{hooks: [xdp]}", 2, "", "    - record: {}\n"));
+    const auto& s = compile::compile(m).chains.steps;
+    CHECK(s[0].on_match == MPS_PC_END);
+}
+
+TEST_CASE("compilation is deterministic whatever the file and document order", "[compile]") {
+    const fs::path dir = fs::path(MPS_SOURCE_DIR) / "tests/unit/manifests/valid";
+    auto a = manifest::load_paths({dir.string()}, opts());
+    REQUIRE(a.ok());
+    auto out1 = compile::compile(a.model);
+    auto out2 = compile::compile(a.model);
+    CHECK(out1.chains.serialize() == out2.chains.serialize());
+    // The same documents in reverse file order.
+    std::vector<std::string> files = a.files;
+    std::reverse(files.begin(), files.end());
+    auto b = manifest::load_paths(files, opts());
+    REQUIRE(b.ok());
+    CHECK(compile::compile(b.model).chains.serialize() == out1.chains.serialize());
+    CHECK(out1.chains.check().empty());
+    CHECK(compile::to_json(compile::make_plan_model(a.model, out1)).dump() ==
+          compile::to_json(compile::make_plan_model(b.model, out2)).dump());
+}
+
+TEST_CASE("shipped policies compile into valid chains", "[compile][policies]") {
+    auto o = opts();
+    auto r = manifest::load_paths({(fs::path(MPS_SOURCE_DIR) / "policies").string()}, o);
+    REQUIRE(r.ok());
+    auto out = compile::compile(r.model);
+    CHECK(out.chains.check().empty());
+    CHECK(out.step_text.size() == out.chains.steps.size());
+}
+
+TEST_CASE("too many steps for the datapath is a compile error", "[compile]") {
+    std::string docs;
+    std::string select;
+    for (int i = 0; i < 30; ++i) select += "    - port: {dst: " + std::to_string(i) + "}\n";
+    for (int i = 0; i < 40; ++i) {
+        if (i) docs += "---\n";
+        docs += policy("p" + std::to_string(i), "{interfaces: [eth" + std::to_string(i % 3) +
+                       "], hooks: [xdp]}", i, select, "    - record: {}\n");
+    }
+    auto r = manifest::load_sources({{"t.yaml", docs}}, opts());
+    // 40 x 31 steps fit no step table; per-interface chains are still too long too.
+    if (r.ok()) CHECK_THROWS_AS(compile::compile(r.model), compile::Error);
+    else CHECK_FALSE(r.ok());
+}
+
+TEST_CASE("plan model round-trips through JSON and diffs", "[compile][plan]") {
+    auto old_m = model_of(policy("keep", "{hooks: [xdp]}", 1, "", "    - record: {}\n", "  continue: true\n") +
+                          "---\n" +
+                          policy("change", "{hooks: [xdp]}", 2, "    - port: {dst: 1}\n",
+                                 "    - drop: {}\n") +
+                          "---\n" +
+                          policy("gone", "{hooks: [tc_egress]}", 3, "", "    - record: {}\n"));
+    auto new_m = model_of(policy("keep", "{hooks: [xdp]}", 1, "", "    - record: {}\n", "  continue: true\n") +
+                          "---\n" +
+                          policy("change", "{hooks: [xdp]}", 2, "    - port: {dst: 2}\n",
+                                 "    - drop: {}\n") +
+                          "---\n" +
+                          policy("new", "{hooks: [tc_ingress]}", 3, "", "    - record: {}\n"));
+    auto running = compile::make_plan_model(old_m, compile::compile(old_m), "rev1");
+    auto next = compile::make_plan_model(new_m, compile::compile(new_m), "rev2");
+
+    auto back = compile::plan_model_from_json(nlohmann::json::parse(compile::to_json(running).dump()));
+    CHECK(back.chains.serialize() == running.chains.serialize());
+    CHECK(back.policies == running.policies);
+    CHECK(back.revision == "rev1");
+
+    auto d = compile::diff(running, next);
+    CHECK(d.added == std::vector<std::string>{"new"});
+    CHECK(d.changed == std::vector<std::string>{"change"});
+    CHECK(d.removed == std::vector<std::string>{"gone"});
+    CHECK(d.unchanged == std::vector<std::string>{"keep"});
+    INFO(compile::to_text(d));
+    REQUIRE(d.hooks.size() == 3);
+    CHECK((d.hooks[0].hook == "xdp" && d.hooks[0].status == "changed"));
+    CHECK((d.hooks[1].hook == "tc_egress" && d.hooks[1].status == "removed"));
+    CHECK((d.hooks[2].hook == "tc_ingress" && d.hooks[2].status == "added"));
+    auto text = compile::to_text(d);
+    CHECK(text.find("~ policy change (changed)") != std::string::npos);
+    CHECK(text.find("1 to add, 1 to change, 1 to remove, 1 unchanged") != std::string::npos);
+
+    // Against an empty generation everything is new; against itself nothing changes.
+    auto fresh = compile::diff({}, next);
+    CHECK(fresh.added.size() == 3);
+    auto same = compile::diff(next, next);
+    CHECK(same.empty());
+    for (const auto& h : same.hooks) CHECK(h.status == "unchanged");
+    CHECK_FALSE(compile::read_applied("/nonexistent/applied.json"));
+    CHECK_THROWS_AS(compile::plan_model_from_json(nlohmann::json::object()), compile::Error);
+}
