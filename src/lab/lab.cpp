@@ -4,9 +4,11 @@
 
 #include <fcntl.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -127,30 +129,49 @@ std::string Lab::server_addr(int path) { return "10.0." + std::to_string(path) +
 std::string Lab::client_addr6(int path) { return "fd00:" + std::to_string(path) + "::1"; }
 std::string Lab::server_addr6(int path) { return "fd00:" + std::to_string(path) + "::2"; }
 
+namespace {
+const char* kPidDir = "/run/mpsteer-lab";
+std::string pid_file(const std::string& prefix) { return std::string(kPidDir) + "/" + prefix; }
+}  // namespace
+
 Lab::Lab(LabConfig cfg) : cfg_(std::move(cfg)) {
-    if (cfg_.tag.empty()) cfg_.tag = "p" + std::to_string(getpid());
+    if (cfg_.tag.empty()) cfg_.tag = "p" + std::to_string(getpid() % 1000000);
     prefix_ = kPrefix + cfg_.tag;
-    if (client_if(2).size() > 15) throw Error("lab tag too long for interface names: " + cfg_.tag);
+    if ((prefix_ + "-dc2").size() > 15)
+        throw Error("lab tag too long for interface names: " + cfg_.tag);
+    cleanup_stale();
     cleanup(prefix_ + "-");
+    // Who owns the prefix, written before anything exists, so cleanup_stale() in another
+    // process never takes a lab under construction for a leftover.
+    std::filesystem::create_directories(kPidDir);
+    std::ofstream(pid_file(prefix_)) << getpid() << "\n";
     try {
         build();
     } catch (...) {
+        for (auto& d : delay_) d.reset();
         cleanup(prefix_ + "-");
+        std::filesystem::remove(pid_file(prefix_));
         throw;
     }
 }
 
 Lab::~Lab() {
+    for (auto& d : delay_) d.reset();
     try {
         cleanup(prefix_ + "-");
     } catch (const std::exception& e) {
         spdlog::error("lab: cleanup of {} failed: {}", prefix_, e.what());
     }
+    std::error_code ec;
+    std::filesystem::remove(pid_file(prefix_), ec);
 }
 
 void Lab::build() {
-    const std::string cli = client_ns(), srv = server_ns();
-    for (const auto& ns : {cli, srv}) {
+    const std::string cli = client_ns(), srv = server_ns(), dly = delay_ns();
+    const bool delayed[2] = {cfg_.path[0].delay_ms > 0, cfg_.path[1].delay_ms > 0};
+    std::vector<std::string> namespaces{cli, srv};
+    if (delayed[0] || delayed[1]) namespaces.push_back(dly);
+    for (const auto& ns : namespaces) {
         must({"ip", "netns", "add", ns});
         must({"ip", "-n", ns, "link", "set", "lo", "up"});
         must_in(ns, {"sysctl", "-q", "-w", "net.mptcp.enabled=1"});
@@ -158,21 +179,39 @@ void Lab::build() {
         must_in(ns, {"sysctl", "-q", "-w", "net.ipv6.conf.all.accept_dad=0"});
         must_in(ns, {"sysctl", "-q", "-w", "net.ipv6.conf.default.accept_dad=0"});
     }
+    // A veth whose peer checksums nothing delivers complete checksums: a BPF program that
+    // breaks a checksum is caught by the receiver instead of being trusted.
+    auto csum_off = [](const std::string& ns, const std::string& dev, bool segment) {
+        std::vector<std::string> cmd{"ethtool", "-K", dev, "tx", "off"};
+        // The delay line relays frames one by one: nothing larger than the MTU may reach it.
+        if (segment) cmd.insert(cmd.end(), {"tso", "off", "gso", "off", "gro", "off"});
+        must_in(ns, cmd);
+        must({"ip", "-n", ns, "link", "set", dev, "up"});
+    };
     for (int p = 1; p <= 2; p++) {
-        // Both ends are created directly inside their namespaces: nothing ever sits in the
-        // root namespace, so deleting the namespaces removes the pair.
-        must({"ip", "link", "add", client_if(p), "netns", cli, "type", "veth", "peer", "name",
-              server_if(p), "netns", srv});
+        const std::string c = client_if(p), s = server_if(p);
+        // Every end is created directly inside its namespace: nothing ever sits in the root
+        // namespace, so deleting the namespaces removes the pairs.
+        if (delayed[p - 1]) {
+            const std::string dc = prefix_ + "-dc" + std::to_string(p);
+            const std::string ds = prefix_ + "-ds" + std::to_string(p);
+            must({"ip", "link", "add", c, "netns", cli, "type", "veth", "peer", "name", dc,
+                  "netns", dly});
+            must({"ip", "link", "add", ds, "netns", dly, "type", "veth", "peer", "name", s,
+                  "netns", srv});
+            csum_off(dly, dc, true);
+            csum_off(dly, ds, true);
+        } else {
+            must({"ip", "link", "add", c, "netns", cli, "type", "veth", "peer", "name", s,
+                  "netns", srv});
+        }
         struct End { std::string ns, dev, v4, v6; };
-        for (const End& e : {End{cli, client_if(p), client_addr(p), client_addr6(p)},
-                             End{srv, server_if(p), server_addr(p), server_addr6(p)}}) {
+        for (const End& e : {End{cli, c, client_addr(p), client_addr6(p)},
+                             End{srv, s, server_addr(p), server_addr6(p)}}) {
             must({"ip", "-n", e.ns, "addr", "add", e.v4 + "/24", "dev", e.dev});
             if (cfg_.ipv6)
                 must({"ip", "-n", e.ns, "addr", "add", e.v6 + "/64", "dev", e.dev, "nodad"});
-            // A veth whose peer checksums nothing delivers complete checksums: a BPF program
-            // that breaks a checksum is caught by the receiver instead of being trusted.
-            must_in(e.ns, {"ethtool", "-K", e.dev, "tx", "off"});
-            must({"ip", "-n", e.ns, "link", "set", e.dev, "up"});
+            csum_off(e.ns, e.dev, delayed[p - 1]);
         }
     }
     for (const auto& ns : {cli, srv})
@@ -181,32 +220,61 @@ void Lab::build() {
     if (cfg_.signal)
         must({"ip", "-n", srv, "mptcp", "endpoint", "add", server_addr(2), "dev", server_if(2),
               "signal"});
-    for (int p = 1; p <= 2; p++)
-        if (cfg_.path[p - 1].delay_ms || cfg_.path[p - 1].rate_kbit) shape(p, cfg_.path[p - 1]);
+    for (int p = 1; p <= 2; p++) {
+        if (delayed[p - 1])
+            delay_[p - 1] = std::make_unique<DelayLine>(
+                dly, prefix_ + "-dc" + std::to_string(p), prefix_ + "-ds" + std::to_string(p),
+                std::chrono::milliseconds(cfg_.path[p - 1].delay_ms));
+        if (cfg_.path[p - 1].rate_kbit) set_rate(p, cfg_.path[p - 1].rate_kbit);
+    }
     spdlog::debug("lab {}: up", prefix_);
 }
 
 void Lab::shape(int path, PathShape s) {
     if (path < 1 || path > 2) throw Error("lab: no path " + std::to_string(path));
+    auto& d = delay_[path - 1];
+    if (s.delay_ms && !d) throw Error("lab: path " + std::to_string(path) +
+                                      " was built without a delay line");
+    if (d) d->set_delay(std::chrono::milliseconds(s.delay_ms));
+    set_rate(path, s.rate_kbit);
     cfg_.path[path - 1] = s;
+}
+
+void Lab::set_rate(int path, unsigned rate_kbit) {
     for (const auto& [ns, dev] : {std::pair{client_ns(), client_if(path)},
                                   std::pair{server_ns(), server_if(path)}}) {
-        if (!s.delay_ms && !s.rate_kbit) {
+        if (!rate_kbit) {
             run({"tc", "-n", ns, "qdisc", "del", "dev", dev, "root"});  // absent is fine
             continue;
         }
-        // A deep queue: at a few hundred Mbit/s a 20 ms delay holds thousands of packets,
-        // and netem's default limit of 1000 would drop them.
-        std::vector<std::string> cmd{"tc", "-n", ns, "qdisc", "replace", "dev", dev, "root",
-                                     "netem", "limit", "100000"};
-        if (s.delay_ms) cmd.insert(cmd.end(), {"delay", std::to_string(s.delay_ms) + "ms"});
-        if (s.rate_kbit) cmd.insert(cmd.end(), {"rate", std::to_string(s.rate_kbit) + "kbit"});
-        must(cmd);
+        // A token bucket (sch_netem is not built here): 10 ms of burst, at least two frames.
+        unsigned burst = std::max(3100u, rate_kbit * 1000 / 8 / 100);
+        must({"tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate",
+              std::to_string(rate_kbit) + "kbit", "burst", std::to_string(burst), "latency",
+              "200ms"});
     }
 }
 
 std::string Lab::ss(const std::string& netns) const {
     return run({"ip", "netns", "exec", netns, "ss", "-tniM"}).out;
+}
+
+int Lab::cleanup_stale() {
+    int removed = 0;
+    std::error_code ec;
+    for (const auto& ent : std::filesystem::directory_iterator("/run/netns", ec)) {
+        std::string name = ent.path().filename();
+        auto dash = name.rfind('-');
+        if (name.rfind(kPrefix, 0) != 0 || dash == std::string::npos) continue;
+        std::string prefix = name.substr(0, dash);
+        pid_t owner = 0;
+        std::ifstream(pid_file(prefix)) >> owner;
+        if (owner > 0 && (kill(owner, 0) == 0 || errno != ESRCH)) continue;  // alive
+        spdlog::info("lab: removing leftovers of {}", prefix);
+        removed += cleanup(prefix + "-");
+        std::filesystem::remove(pid_file(prefix), ec);
+    }
+    return removed;
 }
 
 int Lab::cleanup(const std::string& prefix) {

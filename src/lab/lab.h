@@ -6,6 +6,9 @@
 //   namespaces  P-cli, P-srv
 //   veth pair   P-c<n> (in P-cli, 10.0.<n>.1/24, fd00:<n>::1/64)
 //          <->  P-s<n> (in P-srv, 10.0.<n>.2/24, fd00:<n>::2/64)
+//   delay       a path with delay_ms > 0 runs through a third namespace P-dly instead:
+//               P-c<n> <-> P-dc<n> [delay line] P-ds<n> <-> P-s<n> (same addresses; the
+//               relay is L2, so the two ends still see each other directly)
 //   MPTCP       limits subflows 2 / add_addr_accepted 2 on both sides; the server signals
 //               10.0.2.2 (endpoint id 1), so a client connecting to 10.0.1.2 opens a second
 //               subflow 10.0.2.1 -> 10.0.2.2.
@@ -16,11 +19,15 @@
 
 #include <atomic>
 #include <chrono>
+#include <memory>
+#include <optional>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "datapath/datapath.h"
 
 namespace mpsteer::lab {
 
@@ -57,14 +64,34 @@ private:
 
 // ---- the lab -------------------------------------------------------------------------------
 
-// tc netem on both ends of a path (so each direction gets `delay_ms`: RTT = 2 x delay_ms).
+// How a path behaves. This kernel has no sch_netem, so the delay is a user-space delay line
+// (fixed when the Lab is built) and the rate a tbf qdisc on both ends (changeable).
 struct PathShape {
-    unsigned delay_ms = 0;
+    unsigned delay_ms = 0;   // each direction: RTT = 2 x delay_ms
     unsigned rate_kbit = 0;  // 0: no rate limit
 };
 
+// Holds every frame between two interfaces of a namespace for a fixed time (both ways).
+class DelayLine {
+public:
+    DelayLine(const std::string& netns, const std::string& if_a, const std::string& if_b,
+              std::chrono::microseconds delay);
+    ~DelayLine();
+    DelayLine(const DelayLine&) = delete;
+    DelayLine& operator=(const DelayLine&) = delete;
+    void set_delay(std::chrono::microseconds d) { delay_us_ = d.count(); }
+    uint64_t dropped() const { return dropped_.load(); }
+private:
+    void relay();
+    int fd_[2] = {-1, -1};
+    std::atomic<int64_t> delay_us_;
+    std::atomic<uint64_t> dropped_{0};
+    std::atomic<bool> stop_{false};
+    std::thread thread_;
+};
+
 struct LabConfig {
-    std::string tag;        // empty: "p<pid>"; keep it short (interface names hold 15 chars)
+    std::string tag;        // empty: "p<pid>"; at most 7 characters (interface names hold 15)
     PathShape path[2];      // path 1, path 2
     bool ipv6 = true;       // also fd00:<n>::/64 on each path
     bool signal = true;     // server announces its path-2 address (ADD_ADDR)
@@ -82,10 +109,14 @@ public:
     // Deletes every namespace and root-namespace link whose name starts with `prefix`
     // (e.g. "mps-" for all leftovers, "mps-t123" for one lab). Returns how many it removed.
     static int cleanup(const std::string& prefix);
+    // Removes the labs of processes that are gone (the owner's pid is kept in
+    // /run/mpsteer-lab/<prefix>). Labs of running processes are left alone.
+    static int cleanup_stale();
 
     const std::string& prefix() const { return prefix_; }
     std::string client_ns() const { return prefix_ + "-cli"; }
     std::string server_ns() const { return prefix_ + "-srv"; }
+    std::string delay_ns() const { return prefix_ + "-dly"; }
     std::string client_if(int path) const;  // path 1 or 2
     std::string server_if(int path) const;
     static std::string client_addr(int path);  // "10.0.<path>.1"
@@ -93,15 +124,17 @@ public:
     static std::string client_addr6(int path); // "fd00:<path>::1"
     static std::string server_addr6(int path);
 
-    // Replaces the netem settings of one path (both ends) while the lab runs.
+    // Changes the rate (and the delay of a path built with one) while the lab runs.
     void shape(int path, PathShape s);
     // `ss -tniM` in a namespace, for logs and failure messages.
     std::string ss(const std::string& netns) const;
 
 private:
     void build();
+    void set_rate(int path, unsigned rate_kbit);
     std::string prefix_;
     LabConfig cfg_;
+    std::unique_ptr<DelayLine> delay_[2];
 };
 
 // Interface counters read inside a namespace (/proc/thread-self/net/dev).
@@ -189,5 +222,52 @@ struct SendOptions {
 // a limit is reached, then closes. Blocks; run it in a thread to do other things meanwhile.
 TrafficStats send_stream(const std::string& netns, const std::string& addr, uint16_t port,
                          const SendOptions& opt);
+
+// ---- the datapath in the lab ---------------------------------------------------------------
+
+// Kernel per-subflow counters (`ss -tni` inside a namespace): payload bytes the sender got
+// acknowledged, independent of anything mpsteer's programs count.
+struct SubflowInfo {
+    std::string local, remote;  // "addr:port"
+    uint64_t bytes_acked = 0, bytes_received = 0;
+};
+std::vector<SubflowInfo> tcp_subflows(const std::string& netns);
+
+// The chains the e2e test and the demo load on the server: every packet in or out is
+// recorded, MP_CAPABLE keys and MP_JOIN tokens become events, and with rate_bytes_per_sec > 0
+// the ACKs the server sends on path 2 carry a window of rate x RTT (the client's sends on
+// that subflow are capped). Attached to XDP and TC egress of both server interfaces.
+datapath::ChainSet server_chains(const Lab& lab, uint64_t rate_bytes_per_sec);
+
+// A generation built from `chains` and attached inside `netns`, with its shared state maps
+// pinned under `pin_root`. Destruction detaches everything and removes `pin_root`.
+class Steering {
+public:
+    Steering(const datapath::ChainSet& chains, const std::string& netns,
+             const std::string& pin_root);
+    ~Steering();
+    Steering(const Steering&) = delete;
+    Steering& operator=(const Steering&) = delete;
+
+    // A per-process pin root under /sys/fs/bpf ("mpsteer-<what>-<pid>"); removes the roots
+    // of the same kind left by processes that no longer run.
+    static std::string pin_root_for(const std::string& what);
+
+    const datapath::StateMaps& state() const { return state_; }
+    const datapath::Generation& generation() const { return *gen_; }
+    const std::vector<std::unique_ptr<datapath::HookLink>>& links() const { return links_; }
+    // Every flow in the flow map.
+    std::vector<std::pair<mps_flow_key, mps_flow>> flows() const;
+    std::optional<mps_conn> conn(uint32_t lower_token) const;
+
+private:
+    std::string netns_, pin_root_;
+    datapath::StateMaps state_;
+    std::unique_ptr<datapath::Generation> gen_;
+    std::vector<std::unique_ptr<datapath::HookLink>> links_;
+};
+
+// "10.0.1.1:40000 <-> 10.0.1.2:5201" for a flow key.
+std::string to_string(const mps_flow_key& k);
 
 }  // namespace mpsteer::lab

@@ -13,11 +13,11 @@ using namespace mpsteer::lab;
 using namespace std::chrono_literals;
 
 TEST_CASE("lab: two subflows over two paths, tokens as the kernel reports", "[e2e][lab]") {
-    Lab::cleanup("mps-e2e");  // leftovers of a crashed run
+    Lab::cleanup_stale();  // leftovers of a crashed run
     std::string prefix;
     {
         LabConfig cfg;
-        cfg.tag = "e2e" + std::to_string(getpid() % 100000);
+        cfg.tag = "l" + std::to_string(getpid() % 1000000);
         Lab lab(cfg);
         prefix = lab.prefix();
         MptcpMonitor mon_srv(lab.server_ns()), mon_cli(lab.client_ns());
