@@ -280,4 +280,69 @@ struct mps_event {
 	__u64 key[2];        /* MP_CAPABLE: sender's key, receiver's key (0 if absent) */
 };
 
+
+/* ---- option-rewriting actors (bpf/rewrite.bpf.h; userspace side src/datapath/actors.h) -------
+ * Appended block: values here are as stable as the ones above. */
+
+/* Event: an ADD_ADDR was hidden by blk_subflow (first copy only; retransmissions just count).
+ * addr_id and the announced address travel in the event: flags = address family (4 or 6),
+ * nonce = port (0: none), key[0..1] = the 16 address bytes (IPv4 in the first 4). The full
+ * option (with its HMAC) is in the announces map, which keeps it even when the ring is full. */
+#define MPS_EV_ADD_ADDR_BLOCKED 4
+
+/* Announcements hidden by blk_subflow, per connection: LRU_HASH keyed by the subflow the
+ * ADD_ADDR travelled on and its address id (shared across generations, pinned as
+ * "announces_v<MPS_STATE_LAYOUT>"). */
+#define MPS_ANNOUNCES_MAX 4096
+struct mps_announce_key {
+	struct mps_flow_key flow;
+	__u8 addr_id;
+	__u8 pad[3];
+};
+enum mps_announce_state {
+	MPS_ANN_BLOCKED = 0,   /* hidden: every copy (retransmission) is hidden too */
+	MPS_ANN_PENDING = 1,   /* add_subflow requested: the next packet on the flow carries it */
+	MPS_ANN_INJECTING = 2, /* a copy of a packet is being turned into the carrier */
+	MPS_ANN_RELEASED = 3,  /* delivered to the host; later copies pass untouched */
+};
+struct mps_announce {
+	__u64 first_ns, last_ns;  /* first / latest copy hidden */
+	__u64 released_ns;        /* carrier built (0: not yet) */
+	__u32 state;              /* enum mps_announce_state, changed with compare-and-swap */
+	__u32 hidden;             /* copies hidden (the first plus the retransmissions) */
+	__u32 conn_token;         /* the flow's connection (0: unknown when first hidden) */
+	__u8 from_a;              /* the ADD_ADDR travelled from a to b of the flow key */
+	__u8 hook;                /* enum mps_hook where it was hidden */
+	__u8 family;              /* of the announced address: 4 or 6 */
+	__u8 len;                 /* option length: 16/18 (IPv4), 28/30 (IPv6) */
+	__u16 port;               /* host order; 0: no port in the option */
+	__u8 pad[2];
+	__u32 addr[4];            /* network order */
+	__u8 opt[32];             /* the option as it was on the wire, HMAC intact */
+	__u8 pad2[4];
+};
+
+/* add_subflow commands: HASH keyed by the flow key of the announcement; the value names the
+ * address id. Written by userspace (request_add_subflow), consumed by the datapath. */
+struct mps_add_request {
+	__u8 addr_id;
+	__u8 pad[7];
+	__u64 requested_ns;       /* CLOCK_MONOTONIC (bpf_ktime_get_ns) of the request */
+};
+
+/* set_backup's one-shot memory: LRU_HASH keyed by the flow key. sent[d] is 0 (nothing sent),
+ * 1 (B=0 sent) or 2 (B=1 sent) for direction d (0: from a to b). */
+struct mps_prio_sent {
+	__u8 sent[2];
+	__u8 pad[6];
+	__u64 ns[2];
+};
+
+/* skb->mark values of add_subflow's own clones (TC only): a copy to be turned into the
+ * carrier, then the carrier itself; the low byte is the address id. The datapath restores
+ * mark 0 on the carrier before it reaches the stack. */
+#define MPS_MARK_MASK 0xffffff00u
+#define MPS_MARK_COPY 0x6d707300u    /* "mps\0" */
+#define MPS_MARK_CARRIER 0x6d707400u
+
 #endif

@@ -1,0 +1,536 @@
+// The option-rewriting actors (bpf/rewrite.bpf.h) on exact bytes: each case gives the input
+// frame and the frame expected out, built independently with the packet builder, runs through
+// XDP and TC, and checks verdicts, both checksums, counters and the actor's maps.
+#include <catch2/catch.hpp>
+
+#include <bpf/bpf.h>
+#include <sched.h>
+
+#include <cstdlib>
+#include <functional>
+#include <thread>
+
+#include "bpf_env.h"
+#include "datapath/actors.h"
+
+using namespace mpsteer::test;
+namespace dp = mpsteer::datapath;
+
+namespace {
+
+constexpr const char* C4 = "10.1.0.1";
+constexpr const char* S4 = "10.2.0.2";
+constexpr const char* C6 = "2001:db8:1::1";
+constexpr const char* S6 = "2001:db8:2::2";
+constexpr uint64_t kHmac = 0x1122334455667788ull;
+
+Bytes ts_opt(uint32_t val = 0x01020304, uint32_t ecr = 0x0a0b0c0d)
+{
+    Bytes b = opt::nop();
+    Bytes n = opt::nop();
+    b.insert(b.end(), n.begin(), n.end());
+    Bytes t = opt::timestamps(val, ecr);
+    b.insert(b.end(), t.begin(), t.end());
+    return b;
+}
+
+// The server (announcer) towards the client, on the initial subflow.
+Packet from_server(bool v6)
+{
+    Packet p = v6 ? Packet::v6(S6, 80, C6, 40000) : Packet::v4(S4, 80, C4, 40000);
+    return p.seq(5000).ack(7000).window(500);
+}
+
+Bytes announce(bool v6, bool port, bool echo = false, uint64_t hmac = kHmac, uint8_t id = 1)
+{
+    std::optional<uint16_t> pt;
+    if (port)
+        pt = 8080;
+    return v6 ? mptcp::add_addr(ip6("2001:db8:3::2"), id, pt, echo, hmac)
+              : mptcp::add_addr(ip4("10.3.0.2"), id, pt, echo, hmac);
+}
+
+// The HMAC with the byte blk_subflow flips (the first even-offset byte of the HMAC, given the
+// option's offset in the TCP header) inverted.
+uint64_t flipped(uint64_t hmac, size_t opt_off, size_t len)
+{
+    size_t b = (opt_off + len - 8 + 1) & ~size_t(1);
+    size_t i = b - (opt_off + len - 8);  // 0 or 1: index into the HMAC
+    return hmac ^ (uint64_t(0xff) << (56 - 8 * i));
+}
+
+void check_frame(const Run& r, const Bytes& want)
+{
+    if (r.out != want)
+        FAIL_CHECK("frame differs\n" << describe_frame(r.out, want));
+    CHECK(checksum_errors(r.out) == "");
+}
+
+// Runs `fn` in a thread inside a fresh network namespace (loopback up): what add_subflow
+// clones back into a hook during BPF_PROG_TEST_RUN lands on that namespace's lo, not on the
+// machine's.
+void in_private_netns(const std::function<void()>& fn)
+{
+    std::string error;
+    std::thread t([&] {
+        try {
+            if (unshare(CLONE_NEWNET) != 0)
+                throw std::runtime_error("unshare(CLONE_NEWNET) failed");
+            if (std::system("ip link set lo up") != 0)
+                throw std::runtime_error("ip link set lo up failed");
+            fn();
+        } catch (const std::exception& e) {
+            error = e.what();
+        }
+    });
+    t.join();
+    if (!error.empty())
+        FAIL(error);
+}
+
+// TC test run with an skb context (mark, ifindex).
+Run tc_run(int prog_fd, const Bytes& frame, uint32_t mark)
+{
+    Bytes out(frame.size() + 512);
+    __sk_buff ctx{};
+    ctx.mark = mark;
+    LIBBPF_OPTS(bpf_test_run_opts, opts, .data_in = frame.data(), .data_out = out.data(),
+                .data_size_in = uint32_t(frame.size()), .data_size_out = uint32_t(out.size()),
+                .ctx_in = &ctx, .ctx_size_in = sizeof ctx);
+    if (bpf_prog_test_run_opts(prog_fd, &opts) != 0)
+        throw std::runtime_error(std::string("test run: ") + std::strerror(errno));
+    out.resize(opts.data_size_out);
+    return {opts.retval, out};
+}
+
+mps_step backup_step(bool b, bool every = false)
+{
+    mps_step s = step(MPS_ACT_SET_BACKUP);
+    s.p.backup.backup = b;
+    s.p.backup.every_packet = every;
+    return s;
+}
+
+}  // namespace
+
+TEST_CASE("rewrite: every rewriting actor loads and verifies", "[bpf][rewrite]")
+{
+    mps_step rd = step(MPS_ACT_REDIRECT, 5);
+    Env env(chain_of({step(MPS_ACT_BLK_SUBFLOW, 1), step(MPS_ACT_ADD_SUBFLOW, 2),
+                      backup_step(true, false), step(MPS_ACT_NO_SUBFLOWS, 4), rd,
+                      step(MPS_ACT_PASS)}));
+    for (const char* p : {"act_blk_subflow", "act_add_subflow", "act_set_backup",
+                          "act_no_subflows", "act_redirect"})
+        for (const char* s : {"_xdp", "_tc"})
+            CHECK(env.generation().prog_fd(std::string(p) + s) >= 0);
+}
+
+TEST_CASE("rewrite: blk_subflow invalidates the ADD_ADDR HMAC, stores it, hides retransmissions",
+          "[bpf][rewrite][blk_subflow]")
+{
+    Env env(chain_of({step(MPS_ACT_BLK_SUBFLOW)}));
+    auto maps = dp::ActorMaps::of(env.generation());
+    struct Case {
+        const char* name;
+        bool v6, port, nop_first;
+    };
+    const Case cases[] = {
+        {"IPv4", false, false, false},       {"IPv4 with port", false, true, false},
+        {"IPv6", true, false, false},        {"IPv6 with port", true, true, false},
+        {"IPv4, odd offset", false, false, true}, {"IPv6 with port, odd offset", true, true, true},
+    };
+    uint16_t sport = 1000;
+    for (const auto& c : cases) {
+        for (Hook h : kHooks) {
+            INFO(c.name << " via " << name_of(h));
+            // A fresh flow per case: announcements are per flow and address id.
+            Packet in = from_server(c.v6);
+            in.tcp.sport = sport++;
+            Packet want = in;
+            Bytes ann = announce(c.v6, c.port);
+            size_t off = 20;
+            if (c.nop_first) {
+                in.option(opt::nop());
+                want.option(opt::nop());
+                off += 1;
+            } else {
+                in.option(ts_opt());
+                want.option(ts_opt());
+                off += 12;
+            }
+            in.option(ann);
+            want.option(announce(c.v6, c.port, false, flipped(kHmac, off, ann.size())));
+            Bytes frame = in.build();
+            REQUIRE(verify_checksums(frame));
+            Snap s0 = Snap::of(env);
+            Run r = env.run(h, frame);
+            Snap s1 = Snap::of(env);
+            CHECK(r.retval == retval_of(Verdict::pass, h));
+            check_frame(r, want.build());
+            CHECK(step_delta(s0, s1, 0).matched == 1);
+            CHECK(gen_delta(s0, s1, MPS_GC_MALFORMED) == 0);
+
+            mps_announce_key k{};
+            bool from_a = false;
+            k.flow = flow_key_of(in, &from_a);
+            k.addr_id = 1;
+            auto a = maps.find(k);
+            REQUIRE(a);
+            CHECK(a->value.state == MPS_ANN_BLOCKED);
+            CHECK(a->value.hidden == 1);
+            CHECK(a->value.family == (c.v6 ? 6 : 4));
+            CHECK(a->value.port == (c.port ? 8080 : 0));
+            CHECK(a->value.len == ann.size());
+            CHECK(a->value.from_a == from_a);
+            CHECK(a->value.hook == uint8_t(h));
+            CHECK(Bytes(a->value.opt, a->value.opt + ann.size()) == ann);  // HMAC intact
+            CHECK(a->address() == (c.v6 ? (c.port ? "[2001:db8:3::2]:8080" : "2001:db8:3::2")
+                                        : (c.port ? "10.3.0.2:8080" : "10.3.0.2")));
+
+            // The retransmission: hidden the same way, counted.
+            r = env.run(h, frame);
+            check_frame(r, want.build());
+            CHECK(maps.find(k)->value.hidden == 2);
+        }
+    }
+    // One event per announcement, with the address; retransmissions make none.
+    auto evs = env.events();
+    size_t n = 0;
+    for (const auto& e : evs)
+        if (e.raw.type == MPS_EV_ADD_ADDR_BLOCKED) {
+            n++;
+            CHECK(e.raw.addr_id == 1);
+            CHECK((e.raw.flags == 4 || e.raw.flags == 6));
+        }
+    CHECK(n == std::size(cases) * kHooks.size());
+}
+
+TEST_CASE("rewrite: blk_subflow leaves echoes, other options and released announcements alone",
+          "[bpf][rewrite][blk_subflow]")
+{
+    Env env(chain_of({step(MPS_ACT_BLK_SUBFLOW)}));
+    auto maps = dp::ActorMaps::of(env.generation());
+    for (bool v6 : {false, true}) {
+        for (Hook h : kHooks) {
+            INFO((v6 ? "IPv6" : "IPv4") << " via " << name_of(h));
+            std::vector<std::pair<const char*, Packet>> untouched = {
+                {"echo", from_server(v6).option(ts_opt()).option(announce(v6, false, true))},
+                {"echo with port", from_server(v6).option(announce(v6, true, true))},
+                {"DSS only", from_server(v6).option(ts_opt()).option(
+                                 mptcp::dss(mptcp::Dss{}.ack(1234)))},
+                {"plain TCP", from_server(v6).option(ts_opt()).payload(100)},
+                {"ADD_ADDR of a length v1 does not define",
+                 from_server(v6).option(opt::raw(30, {0x30, 1, 10, 3, 0, 2, 0, 0, 0, 0}))},
+            };
+            for (auto& [what, p] : untouched) {
+                INFO(what);
+                Bytes f = p.build();
+                Run r = env.run(h, f);
+                CHECK(r.retval == retval_of(Verdict::pass, h));
+                check_frame(r, f);
+            }
+        }
+    }
+    CHECK(maps.announcements().empty());
+
+    // Malformed options: passed untouched and counted, nothing stored.
+    Packet bad = from_server(false).option(announce(false, false));
+    bad.tcp.options[1] = 40;  // the ADD_ADDR claims to run past the header
+    Bytes f = bad.build();
+    for (Hook h : kHooks) {
+        Snap s0 = Snap::of(env);
+        Run r = env.run(h, f);
+        CHECK(r.out == f);
+        CHECK(gen_delta(s0, Snap::of(env), MPS_GC_MALFORMED) == 1);
+    }
+    CHECK(maps.announcements().empty());
+
+    // Released: the host is meant to learn it; copies pass untouched from then on.
+    Packet p = from_server(false).option(ts_opt()).option(announce(false, false));
+    Bytes in = p.build();
+    env.run(Hook::xdp, in);
+    auto all = maps.announcements();
+    REQUIRE(all.size() == 1);
+    mps_announce_key k = all[0].key;
+    mps_announce v = all[0].value;
+    v.state = MPS_ANN_RELEASED;
+    REQUIRE(bpf_map_update_elem(env.generation().map_fd("announces"), &k, &v, BPF_EXIST) == 0);
+    check_frame(env.run(Hook::xdp, in), in);
+    maps.block_again(k);
+    CHECK(env.run(Hook::xdp, in).out != in);
+}
+
+TEST_CASE("rewrite: blk_subflow keeps every announcement when the event ring is full",
+          "[bpf][rewrite][blk_subflow]")
+{
+    Env env(chain_of({step(MPS_ACT_BLK_SUBFLOW)}));
+    auto maps = dp::ActorMaps::of(env.generation());
+    // The ring holds 256 KiB; events are ~100 bytes: 3000 announcements overflow it while
+    // nobody reads.
+    const int n = 3000;
+    Snap s0 = Snap::of(env);
+    for (int i = 0; i < n; i++) {
+        Packet p = from_server(false).option(ts_opt()).option(announce(false, false));
+        p.tcp.sport = uint16_t(2000 + i);
+        env.run(Hook::xdp, p.build());
+    }
+    Snap s1 = Snap::of(env);
+    CHECK(gen_delta(s0, s1, MPS_GC_EVENTS_LOST) > 0);
+    CHECK(maps.announcements().size() == size_t(n));
+}
+
+TEST_CASE("rewrite: set_backup appends MP_PRIO to pure ACKs, once per subflow and direction",
+          "[bpf][rewrite][set_backup]")
+{
+    for (bool v6 : {false, true}) {
+        for (Hook h : kHooks) {
+            INFO((v6 ? "IPv6" : "IPv4") << " via " << name_of(h));
+            Env env(chain_of({backup_step(true)}));
+            auto maps = dp::ActorMaps::of(env.generation());
+            auto ack = [&](uint32_t seq) {
+                return from_server(v6).seq(seq).option(ts_opt()).option(
+                    mptcp::dss(mptcp::Dss{}.ack(0x0102030405060708ull)));
+            };
+            auto with_prio = [&](Packet p, bool b) {
+                return p.option(opt::nop()).option(mptcp::mp_prio(b));
+            };
+            Run r = env.run(h, ack(1).build());
+            CHECK(r.retval == retval_of(Verdict::pass, h));
+            check_frame(r, with_prio(ack(1), true).build());
+            auto ps = maps.prio_sent(flow_key_of(ack(1)));
+            REQUIRE(ps);
+            bool from_a = false;
+            flow_key_of(ack(1), &from_a);
+            CHECK(ps->sent[from_a ? 0 : 1] == 2);
+            // One-shot: the next ACK goes untouched...
+            check_frame(env.run(h, ack(2).build()), ack(2).build());
+            // The other direction has its own one-shot signal.
+            Packet rev = ack(3).reversed().seq(9).option(ts_opt());
+            check_frame(env.run(h, rev.build()), with_prio(rev, true).build());
+            // B=0 in place (as the agent would): signalled once more, with B=0.
+            env.set_step(0, backup_step(false));
+            check_frame(env.run(h, ack(4).build()), with_prio(ack(4), false).build());
+            check_frame(env.run(h, ack(5).build()), ack(5).build());
+            // every_packet: on each pure ACK.
+            env.set_step(0, backup_step(true, true));
+            check_frame(env.run(h, ack(6).build()), with_prio(ack(6), true).build());
+            check_frame(env.run(h, ack(7).build()), with_prio(ack(7), true).build());
+
+            // Never into: data, SYN, FIN, RST, a header with no room, a frame with a trailer,
+            // a packet that already has MP_PRIO, malformed options.
+            std::vector<std::pair<const char*, Packet>> untouched = {
+                {"data", ack(8).payload(100)},
+                {"SYN", from_server(v6).flags(tcpf::SYN).option(mptcp::capable_syn())},
+                {"FIN", ack(9).flags(tcpf::FIN | tcpf::ACK)},
+                {"RST", ack(10).flags(tcpf::RST | tcpf::ACK)},
+                {"40 bytes of options", ack(11).option(opt::raw(253, Bytes(14, 0)))},
+                {"MP_PRIO already", with_prio(ack(12), false)},
+            };
+            Packet trailer = ack(13);
+            trailer.trailer = Bytes(6, 0);
+            untouched.push_back({"Ethernet trailer", trailer});
+            Packet bad = ack(14);
+            bad.tcp.options[13] = 30;  // DSS length past the header
+            untouched.push_back({"malformed", bad});
+            for (auto& [what, p] : untouched) {
+                INFO(what);
+                Bytes f = p.build();
+                Run rr = env.run(h, f);
+                CHECK(rr.retval == retval_of(Verdict::pass, h));
+                CHECK(rr.out == f);
+            }
+        }
+    }
+}
+
+TEST_CASE("rewrite: no_subflows sets the MP_CAPABLE C flag on SYN and SYN/ACK only",
+          "[bpf][rewrite][no_subflows]")
+{
+    Env env(chain_of({step(MPS_ACT_NO_SUBFLOWS)}));
+    for (bool v6 : {false, true}) {
+        for (Hook h : kHooks) {
+            INFO((v6 ? "IPv6" : "IPv4") << " via " << name_of(h));
+            auto synack = [&](bool nop, uint8_t flags) {
+                Packet p = from_server(v6).flags(tcpf::SYN | tcpf::ACK).option(opt::mss(1460));
+                if (nop)
+                    p.option(opt::nop());
+                return p.option(mptcp::capable_synack(0xaabbccddeeff0011ull, flags));
+            };
+            auto syn = [&](uint8_t flags) {
+                return from_server(v6).reversed().flags(tcpf::SYN).option(mptcp::capable_syn(1, flags));
+            };
+            for (bool nop : {false, true}) {
+                INFO("odd offset: " << nop);
+                Run r = env.run(h, synack(nop, 0x01).build());
+                CHECK(r.retval == retval_of(Verdict::pass, h));
+                check_frame(r, synack(nop, 0x21).build());
+            }
+            check_frame(env.run(h, syn(0x01).build()), syn(0x21).build());
+            // Already set, the third ACK, data with MP_CAPABLE, version 0: untouched.
+            for (Packet p : {synack(false, 0x21),
+                             from_server(v6).reversed().option(mptcp::capable_ack(1, 2)),
+                             from_server(v6).flags(tcpf::SYN | tcpf::ACK).option(
+                                 mptcp::capable(mptcp::Capable{0, 0x01, 5, {}, {}, {}}))}) {
+                Bytes f = p.build();
+                check_frame(env.run(h, f), f);
+            }
+        }
+    }
+}
+
+TEST_CASE("rewrite: add_subflow turns a copy of the next packet into a carrier of the stored "
+          "ADD_ADDR", "[bpf][rewrite][add_subflow]")
+{
+    // XDP blocks, TC ingress re-injects (the client-side deployment).
+    dp::ChainSet cs;
+    cs.steps = {step(MPS_ACT_BLK_SUBFLOW), step(MPS_ACT_ADD_SUBFLOW, 2), step(MPS_ACT_PASS)};
+    cs.policies = {"test"};
+    cs.entries = {{Hook::xdp, "", 0}, {Hook::tc_ingress, "", 1}, {Hook::tc_egress, "", 1}};
+    Env env(cs);
+    auto maps = dp::ActorMaps::of(env.generation());
+    const int ingress = env.generation().entry_fd(Hook::tc_ingress);
+
+    struct Case {
+        const char* name;
+        bool v6, port;
+    };
+    uint16_t sport = 3000;
+    for (const Case& c : {Case{"IPv4", false, false}, Case{"IPv4 with port", false, true},
+                          Case{"IPv6", true, false}, Case{"IPv6 with port", true, true}}) {
+        INFO(c.name);
+        Packet annp = from_server(c.v6).option(ts_opt()).option(announce(c.v6, c.port));
+        annp.tcp.sport = sport++;
+        env.run(Hook::xdp, annp.build());
+        mps_announce_key k{};
+        k.flow = flow_key_of(annp);
+        k.addr_id = 1;
+        REQUIRE(maps.find(k));
+
+        // A later data segment from the server on that subflow (TS + DSS mapping).
+        Packet data = annp;
+        data.tcp.options.clear();
+        data.seq(9000).ack(7100).window(321).option(ts_opt(0x11111111, 0x22222222))
+            .option(mptcp::dss(mptcp::Dss{}.ack(77).map(1000, 1, 200)))
+            .payload(200);
+        data.tcp.flags = tcpf::ACK | tcpf::PSH;
+        Bytes dframe = data.build();
+
+        // What the host must receive: a pure ACK right after the segment, with the
+        // timestamps (when they fit) and the announcement, HMAC intact.
+        Packet want = data;
+        want.tcp.payload.clear();
+        want.tcp.options.clear();
+        want.tcp.flags = tcpf::ACK;
+        want.seq(9000 + 200);
+        if (!(c.v6 && c.port))
+            want.option(ts_opt(0x11111111, 0x22222222));
+        want.option(announce(c.v6, c.port));
+        if (c.port)
+            want.option(opt::nop()).option(opt::nop());
+        Bytes wframe = want.build();
+
+        in_private_netns([&] {
+            // No request yet: nothing happens.
+            Run r = tc_run(ingress, dframe, 0);
+            CHECK(r.retval == TC_PASS_);
+            CHECK(r.out == dframe);
+
+            REQUIRE(maps.request_add_subflow(k));
+            CHECK(maps.find(k)->value.state == MPS_ANN_PENDING);
+            // Pass 1: the packet itself goes on untouched; a marked copy is cloned back.
+            r = tc_run(ingress, dframe, 0);
+            CHECK(r.retval == TC_PASS_);
+            CHECK(r.out == dframe);
+            CHECK(maps.find(k)->value.state == MPS_ANN_INJECTING);
+            // Pass 2 (the copy): becomes the carrier, which is cloned on; the copy is dropped.
+            r = tc_run(ingress, dframe, MPS_MARK_COPY | 1);
+            CHECK(r.retval == TC_DROP_);
+            if (r.out != wframe)
+                FAIL_CHECK("carrier differs\n" << describe_frame(r.out, wframe));
+            CHECK(checksum_errors(r.out) == "");
+            CHECK(maps.find(k)->value.state == MPS_ANN_RELEASED);
+            // Pass 3 (the carrier): passes untouched, with its mark cleared.
+            r = tc_run(ingress, wframe, MPS_MARK_CARRIER | 1);
+            CHECK(r.retval == TC_PASS_);
+            CHECK(r.out == wframe);
+        });
+        // Released: the announcement's retransmissions are no longer hidden.
+        Bytes aframe = annp.build();
+        check_frame(env.run(Hook::xdp, aframe), aframe);
+    }
+}
+
+TEST_CASE("rewrite: add_subflow waits for a packet in the announcement's direction",
+          "[bpf][rewrite][add_subflow]")
+{
+    dp::ChainSet cs;
+    cs.steps = {step(MPS_ACT_BLK_SUBFLOW), step(MPS_ACT_ADD_SUBFLOW)};
+    cs.policies = {"test"};
+    cs.entries = {{Hook::xdp, "", 0}, {Hook::tc_ingress, "", 1}};
+    Env env(cs);
+    auto maps = dp::ActorMaps::of(env.generation());
+    Packet annp = from_server(false).option(ts_opt()).option(announce(false, false));
+    env.run(Hook::xdp, annp.build());
+    mps_announce_key k{};
+    k.flow = flow_key_of(annp);
+    k.addr_id = 1;
+    REQUIRE(maps.request_add_subflow(k));
+    in_private_netns([&] {
+        Packet back = annp.reversed().option(ts_opt());
+        Bytes f = back.build();
+        Run r = tc_run(env.generation().entry_fd(Hook::tc_ingress), f, 0);
+        CHECK(r.out == f);
+        CHECK(maps.find(k)->value.state == MPS_ANN_PENDING);
+        // XDP cannot clone: the XDP variant does nothing.
+        Run x = env.run(Hook::xdp, back.build());
+        CHECK(x.out == f);
+        CHECK(maps.find(k)->value.state == MPS_ANN_PENDING);
+    });
+    CHECK_THROWS(maps.request_add_subflow(mps_announce_key{}));
+}
+
+TEST_CASE("rewrite: redirect ends the chain with a redirect verdict (TC) or leaves the packet "
+          "to the stack when the target has no route (XDP)", "[bpf][rewrite][redirect]")
+{
+    mps_step rd = step(MPS_ACT_REDIRECT, 1);
+    rd.p.redirect.ifindex = 1;  // lo
+    Env env(chain_of({rd, step(MPS_ACT_DROP)}));
+    for (bool v6 : {false, true}) {
+        Bytes f = from_server(v6).option(ts_opt()).payload(10).build();
+        Run r = env.run(Hook::tc_egress, f);
+        CHECK(r.retval == uint32_t(TC_ACT_REDIRECT));
+        CHECK(r.out == f);
+        // XDP: no route to 10.1.0.1 / 2001:db8:1::1 through lo: not redirected, the chain
+        // goes on (here to drop, which shows it).
+        r = env.run(Hook::xdp, f);
+        CHECK(r.retval == XDP_DROP_);
+        CHECK(r.out == f);
+    }
+    // No interface (ifindex 0): the chain goes on.
+    rd.p.redirect.ifindex = 0;
+    env.set_step(0, rd);
+    CHECK(env.run(Hook::tc_egress, from_server(false).build()).retval == TC_DROP_);
+}
+
+TEST_CASE("rewrite: drop as a guard refuses non-join SYNs to the unique address",
+          "[bpf][rewrite][guard]")
+{
+    for (bool v6 : {false, true}) {
+        INFO((v6 ? "IPv6" : "IPv4"));
+        const char* uniq = v6 ? "2001:db8:2::2/128" : "10.2.0.2/32";
+        // dst(unique) -> syn? -> mp_join? (match: pass, miss: drop)
+        Env env(chain_of({sel_dst(uniq, 1, END), sel_kinds(MPS_K_SYN, 2, END),
+                          sel_kinds(MPS_K_MP_JOIN, END, 3), step(MPS_ACT_DROP)}));
+        Packet base = from_server(v6).reversed();  // client -> server
+        auto verdict = [&](Packet p) { return env.run(Hook::xdp, p.build()).retval; };
+        CHECK(verdict(Packet(base).flags(tcpf::SYN).option(mptcp::capable_syn())) == XDP_DROP_);
+        CHECK(verdict(Packet(base).flags(tcpf::SYN)) == XDP_DROP_);
+        CHECK(verdict(Packet(base).flags(tcpf::SYN).option(mptcp::join_syn(0x1234, 5, 1))) ==
+              XDP_PASS_);
+        CHECK(verdict(Packet(base).option(mptcp::dss(mptcp::Dss{}.ack(1))).payload(10)) ==
+              XDP_PASS_);
+        Packet other = v6 ? Packet::v6(C6, 40000, "2001:db8:9::9", 80)
+                          : Packet::v4(C4, 40000, "10.9.0.9", 80);
+        CHECK(verdict(other.flags(tcpf::SYN).option(mptcp::capable_syn())) == XDP_PASS_);
+    }
+}
