@@ -85,7 +85,7 @@ int run_bench(bool json, uint32_t repeat, int rounds) {
     auto frame = mptcp_data_frame();
 
     std::vector<Case> cases;
-    auto base = Generation::build(chain(2, false), 1, state);
+    auto base = Generation::build(chain(2, false), 1, state, {"bench_bare_pass", "bench_parse_only"});
     int bare = base->prog_fd("bench_bare_pass"), parse = base->prog_fd("bench_parse_only");
     cases.push_back({"bare_pass_ns", nullptr, bare, {}});
     cases.push_back({"parse_only_ns", nullptr, parse, {}});

@@ -123,7 +123,8 @@ StateMaps StateMaps::open(const std::string& pin_root) {
 // ---- Generation --------------------------------------------------------------------------
 
 std::unique_ptr<Generation> Generation::build(const ChainSet& chains, uint32_t number,
-                                              const StateMaps& state) {
+                                              const StateMaps& state,
+                                              const std::vector<std::string>& also_load) {
     if (auto problems = chains.check(); !problems.empty()) {
         std::string msg = "invalid chain set:";
         for (const auto& p : problems) msg += "\n  " + p;
@@ -139,6 +140,17 @@ std::unique_ptr<Generation> Generation::build(const ChainSet& chains, uint32_t n
     if (int err = bpf_map__reuse_fd(s->maps.flows, state.flows())) fail("reusing flows", err);
     if (int err = bpf_map__reuse_fd(s->maps.conns, state.conns())) fail("reusing conns", err);
     if (int err = bpf_map__reuse_fd(s->maps.events, state.events())) fail("reusing events", err);
+    std::set<std::string> wanted(also_load.begin(), also_load.end());
+    for (const char* always : {"entry_xdp", "entry_tc_egress", "entry_tc_ingress", "interp_xdp",
+                               "interp_tc"})
+        wanted.insert(always);
+    for (const auto& st : chains.steps)
+        if (has_program(static_cast<mps_prog>(st.prog)))
+            for (bool xdp : {true, false}) wanted.insert(prog_for(static_cast<mps_prog>(st.prog), xdp));
+    bpf_program* p;
+    bpf_object__for_each_program(p, s->obj) {
+        if (!wanted.count(bpf_program__name(p))) bpf_program__set_autoload(p, false);
+    }
     if (int err = mps_dp__load(s))
         fail("loading the BPF programs (the verifier's log is above)", err);
 

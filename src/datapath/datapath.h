@@ -71,8 +71,12 @@ public:
     // Loads and fills; throws Error (with the verifier's complaint) and leaves nothing behind.
     // Interface names (per-interface entries, redirect targets) are resolved in the calling
     // thread's network namespace.
+    // Only the programs the chain set needs are loaded (entries, interpreters, its step
+    // programs) plus `also_load` (e.g. the bench yardsticks): verification is most of the time
+    // a build takes, and an unused program cannot fail it.
     static std::unique_ptr<Generation> build(const ChainSet& chains, uint32_t number,
-                                             const StateMaps& state);
+                                             const StateMaps& state,
+                                             const std::vector<std::string>& also_load = {});
     // A generation an earlier process built and pinned (pin()): its entry programs and
     // counters, without loading anything. Throws Error when the pins are incomplete.
     static std::unique_ptr<Generation> adopt(const std::string& dir, const ChainSet& chains,

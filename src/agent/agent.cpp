@@ -1,0 +1,881 @@
+// The reconcile loop. One thread owns everything below; the metrics server only reads a
+// rendered text under a mutex.
+#include "agent/agent.h"
+
+#include <arpa/inet.h>
+#include <bpf/bpf.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <linux/netlink.h>
+#include <linux/rtnetlink.h>
+#include <net/if.h>
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <sys/epoll.h>
+#include <sys/file.h>
+#include <sys/inotify.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "compile/compile.h"
+#include "datapath/datapath.h"
+#include "datapath/frames.h"
+#include "manifest/manifest.h"
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+namespace mpsteer::agent {
+namespace {
+using datapath::Generation;
+using datapath::Hook;
+using datapath::HookLink;
+
+struct LinkKey {
+    std::string ifname;
+    Hook hook;
+    auto operator<=>(const LinkKey&) const = default;
+    std::string pin_name() const { return ifname + "@" + std::string(datapath::to_string(hook)); }
+};
+
+struct PolicyCounters {
+    uint64_t selected = 0, applied = 0, drops = 0, missed_tail_calls = 0;
+    PolicyCounters& operator+=(const PolicyCounters& o) {
+        selected += o.selected, applied += o.applied, drops += o.drops;
+        missed_tail_calls += o.missed_tail_calls;
+        return *this;
+    }
+};
+
+std::string now_iso() {
+    auto t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+    char buf[32];
+    std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+    return buf;
+}
+
+void write_atomic(const std::string& path, const std::string& text) {
+    fs::create_directories(fs::path(path).parent_path());
+    std::string tmp = path + ".tmp";
+    {
+        std::ofstream out(tmp, std::ios::trunc);
+        out << text;
+        if (!out) throw std::runtime_error("writing " + tmp);
+    }
+    fs::rename(tmp, path);
+}
+
+std::set<std::string> present_interfaces() {
+    std::set<std::string> out;
+    if (auto* list = if_nameindex()) {
+        for (auto* i = list; i->if_index; ++i) out.insert(i->if_name);
+        if_freenameindex(list);
+    }
+    return out;
+}
+
+std::string flow_text(const mps_flow_key& k) {
+    char a[INET6_ADDRSTRLEN], b[INET6_ADDRSTRLEN];
+    int af = k.family == 6 ? AF_INET6 : AF_INET;
+    inet_ntop(af, k.a, a, sizeof a);
+    inet_ntop(af, k.b, b, sizeof b);
+    return std::string(a) + ":" + std::to_string(k.port_a) + " <-> " + b + ":" +
+           std::to_string(k.port_b);
+}
+
+std::string hex32(uint32_t v) {
+    char buf[16];
+    std::snprintf(buf, sizeof buf, "%08x", v);
+    return buf;
+}
+
+// A tiny HTTP server for GET /metrics on 127.0.0.1.
+class MetricsServer {
+public:
+    explicit MetricsServer(int port) {
+        fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        int one = 1;
+        setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        sockaddr_in sa{};
+        sa.sin_family = AF_INET;
+        sa.sin_port = htons(static_cast<uint16_t>(port));
+        sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if (bind(fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa) || listen(fd_, 16)) {
+            int err = errno;
+            close(fd_);
+            throw std::runtime_error("metrics on 127.0.0.1:" + std::to_string(port) + ": " +
+                                     std::strerror(err));
+        }
+        thread_ = std::thread([this] { serve(); });
+    }
+    ~MetricsServer() {
+        stop_ = true;
+        shutdown(fd_, SHUT_RDWR);
+        thread_.join();
+        close(fd_);
+    }
+    void set(std::string text) {
+        std::lock_guard lock(mu_);
+        text_ = std::move(text);
+    }
+
+private:
+    void serve() {
+        while (!stop_) {
+            int c = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+            if (c < 0) {
+                if (stop_) return;
+                continue;
+            }
+            timeval tv{2, 0};
+            setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+            char req[2048];
+            ssize_t n = recv(c, req, sizeof req - 1, 0);
+            std::string head(req, n > 0 ? static_cast<size_t>(n) : 0);
+            std::string body, status = "200 OK";
+            if (head.rfind("GET /metrics", 0) == 0) {
+                std::lock_guard lock(mu_);
+                body = text_;
+            } else {
+                status = "404 Not Found";
+                body = "try /metrics\n";
+            }
+            std::string resp = "HTTP/1.1 " + status +
+                               "\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: " +
+                               std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+            send(c, resp.data(), resp.size(), MSG_NOSIGNAL);
+            close(c);
+        }
+    }
+    int fd_ = -1;
+    std::atomic<bool> stop_{false};
+    std::mutex mu_;
+    std::string text_;
+    std::thread thread_;
+};
+
+class Agent {
+public:
+    explicit Agent(const Config& cfg) : cfg_(cfg), state_(datapath::StateMaps::open(cfg.pin_root)) {}
+    int run();
+
+private:
+    std::string gen_dir(uint32_t n) const { return cfg_.pin_root + "/gen/" + std::to_string(n); }
+    std::string link_dir() const { return cfg_.pin_root + "/links"; }
+    std::string gen_state_path() const { return cfg_.state_dir + "/state/generation.json"; }
+
+    void adopt_previous();
+    void rewatch(const std::string& root);
+    bool relevant_inotify();
+    void reconcile(bool force);
+    void apply(const Revision& rev);
+    void fail(const std::string& reason, const std::string& message);
+    void preflight(const Generation& g);
+    std::set<LinkKey> desired_links(const datapath::ChainSet& c,
+                                    const std::set<std::string>& present) const;
+    std::map<std::string, PolicyCounters> policy_counters(const Generation& g) const;
+    void retire(std::unique_ptr<Generation>& g);
+    void remove_stale_generations();
+    void on_event(const datapath::Event& ev);
+    void write_status();
+
+    Config cfg_;
+    datapath::StateMaps state_;
+    std::unique_ptr<Generation> current_, previous_;
+    std::map<LinkKey, std::unique_ptr<HookLink>> links_;
+    std::set<std::string> built_with_ifaces_;  // interfaces present when current_ was built
+    std::string applied_id_, applied_content_, attempted_id_, watched_root_;
+    std::string stalled_reason_, stalled_message_, degraded_message_;
+    std::vector<std::string> errors_, warnings_;
+    bool suspended_ = false, pending_ = false, recovering_ = false;
+    uint32_t next_gen_ = 1;
+    std::map<std::string, PolicyCounters> retired_;
+    uint64_t applies_ok_ = 0, applies_failed_ = 0, events_[4] = {};
+    double last_apply_ms_ = 0;
+    int inotify_ = -1, epoll_ = -1, state_wd_ = -1, parent_wd_ = -1;
+    std::string link_name_;
+    std::string failed_content_;  // content of the last revision that failed: not retried
+    std::string attempting_content_;
+    std::ofstream events_log_;
+    std::unique_ptr<MetricsServer> metrics_;
+};
+
+void Agent::adopt_previous() {
+    std::ifstream in(gen_state_path());
+    if (!in) return;
+    nlohmann::json g;
+    try {
+        in >> g;
+        auto model = compile::read_applied(applied_path(cfg_.state_dir));
+        uint32_t n = g.at("number");
+        next_gen_ = n + 1;
+        if (!model) return;
+        current_ = Generation::adopt(gen_dir(n), model->chains, n);
+        applied_id_ = g.at("revision");
+        applied_content_ = g.at("content");
+        for (const auto& d : g.at("interfaces")) built_with_ifaces_.insert(d.get<std::string>());
+    } catch (const std::exception& e) {
+        spdlog::warn("not adopting the previous generation ({}); building a new one", e.what());
+        current_.reset();
+        applied_content_.clear();
+        return;
+    }
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(link_dir(), ec)) {
+        auto name = entry.path().filename().string();
+        auto at = name.rfind('@');
+        auto hook = at == std::string::npos ? std::nullopt
+                                            : datapath::hook_from_string(name.substr(at + 1));
+        if (!hook) continue;
+        LinkKey key{name.substr(0, at), *hook};
+        try {
+            links_[key] = HookLink::adopt(entry.path(), key.ifname, key.hook,
+                                          current_->entry_fd(key.hook));
+        } catch (const std::exception& e) {
+            spdlog::warn("link {}: {}", name, e.what());
+        }
+    }
+    // A crash mid-switch can leave links on a newer, unrecorded generation: the first
+    // switch after a restart does not insist on the program it expects to replace.
+    recovering_ = true;
+    spdlog::info("adopted generation {} (revision {}) with {} links", current_->number(),
+                 applied_id_, links_.size());
+}
+
+// Drains the inotify queue; true when something that matters changed. In the state
+// directory only the suspend flag matters (the agent writes its status there itself).
+bool Agent::relevant_inotify() {
+    alignas(inotify_event) char buf[16384];
+    bool relevant = false;
+    for (;;) {
+        ssize_t n = read(inotify_, buf, sizeof buf);
+        if (n <= 0) break;
+        for (char* p = buf; p < buf + n;) {
+            auto* ev = reinterpret_cast<inotify_event*>(p);
+            std::string name = ev->len ? ev->name : "";
+            if (ev->wd == state_wd_)
+                relevant |= name == "suspended";
+            else if (ev->wd == parent_wd_)
+                relevant |= name == link_name_;
+            else
+                relevant = true;
+            p += sizeof(inotify_event) + ev->len;
+        }
+    }
+    return relevant;
+}
+
+void Agent::rewatch(const std::string& root) {
+    if (inotify_ >= 0) {
+        epoll_ctl(epoll_, EPOLL_CTL_DEL, inotify_, nullptr);
+        close(inotify_);
+    }
+    inotify_ = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+    epoll_event ev{EPOLLIN, {.fd = inotify_}};
+    epoll_ctl(epoll_, EPOLL_CTL_ADD, inotify_, &ev);
+    // The parent sees a symlink flip (git-sync renames a new link over the old one).
+    auto abs = fs::absolute(cfg_.policies_dir).lexically_normal();
+    if (!abs.has_filename()) abs = abs.parent_path();
+    link_name_ = abs.filename().string();
+    parent_wd_ = inotify_add_watch(inotify_, abs.parent_path().c_str(),
+                                   IN_CREATE | IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE | IN_ATTRIB);
+    state_wd_ = inotify_add_watch(inotify_, cfg_.state_dir.c_str(), IN_CREATE | IN_DELETE);
+    const uint32_t mask = IN_CLOSE_WRITE | IN_MOVED_TO | IN_MOVED_FROM | IN_CREATE | IN_DELETE |
+                          IN_DELETE_SELF | IN_MOVE_SELF | IN_ATTRIB;
+    std::error_code ec;
+    if (inotify_add_watch(inotify_, root.c_str(), mask) < 0) return;
+    for (auto it = fs::recursive_directory_iterator(root, ec); !ec && it != fs::end(it);
+         it.increment(ec))
+        if (it->is_directory()) inotify_add_watch(inotify_, it->path().c_str(), mask);
+    watched_root_ = root;
+}
+
+std::set<LinkKey> Agent::desired_links(const datapath::ChainSet& c,
+                                       const std::set<std::string>& present) const {
+    std::set<std::string> managed;
+    if (!cfg_.interfaces.empty()) {
+        managed.insert(cfg_.interfaces.begin(), cfg_.interfaces.end());
+    } else {
+        for (const auto& i : present)
+            if (i != "lo") managed.insert(i);
+    }
+    std::set<LinkKey> out;
+    for (const auto& a : c.attachments) {
+        if (a.ifname.empty()) {
+            for (const auto& i : managed)
+                if (present.count(i)) out.insert({i, a.hook});
+        } else if (present.count(a.ifname)) {
+            out.insert({a.ifname, a.hook});
+        }
+    }
+    return out;
+}
+
+void Agent::reconcile(bool force) {
+    Revision rev;
+    try {
+        rev = snapshot(cfg_.policies_dir);
+    } catch (const std::exception& e) {
+        fail("SourceUnavailable", e.what());
+        return;
+    }
+    if (rev.root != watched_root_) rewatch(rev.root);
+    auto present = present_interfaces();
+    bool ifaces_changed = false;
+    if (current_) {
+        auto want = desired_links(current_->chains(), present);
+        std::set<LinkKey> have;
+        for (const auto& [k, l] : links_) have.insert(k);
+        ifaces_changed = want != have || present != built_with_ifaces_;
+    }
+    if (!force && !ifaces_changed && rev.content == failed_content_) return;
+    if (!force && current_ && rev.content == applied_content_ && !ifaces_changed) {
+        // Back to (or still at) what runs: a new commit with the same content, or a broken
+        // revision reverted. Nothing to build; the running generation is the answer.
+        applied_id_ = attempted_id_ = rev.id;
+        if (!stalled_reason_.empty()) spdlog::info("revision {} is what runs already", rev.id);
+        stalled_reason_.clear();
+        stalled_message_.clear();
+        errors_.clear();
+        failed_content_.clear();
+        return;
+    }
+    if (suspended_) {
+        pending_ = true;
+        spdlog::info("suspended: not applying revision {}", rev.id);
+        return;
+    }
+    pending_ = false;
+    apply(rev);
+}
+
+void Agent::fail(const std::string& reason, const std::string& message) {
+    ++applies_failed_;
+    failed_content_ = attempting_content_;
+    stalled_reason_ = reason;
+    stalled_message_ = message;
+    spdlog::error("revision {} not applied ({}): {}", attempted_id_, reason, message);
+    if (current_) spdlog::info("generation {} keeps running", current_->number());
+}
+
+void Agent::preflight(const Generation& g) {
+    // A TEST-NET-1 flow (RFC 5737) that no real traffic uses; its state is removed after.
+    datapath::FrameSpec spec;
+    spec.saddr = 0xc0000201;
+    spec.daddr = 0xc0000202;
+    auto frame = datapath::mptcp_data_frame(spec);
+    const auto before = g.gen_counters().values[MPS_GC_MISSED_TAIL_CALL];
+    for (Hook h : {Hook::xdp, Hook::tc_egress, Hook::tc_ingress}) {
+        auto r = datapath::test_run(g.entry_fd(h), frame, h == Hook::xdp);
+        bool ok = h == Hook::xdp ? (r.retval <= 4) : (r.retval == uint32_t(-1) || r.retval <= 7);
+        if (!ok)
+            throw datapath::Error("pre-flight: " + std::string(datapath::to_string(h)) +
+                                  " returned " + std::to_string(r.retval));
+    }
+    if (g.gen_counters().values[MPS_GC_MISSED_TAIL_CALL] != before)
+        throw datapath::Error("pre-flight: a tail call missed on the canned packet");
+    mps_flow_key k{};
+    k.family = 4;
+    k.a[0] = htonl(spec.saddr);
+    k.b[0] = htonl(spec.daddr);
+    k.port_a = spec.sport;
+    k.port_b = spec.dport;
+    bpf_map_delete_elem(state_.flows(), &k);
+}
+
+void Agent::apply(const Revision& rev) {
+    const auto t0 = Clock::now();
+    attempted_id_ = rev.id;
+    attempting_content_ = rev.content;
+    errors_.clear();
+    warnings_.clear();
+    spdlog::info("applying revision {}", rev.id);
+
+    manifest::Options mo;
+    mo.repo_root = rev.root;
+    auto res = manifest::load_paths({rev.root}, mo);
+    for (const auto& d : res.diagnostics) {
+        auto text = d.format();
+        if (text.rfind(rev.root + "/", 0) == 0) text = text.substr(rev.root.size() + 1);
+        (d.severity == manifest::Severity::error ? errors_ : warnings_).push_back(text);
+    }
+    for (const auto& w : warnings_) spdlog::warn("{}", w);
+    if (!res.ok()) {
+        for (const auto& e : errors_) spdlog::error("{}", e);
+        fail("ValidationFailed", std::to_string(errors_.size()) + " error(s) in the manifests");
+        return;
+    }
+    compile::Output out;
+    try {
+        out = compile::compile(res.model);
+    } catch (const std::exception& e) {
+        errors_.push_back(e.what());
+        fail("CompileFailed", e.what());
+        return;
+    }
+    auto present = present_interfaces();
+    datapath::ChainSet chains = out.chains;
+    std::erase_if(chains.entries,
+                  [&](const auto& e) { return !e.ifname.empty() && !present.count(e.ifname); });
+    auto desired = desired_links(chains, present);
+
+    std::unique_ptr<Generation> gen;
+    const uint32_t n = next_gen_++;
+    try {
+        gen = Generation::build(chains, n, state_);
+        preflight(*gen);
+        fs::remove_all(gen_dir(n));
+        gen->pin(gen_dir(n));
+    } catch (const std::exception& e) {
+        errors_.push_back(e.what());
+        fs::remove_all(gen_dir(n));
+        fail("BuildFailed", e.what());
+        return;
+    }
+
+    // Switch every hook; on any failure put the moved ones back.
+    std::vector<LinkKey> moved, added;
+    try {
+        for (const auto& key : desired) {
+            int fd = gen->entry_fd(key.hook);
+            if (auto it = links_.find(key); it != links_.end()) {
+                it->second->update(fd, !recovering_);
+                moved.push_back(key);
+            } else {
+                auto link = HookLink::attach(key.ifname, key.hook, fd);
+                link->pin(link_dir() + "/" + key.pin_name());
+                spdlog::info("attached {} {} ({})", key.ifname, datapath::to_string(key.hook),
+                             link->mode());
+                links_[key] = std::move(link);
+                added.push_back(key);
+            }
+        }
+    } catch (const std::exception& e) {
+        for (const auto& key : moved)
+            if (current_) try {
+                    links_[key]->update(current_->entry_fd(key.hook), false);
+                } catch (const std::exception& e2) {
+                    spdlog::error("rolling back {}: {}", key.pin_name(), e2.what());
+                }
+        for (const auto& key : added) {
+            links_[key]->detach();
+            links_.erase(key);
+        }
+        fs::remove_all(gen_dir(n));
+        errors_.push_back(e.what());
+        fail("SwitchFailed", e.what());
+        return;
+    }
+    for (auto it = links_.begin(); it != links_.end();) {
+        if (desired.count(it->first)) {
+            ++it;
+            continue;
+        }
+        spdlog::info("detaching {} {}", it->first.ifname, datapath::to_string(it->first.hook));
+        it->second->detach();
+        it = links_.erase(it);
+    }
+
+    // Commit: the previous generation stays pinned and loaded as the rollback target, and
+    // so that packets still inside its prog arrays finish there.
+    retire(previous_);
+    previous_ = std::move(current_);
+    current_ = std::move(gen);
+    recovering_ = false;
+    applied_id_ = rev.id;
+    applied_content_ = rev.content;
+    built_with_ifaces_ = present;
+    auto model = compile::make_plan_model(res.model, out, rev.id);
+    model.chains = chains;
+    write_atomic(applied_path(cfg_.state_dir), compile::to_json(model).dump(1) + "\n");
+    nlohmann::json g = {{"number", n},
+                        {"revision", rev.id},
+                        {"content", rev.content},
+                        {"interfaces", std::vector<std::string>(present.begin(), present.end())}};
+    write_atomic(gen_state_path(), g.dump() + "\n");
+    remove_stale_generations();
+    stalled_reason_.clear();
+    stalled_message_.clear();
+    failed_content_.clear();
+    ++applies_ok_;
+    last_apply_ms_ = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    spdlog::info("generation {} active on {} hook(s): revision {}, {} policies, {} steps ({:.0f} ms)",
+                 n, links_.size(), rev.id, out.chains.policies.size(), chains.steps.size(),
+                 last_apply_ms_);
+}
+
+void Agent::retire(std::unique_ptr<Generation>& g) {
+    if (!g) return;
+    for (const auto& [name, c] : policy_counters(*g)) retired_[name] += c;
+    g.reset();
+}
+
+void Agent::remove_stale_generations() {
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(cfg_.pin_root + "/gen", ec)) {
+        auto name = entry.path().filename().string();
+        bool keep = (current_ && name == std::to_string(current_->number())) ||
+                    (previous_ && name == std::to_string(previous_->number()));
+        if (!keep) fs::remove_all(entry.path(), ec);
+    }
+}
+
+std::map<std::string, PolicyCounters> Agent::policy_counters(const Generation& g) const {
+    std::map<std::string, PolicyCounters> out;
+    const auto& c = g.chains();
+    std::vector<datapath::StepCounters> sc;
+    try {
+        sc = g.step_counters();
+    } catch (const std::exception&) {
+        return out;
+    }
+    for (size_t pc = 0; pc < c.steps.size() && pc < sc.size(); ++pc) {
+        const auto& st = c.steps[pc];
+        if (st.policy >= c.policies.size()) continue;
+        auto& pcn = out[c.policies[st.policy]];
+        pcn.missed_tail_calls += sc[pc].missed_tail_calls;
+        if (!MPS_PROG_IS_ACTOR(st.prog)) continue;
+        pcn.applied += sc[pc].matched;
+        pcn.drops += sc[pc].drops;
+        // The first action of a policy's run of actions counts the packets it selected.
+        bool first = pc == 0 || !MPS_PROG_IS_ACTOR(c.steps[pc - 1].prog) ||
+                     c.steps[pc - 1].policy != st.policy;
+        if (first) pcn.selected += sc[pc].runs;
+    }
+    return out;
+}
+
+void Agent::on_event(const datapath::Event& ev) {
+    const auto& r = ev.raw;
+    nlohmann::json j = {{"time", now_iso()}, {"flow", flow_text(r.flow)},
+                        {"hook", std::string(datapath::to_string(static_cast<Hook>(r.hook)))}};
+    if (r.type < 4) ++events_[r.type];
+    if (r.type == MPS_EV_MP_CAPABLE) {
+        j["type"] = "mp_capable";
+        j["version"] = r.version;
+        if (ev.token_a) j["token_a"] = hex32(ev.token_a);
+        if (ev.token_b) j["token_b"] = hex32(ev.token_b);
+    } else if (r.type == MPS_EV_MP_JOIN) {
+        j["type"] = "mp_join";
+        j["token"] = hex32(r.token);
+        j["backup"] = bool(r.flags & 1);
+        j["addr_id"] = r.addr_id;
+    } else {
+        j["type"] = "flow_closed";
+    }
+    events_log_ << j.dump() << '\n';
+    events_log_.flush();
+}
+
+void Agent::write_status() {
+    nlohmann::json s;
+    bool ready = current_ && stalled_reason_.empty() && !suspended_;
+    nlohmann::json conds = nlohmann::json::array();
+    conds.push_back({{"type", "Ready"},
+                     {"status", ready},
+                     {"reason", ready ? "Applied" : suspended_ ? "Suspended"
+                                        : !current_         ? "NothingApplied"
+                                                            : stalled_reason_},
+                     {"message", ready ? "revision " + applied_id_ + " is active"
+                                 : suspended_ ? "applying is suspended (mpsteer resume)"
+                                              : stalled_message_}});
+    conds.push_back({{"type", "Stalled"},
+                     {"status", !stalled_reason_.empty()},
+                     {"reason", stalled_reason_},
+                     {"message", stalled_message_}});
+    uint64_t missed = 0, malformed = 0, packets = 0;
+    std::map<std::string, PolicyCounters> pols = retired_;
+    nlohmann::json gen_counters = nlohmann::json::object();
+    if (current_) {
+        for (const auto& [name, c] : policy_counters(*current_)) pols[name] += c;
+        try {
+            auto g = current_->gen_counters();
+            packets = g.values[MPS_GC_PACKETS];
+            malformed = g.values[MPS_GC_MALFORMED];
+            missed = g.values[MPS_GC_MISSED_TAIL_CALL];
+            gen_counters = {{"packets", packets},
+                            {"not_tcp", g.values[MPS_GC_NOT_TCP]},
+                            {"malformed", malformed},
+                            {"missed_tail_calls", missed},
+                            {"chain_too_long", g.values[MPS_GC_CHAIN_TOO_LONG]},
+                            {"no_meta", g.values[MPS_GC_NO_META]},
+                            {"events_lost", g.values[MPS_GC_EVENTS_LOST]}};
+        } catch (const std::exception&) {
+        }
+    }
+    bool degraded = missed > 0 || !warnings_.empty();
+    conds.push_back({{"type", "Degraded"},
+                     {"status", degraded},
+                     {"reason", missed ? "MissedTailCalls" : !warnings_.empty() ? "Warnings" : ""},
+                     {"message", missed ? std::to_string(missed) + " missed tail calls"
+                                 : !warnings_.empty() ? warnings_.front() : ""}});
+    nlohmann::json policies = nlohmann::json::array();
+    std::set<std::string> active;
+    if (current_)
+        for (const auto& p : current_->chains().policies) active.insert(p);
+    for (const auto& [name, c] : pols) {
+        if (!active.count(name)) continue;
+        policies.push_back({{"name", name},
+                            {"selected", c.selected},
+                            {"applied", c.applied},
+                            {"drops", c.drops},
+                            {"missed_tail_calls", c.missed_tail_calls}});
+    }
+    nlohmann::json links = nlohmann::json::array();
+    for (const auto& [k, l] : links_)
+        links.push_back({{"interface", k.ifname},
+                         {"hook", std::string(datapath::to_string(k.hook))},
+                         {"mode", l->mode()}});
+    s = {{"ready", ready},
+         {"suspended", suspended_},
+         {"pending", pending_},
+         {"conditions", conds},
+         {"applied_revision", applied_id_},
+         {"attempted_revision", attempted_id_},
+         {"generation", current_ ? current_->number() : 0},
+         {"policies", policies},
+         {"attachments", links},
+         {"datapath", gen_counters},
+         {"errors", errors_},
+         {"warnings", warnings_},
+         {"applies", {{"succeeded", applies_ok_}, {"failed", applies_failed_},
+                      {"last_duration_ms", last_apply_ms_}}},
+         {"events", {{"mp_capable", events_[MPS_EV_MP_CAPABLE]},
+                     {"mp_join", events_[MPS_EV_MP_JOIN]},
+                     {"flow_closed", events_[MPS_EV_FLOW_CLOSED]}}},
+         {"pid", getpid()},
+         {"policies_dir", cfg_.policies_dir},
+         {"updated", now_iso()}};
+    write_atomic(status_path(cfg_.state_dir), s.dump(1) + "\n");
+    auto text = to_prometheus(s);
+    if (metrics_) metrics_->set(text);
+    if (!cfg_.metrics_textfile.empty()) {
+        try {
+            write_atomic(cfg_.metrics_textfile, text);
+        } catch (const std::exception& e) {
+            spdlog::warn("metrics textfile: {}", e.what());
+        }
+    }
+}
+
+int Agent::run() {
+    fs::create_directories(cfg_.state_dir + "/state");
+    int lock = open((cfg_.state_dir + "/agent.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (lock < 0 || flock(lock, LOCK_EX | LOCK_NB)) {
+        spdlog::error("another mpsteer agent runs with state in {}", cfg_.state_dir);
+        return 1;
+    }
+    events_log_.open(events_path(cfg_.state_dir), std::ios::app);
+    suspended_ = fs::exists(suspended_path(cfg_.state_dir));
+    if (cfg_.metrics_port > 0) try {
+            metrics_ = std::make_unique<MetricsServer>(cfg_.metrics_port);
+        } catch (const std::exception& e) {
+            spdlog::error("{} (carrying on without the metrics endpoint)", e.what());
+        }
+
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    sigprocmask(SIG_BLOCK, &sigs, nullptr);
+    int sigfd = signalfd(-1, &sigs, SFD_CLOEXEC | SFD_NONBLOCK);
+    int nl = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC | SOCK_NONBLOCK, NETLINK_ROUTE);
+    sockaddr_nl snl{};
+    snl.nl_family = AF_NETLINK;
+    snl.nl_groups = RTMGRP_LINK;
+    bind(nl, reinterpret_cast<sockaddr*>(&snl), sizeof snl);
+    datapath::EventReader events(state_, [this](const datapath::Event& e) { on_event(e); });
+
+    epoll_ = epoll_create1(EPOLL_CLOEXEC);
+    for (int fd : {sigfd, nl, events.fd()}) {
+        epoll_event ev{EPOLLIN, {.fd = fd}};
+        epoll_ctl(epoll_, EPOLL_CTL_ADD, fd, &ev);
+    }
+    adopt_previous();
+    spdlog::info("watching {} (state {}, pins {})", cfg_.policies_dir, cfg_.state_dir,
+                 cfg_.pin_root);
+    reconcile(false);
+    write_status();
+
+    auto due = Clock::time_point::max();  // debounced reconcile
+    auto next_status = Clock::now() + 1s, next_resync = Clock::now() + cfg_.resync;
+    for (;;) {
+        auto wake = std::min({due, next_status, next_resync});
+        int timeout = static_cast<int>(std::max<int64_t>(
+            0, std::chrono::duration_cast<std::chrono::milliseconds>(wake - Clock::now()).count()));
+        epoll_event evs[8];
+        int n = epoll_wait(epoll_, evs, 8, timeout);
+        bool stop = false;
+        for (int i = 0; i < n; ++i) {
+            int fd = evs[i].data.fd;
+            if (fd == sigfd) {
+                stop = true;
+            } else if (fd == events.fd()) {
+                events.poll(0ms);
+            } else if (fd == inotify_) {
+                if (relevant_inotify()) due = Clock::now() + cfg_.debounce;
+            } else {
+                char buf[8192];
+                while (read(fd, buf, sizeof buf) > 0) {
+                }
+                due = Clock::now() + cfg_.debounce;  // quiet for `debounce`, then reconcile
+            }
+        }
+        if (stop) break;
+        auto now = Clock::now();
+        if (now >= due) {
+            due = Clock::time_point::max();
+            bool was = suspended_;
+            suspended_ = fs::exists(suspended_path(cfg_.state_dir));
+            if (was != suspended_) spdlog::info(suspended_ ? "suspended" : "resumed");
+            reconcile(false);
+            write_status();
+        }
+        if (now >= next_resync) {
+            next_resync = now + cfg_.resync;
+            reconcile(false);
+        }
+        if (now >= next_status) {
+            next_status = now + 1s;
+            write_status();
+        }
+    }
+    spdlog::info("stopping");
+    if (cfg_.detach_on_exit) {
+        for (auto& [k, l] : links_) l->detach();
+        links_.clear();
+    } else {
+        for (auto& [k, l] : links_) l->release();  // pinned: the datapath keeps running
+    }
+    write_status();
+    close(nl);
+    close(sigfd);
+    return 0;
+}
+}  // namespace
+
+int run(const Config& cfg) {
+    datapath::init_libbpf_logging();
+    if (!cfg.netns.empty()) {
+        int fd = open(("/run/netns/" + cfg.netns).c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd < 0 || setns(fd, CLONE_NEWNET)) {
+            spdlog::error("entering network namespace {}: {}", cfg.netns, std::strerror(errno));
+            return 1;
+        }
+        close(fd);
+    }
+    try {
+        Agent a(cfg);
+        return a.run();
+    } catch (const std::exception& e) {
+        spdlog::error("{}", e.what());
+        return 1;
+    }
+}
+
+void reset(const std::string& pin_root, const std::string& state_dir) {
+    fs::create_directories(state_dir);
+    int lock = open((state_dir + "/agent.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (lock < 0 || flock(lock, LOCK_EX | LOCK_NB))
+        throw std::runtime_error("an agent is running (stop it first)");
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(pin_root + "/links", ec)) {
+        int fd = bpf_obj_get(entry.path().c_str());
+        if (fd >= 0) {
+            bpf_link_detach(fd);
+            close(fd);
+        }
+        spdlog::info("detached {}", entry.path().filename().string());
+    }
+    fs::remove_all(pin_root, ec);
+    for (auto p : {status_path(state_dir), events_path(state_dir), suspended_path(state_dir),
+                   state_dir + "/state"})
+        fs::remove_all(p, ec);
+    close(lock);
+}
+
+nlohmann::json read_status(const std::string& state_dir) {
+    std::ifstream in(status_path(state_dir));
+    if (!in) throw std::runtime_error("no status in " + state_dir + " (has an agent run here?)");
+    nlohmann::json s;
+    in >> s;
+    int lock = open((state_dir + "/agent.lock").c_str(), O_RDWR | O_CLOEXEC);
+    bool running = lock >= 0 && flock(lock, LOCK_EX | LOCK_NB) != 0;
+    if (lock >= 0) close(lock);
+    s["agent_running"] = running;
+    if (!running) {
+        s["ready"] = false;
+        s["conditions"].push_back({{"type", "AgentRunning"},
+                                   {"status", false},
+                                   {"reason", "NotRunning"},
+                                   {"message", "no agent runs; the datapath keeps the last generation"}});
+    }
+    return s;
+}
+
+std::string to_prometheus(const nlohmann::json& s) {
+    std::string out;
+    auto esc = [](std::string v) {
+        std::string r;
+        for (char c : v) {
+            if (c == '\\' || c == '"') r += '\\';
+            if (c == '\n') {
+                r += "\\n";
+                continue;
+            }
+            r += c;
+        }
+        return r;
+    };
+    auto metric = [&](const std::string& name, const std::string& type, const std::string& help) {
+        out += "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+    };
+    auto num = [](const nlohmann::json& v) { return v.is_number() ? v.dump() : "0"; };
+    metric("mpsteer_ready", "gauge", "1 when the last revision is applied and running");
+    out += "mpsteer_ready " + std::string(s.value("ready", false) ? "1" : "0") + "\n";
+    metric("mpsteer_generation", "gauge", "Number of the active datapath generation");
+    out += "mpsteer_generation " + num(s["generation"]) + "\n";
+    metric("mpsteer_revision_info", "gauge", "Applied and last attempted revision");
+    out += "mpsteer_revision_info{applied=\"" + esc(s.value("applied_revision", "")) +
+           "\",attempted=\"" + esc(s.value("attempted_revision", "")) + "\"} 1\n";
+    metric("mpsteer_errors", "gauge", "Errors in the last attempted revision");
+    out += "mpsteer_errors " + std::to_string(s["errors"].size()) + "\n";
+    const std::pair<const char*, const char*> pol[] = {
+        {"selected", "Packets that reached the policy's actions"},
+        {"applied", "Actions that changed or reported a packet"},
+        {"drops", "Packets the policy dropped"},
+        {"missed_tail_calls", "Tail calls that missed in the policy's chain"}};
+    for (auto [key, help] : pol) {
+        std::string name = std::string("mpsteer_policy_") + key + "_total";
+        metric(name, "counter", help);
+        for (const auto& p : s["policies"])
+            out += name + "{policy=\"" + esc(p.value("name", "")) + "\"} " + num(p[key]) + "\n";
+    }
+    metric("mpsteer_datapath_packets_total", "counter",
+           "Packets seen by the active generation's entry programs, by outcome");
+    for (const auto& [k, v] : s["datapath"].items())
+        out += "mpsteer_datapath_packets_total{outcome=\"" + k + "\"} " + num(v) + "\n";
+    metric("mpsteer_applies_total", "counter", "Revisions applied, by result");
+    out += "mpsteer_applies_total{result=\"success\"} " + num(s["applies"]["succeeded"]) + "\n";
+    out += "mpsteer_applies_total{result=\"failure\"} " + num(s["applies"]["failed"]) + "\n";
+    metric("mpsteer_last_apply_duration_seconds", "gauge", "Time the last successful apply took");
+    out += "mpsteer_last_apply_duration_seconds " +
+           std::to_string(s["applies"].value("last_duration_ms", 0.0) / 1000.0) + "\n";
+    metric("mpsteer_events_total", "counter", "Datapath events, by type");
+    for (const auto& [k, v] : s["events"].items())
+        out += "mpsteer_events_total{type=\"" + k + "\"} " + num(v) + "\n";
+    return out;
+}
+
+}  // namespace mpsteer::agent

@@ -1,0 +1,160 @@
+// The agent's commands: run, status, suspend, resume, reset, events.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <spdlog/spdlog.h>
+#include <thread>
+
+#include "agent/agent.h"
+#include "cli/commands.h"
+
+namespace fs = std::filesystem;
+
+namespace mpsteer::cli {
+namespace {
+std::string g_state_dir = "/run/mpsteer";
+
+void add_state_dir(CLI::App* cmd) {
+    cmd->add_option("--state-dir", g_state_dir, "runtime state of the agent")->capture_default_str();
+}
+
+int print_status(bool json) {
+    nlohmann::json s;
+    try {
+        s = agent::read_status(g_state_dir);
+    } catch (const std::exception& e) {
+        std::cerr << "mpsteer status: " << e.what() << '\n';
+        return 1;
+    }
+    if (json) {
+        std::cout << s.dump(2) << '\n';
+        return s.value("ready", false) ? 0 : 1;
+    }
+    std::cout << "agent:      " << (s.value("agent_running", false) ? "running (pid " +
+                                    std::to_string(s.value("pid", 0)) + ")" : "not running")
+              << "\nready:      " << (s.value("ready", false) ? "yes" : "no")
+              << "\ngeneration: " << s["generation"]
+              << "\napplied:    " << s.value("applied_revision", "-")
+              << "\nattempted:  " << s.value("attempted_revision", "-")
+              << (s.value("suspended", false) ? "\nsuspended:  yes (mpsteer resume)" : "") << "\n";
+    for (const auto& c : s["conditions"])
+        if (c.value("status", false) || c.value("type", "") == "Ready")
+            std::cout << "condition:  " << c.value("type", "") << "="
+                      << (c.value("status", false) ? "True" : "False") << " "
+                      << c.value("reason", "") << ": " << c.value("message", "") << '\n';
+    for (const auto& a : s["attachments"])
+        std::cout << "attached:   " << a.value("interface", "") << " " << a.value("hook", "")
+                  << " (" << a.value("mode", "") << ")\n";
+    if (!s["policies"].empty()) {
+        std::printf("%-32s %12s %12s %8s %8s\n", "POLICY", "SELECTED", "APPLIED", "DROPS",
+                    "MISSED");
+        for (const auto& p : s["policies"])
+            std::printf("%-32s %12lu %12lu %8lu %8lu\n", p.value("name", "").c_str(),
+                        p.value("selected", 0UL), p.value("applied", 0UL), p.value("drops", 0UL),
+                        p.value("missed_tail_calls", 0UL));
+    }
+    for (const auto& e : s["errors"]) std::cout << "error: " << e.get<std::string>() << '\n';
+    for (const auto& w : s["warnings"]) std::cout << "warning: " << w.get<std::string>() << '\n';
+    return s.value("ready", false) ? 0 : 1;
+}
+
+int tail_events(bool follow) {
+    auto path = agent::events_path(g_state_dir);
+    std::ifstream in(path);
+    if (!in) {
+        std::cerr << "mpsteer events: no events in " << path << " (has an agent run here?)\n";
+        return 1;
+    }
+    for (;;) {
+        std::string line;
+        while (std::getline(in, line)) std::cout << line << '\n' << std::flush;
+        if (!follow) return 0;
+        in.clear();
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+}
+}  // namespace
+
+void add_agent_commands(CLI::App& app) {
+    static agent::Config cfg;
+    auto* run = app.add_subcommand(
+        "run", "Keep this host's datapath equal to the policies in a directory (foreground)");
+    run->add_option("--policies", cfg.policies_dir,
+                    "policy directory (git-sync link, git checkout or plain directory)")
+        ->required();
+    add_state_dir(run);
+    run->add_option("--pin-root", cfg.pin_root, "bpffs directory for mpsteer's pins")
+        ->capture_default_str();
+    run->add_option("-i,--interface", cfg.interfaces,
+                    "interface for policies that name none (repeatable; default: all but lo)");
+    static int debounce_ms = 50;
+    run->add_option("--debounce-ms", debounce_ms, "quiet time after a change before applying")
+        ->check(CLI::Range(0, 60000))
+        ->capture_default_str();
+    run->add_option("--metrics-port", cfg.metrics_port,
+                    "Prometheus /metrics on 127.0.0.1 (0: off)")
+        ->check(CLI::Range(0, 65535))
+        ->capture_default_str();
+    run->add_option("--metrics-textfile", cfg.metrics_textfile,
+                    "also write metrics to this node_exporter textfile");
+    run->add_option("--netns", cfg.netns,
+                    "run in this named network namespace (keeps the host's bpffs for pins)");
+    run->add_flag("--detach-on-exit", cfg.detach_on_exit,
+                  "detach from every interface when stopping (default: the datapath keeps running)");
+    run->callback([] {
+        cfg.state_dir = g_state_dir;
+        cfg.debounce = std::chrono::milliseconds(debounce_ms);
+        set_exit_code(agent::run(cfg));
+    });
+
+    auto* status = app.add_subcommand("status", "Show the agent's conditions, revisions and counters");
+    static bool json = false;
+    static std::string output = "text";
+    status->add_option("--output", output, "text or json")
+        ->check(CLI::IsMember({"text", "json"}))
+        ->capture_default_str();
+    add_state_dir(status);
+    status->callback([] { set_exit_code(print_status(output == "json")); });
+
+    auto* suspend = app.add_subcommand("suspend", "Stop applying new revisions (the datapath keeps running)");
+    add_state_dir(suspend);
+    suspend->callback([] {
+        fs::create_directories(g_state_dir);
+        std::ofstream(agent::suspended_path(g_state_dir)) << "suspended\n";
+        std::cout << "suspended: new revisions are not applied until `mpsteer resume`\n";
+    });
+    auto* resume = app.add_subcommand("resume", "Apply revisions again");
+    add_state_dir(resume);
+    resume->callback([] {
+        std::error_code ec;
+        fs::remove(agent::suspended_path(g_state_dir), ec);
+        std::cout << "resumed\n";
+    });
+
+    auto* reset = app.add_subcommand("reset", "Remove every pin, link and map of mpsteer");
+    static std::string pin_root = "/sys/fs/bpf/mpsteer";
+    reset->add_option("--pin-root", pin_root, "bpffs directory of mpsteer's pins")
+        ->capture_default_str();
+    add_state_dir(reset);
+    reset->callback([] {
+        try {
+            agent::reset(pin_root, g_state_dir);
+            std::cout << "removed " << pin_root << " and the state in " << g_state_dir << '\n';
+        } catch (const std::exception& e) {
+            std::cerr << "mpsteer reset: " << e.what() << '\n';
+            set_exit_code(1);
+        }
+    });
+
+    auto* events = app.add_subcommand("events", "Print datapath events (MP_CAPABLE, MP_JOIN) as JSON lines");
+    static bool follow = false;
+    events->add_flag("-f,--follow", follow, "keep printing new events");
+    add_state_dir(events);
+    events->callback([] { set_exit_code(tail_events(follow)); });
+    (void)json;
+}
+
+}  // namespace mpsteer::cli
