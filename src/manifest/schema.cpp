@@ -149,7 +149,11 @@ std::string join(const json& arr, const std::string& sep) {
 
 std::string show(const json& v) {
     std::string s = v.is_string() ? "'" + v.get<std::string>() + "'" : v.dump();
-    if (s.size() > 60) s = s.substr(0, 57) + "...";
+    if (s.size() > 60) {
+        size_t cut = 57;
+        while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xc0) == 0x80) --cut;  // UTF-8
+        s = s.substr(0, cut) + "...";
+    }
     return s;
 }
 

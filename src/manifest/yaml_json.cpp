@@ -44,6 +44,33 @@ Position Doc::key_at(const std::string& pointer) const {
 
 namespace {
 
+// Strict UTF-8 (no overlongs, surrogates or code points above U+10FFFF). valijson and
+// nlohmann's dump() both misbehave on invalid sequences, so they never get past here.
+bool valid_utf8(const std::string& s) {
+    size_t i = 0, n = s.size();
+    while (i < n) {
+        auto c = static_cast<unsigned char>(s[i]);
+        size_t len;
+        uint32_t cp;
+        if (c < 0x80) { ++i; continue; }
+        if (c >= 0xc2 && c <= 0xdf) len = 2, cp = c & 0x1f;
+        else if (c >= 0xe0 && c <= 0xef) len = 3, cp = c & 0x0f;
+        else if (c >= 0xf0 && c <= 0xf4) len = 4, cp = c & 0x07;
+        else return false;
+        if (i + len > n) return false;
+        for (size_t k = 1; k < len; ++k) {
+            auto cc = static_cast<unsigned char>(s[i + k]);
+            if ((cc & 0xc0) != 0x80) return false;
+            cp = cp << 6 | (cc & 0x3f);
+        }
+        if ((len == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) ||
+            (len == 4 && (cp < 0x10000 || cp > 0x10ffff)))
+            return false;
+        i += len;
+    }
+    return true;
+}
+
 struct Converter {
     const std::string& file;
     Doc& doc;
@@ -122,6 +149,10 @@ struct Converter {
             error(p, ptr, "scalar longer than " + std::to_string(kMaxScalar) + " characters");
             return "";
         }
+        if (!valid_utf8(s)) {
+            error(p, ptr, "invalid UTF-8");
+            return "";
+        }
         const std::string& tag = n.Tag();
         if (tag == "?") return resolve_plain(s, p, ptr);
         if (tag == "!" || tag == "tag:yaml.org,2002:str") return s;
@@ -135,7 +166,8 @@ struct Converter {
             if (!ok) error(p, ptr, "'" + s + "' is not a valid " + tag.substr(18));
             return v;
         }
-        error(p, ptr, "unsupported tag '" + tag + "'");
+        error(p, ptr, valid_utf8(tag) && tag.size() < 64 ? "unsupported tag '" + tag + "'"
+                                                        : std::string("unsupported tag"));
         return s;
     }
 
@@ -179,6 +211,10 @@ struct Converter {
                     continue;
                 }
                 const std::string& key = kv.first.Scalar();
+                if (key.size() > kMaxScalar || !valid_utf8(key)) {
+                    error(kp, ptr, "invalid mapping key (not UTF-8, or too long)");
+                    continue;
+                }
                 std::string child = pointer_join(ptr, key);
                 if (obj.contains(key)) {
                     auto first = doc.key_pos[child];

@@ -203,6 +203,10 @@ TEST_CASE("hostile YAML stays cheap", "[manifest]") {
     CHECK(r.diagnostics.size() <= 3);
     auto self = load_text("&a [*a]\n");
     CHECK_FALSE(self.ok());
+    // Invalid UTF-8 stops at the converter (valijson reads past the end of such strings).
+    auto bad = load_text(std::string(kPolicy) + "  x: \"\xff\xfe\"\n");
+    REQUIRE_FALSE(bad.ok());
+    CHECK(bad.diagnostics[0].message == "invalid UTF-8");
 }
 
 TEST_CASE("number parsers", "[manifest]") {
