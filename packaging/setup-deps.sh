@@ -4,7 +4,7 @@
 set -eu
 PKGS="build-essential cmake ninja-build pkg-config git clang llvm libbpf-dev bpftool
 libelf-dev zlib1g-dev libssl-dev libspdlog-dev libfmt-dev libcli11-dev catch2
-liblua5.4-dev libyaml-cpp-dev libvalijson-dev nlohmann-json3-dev
+liblua5.4-dev libyaml-cpp-dev libvalijson-dev nlohmann-json3-dev libclang-rt-14-dev
 iproute2 ethtool iperf3 mptcpd tshark python3 jq"
 missing=""
 for p in $PKGS; do
