@@ -320,12 +320,17 @@ void Env::set_step(uint32_t pc, const mps_step& s)
 {
     if (bpf_map_update_elem(gen_->map_fd("steps"), &pc, &s, BPF_ANY) != 0)
         throw std::runtime_error("writing step " + std::to_string(pc) + ": " + std::strerror(errno));
-    // The prog arrays are indexed by pc too: point the slot at the step's program.
-    std::string name(dp::prog_name(static_cast<mps_prog>(s.prog)));
-    for (bool xdp : {true, false}) {
-        int fd = gen_->prog_fd(name + (xdp ? "_xdp" : "_tc"));
-        if (bpf_map_update_elem(gen_->map_fd(xdp ? "jmp_xdp" : "jmp_tc"), &pc, &fd, BPF_ANY) != 0)
-            throw std::runtime_error("writing the prog array: " + std::string(std::strerror(errno)));
+    // Program steps are reached through the prog-array slot of their enum value, which the
+    // loader fills only for programs the chain uses: fill it as the loader would.
+    auto prog = static_cast<mps_prog>(s.prog);
+    if (dp::has_program(prog)) {
+        std::string name(dp::prog_name(prog));
+        for (bool xdp : {true, false}) {
+            uint32_t slot = prog;
+            int fd = gen_->prog_fd(name + (xdp ? "_xdp" : "_tc"));
+            if (bpf_map_update_elem(gen_->map_fd(xdp ? "jmp_xdp" : "jmp_tc"), &slot, &fd, BPF_ANY) != 0)
+                throw std::runtime_error("writing the prog array: " + std::string(std::strerror(errno)));
+        }
     }
 }
 
@@ -366,6 +371,12 @@ dp::StepCounters step_delta(const Snap& a, const Snap& b, size_t pc)
     d.drops = b.steps.at(pc).drops - a.steps.at(pc).drops;
     d.missed_tail_calls = b.steps.at(pc).missed_tail_calls - a.steps.at(pc).missed_tail_calls;
     return d;
+}
+
+bool counted(const mps_step& s)
+{
+    auto p = static_cast<mps_prog>(s.prog);
+    return dp::has_program(p) || p == MPS_ACT_PASS || p == MPS_ACT_DROP;
 }
 
 uint64_t gen_delta(const Snap& a, const Snap& b, mps_gen_counter c)

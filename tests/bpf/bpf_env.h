@@ -107,6 +107,7 @@ public:
     Run run(Hook h, const Packet& p) { return run(h, p.build()); }
     // Rewrites one step of the loaded generation in place (as a parameter update from the
     // agent would): lets a table of cases share one generation instead of loading per case.
+    // A step with its own program also gets its prog-array slot (slot = enum mps_prog).
     void set_step(uint32_t pc, const mps_step& s);
     std::vector<dp::StepCounters> steps() const { return gen_->step_counters(); }
     dp::GenCounters gen() const { return gen_->gen_counters(); }
@@ -134,6 +135,9 @@ struct Snap {
     static Snap of(const Env& e) { return {e.steps(), e.gen()}; }
 };
 dp::StepCounters step_delta(const Snap& a, const Snap& b, size_t pc);
+// Whether the datapath keeps counters for a step: program steps and the verdicts pass / drop;
+// the selectors the interpreter runs inline are not counted (bpf/README.md, "Counters").
+bool counted(const mps_step& s);
 uint64_t gen_delta(const Snap& a, const Snap& b, mps_gen_counter c);
 
 std::string describe_frame(const Bytes& got, const Bytes& want);

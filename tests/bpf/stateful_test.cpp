@@ -70,7 +70,7 @@ TEST_CASE("selector token: learnt from an MP_JOIN SYN", "[bpf][selector][state]"
     }
 }
 
-TEST_CASE("selector token: survives the MP_JOIN SYN/ACK (B1)", "[bpf][selector][state][!mayfail]")
+TEST_CASE("selector token: survives the MP_JOIN SYN/ACK", "[bpf][selector][state]")
 {
     const uint32_t tok = 0xc0ffee01;
     for (Hook h : kHooks) {
@@ -152,8 +152,7 @@ TEST_CASE("selector sequence(subflow): relative to the ISN from the SYN", "[bpf]
     }
 }
 
-TEST_CASE("selector sequence(subflow): client side after the SYN/ACK (B1)",
-          "[bpf][selector][state][!mayfail]")
+TEST_CASE("selector sequence(subflow): client side after the SYN/ACK", "[bpf][selector][state]")
 {
     for (Hook h : kHooks) {
         INFO(name_of(h));
@@ -252,8 +251,8 @@ TEST_CASE("selector sequence(data): DSN relative to the IDSN, DSS variants", "[b
     run_dsn_cases(false);
 }
 
-TEST_CASE("selector sequence(data): DSS options shorter than 20 bytes (B3)",
-          "[bpf][selector][state][!mayfail]")
+// Was B3 in NOTES-bpf-tests.md.
+TEST_CASE("selector sequence(data): DSS options shorter than 20 bytes", "[bpf][selector][state]")
 {
     run_dsn_cases(true);
 }
