@@ -20,7 +20,40 @@ std::string Diagnostic::format() const {
     return out + message;
 }
 
+namespace {
+// Messages may quote the input (yaml-cpp's do): keep them valid UTF-8 so they print as JSON.
+void printable(std::string& s) {
+    std::string out;
+    for (size_t i = 0; i < s.size();) {
+        auto c = static_cast<unsigned char>(s[i]);
+        size_t len = c < 0x80 ? 1 : (c >= 0xc2 && c <= 0xdf) ? 2 : (c >= 0xe0 && c <= 0xef) ? 3
+                                : (c >= 0xf0 && c <= 0xf4) ? 4 : 0;
+        bool ok = len > 0 && i + len <= s.size();
+        for (size_t k = 1; ok && k < len; ++k)
+            ok = (static_cast<unsigned char>(s[i + k]) & 0xc0) == 0x80;
+        if (ok && len == 3) {  // no overlongs or surrogates
+            unsigned cp = (c & 0x0fu) << 12 | (s[i + 1] & 0x3fu) << 6 | (s[i + 2] & 0x3fu);
+            ok = cp >= 0x800 && (cp < 0xd800 || cp > 0xdfff);
+        } else if (ok && len == 4) {
+            unsigned cp = (c & 0x07u) << 18 | (s[i + 1] & 0x3fu) << 12 | (s[i + 2] & 0x3fu) << 6 |
+                          (s[i + 3] & 0x3fu);
+            ok = cp >= 0x10000 && cp <= 0x10ffff;
+        }
+        if (ok && c >= 0x20 && c != 0x7f) out.append(s, i, len);
+        else if (ok && len == 1 && c == '\t') out += ' ';
+        else out += '?';
+        i += ok ? len : 1;
+    }
+    s = std::move(out);
+}
+}  // namespace
+
 void sort_diagnostics(std::vector<Diagnostic>& d) {
+    for (auto& x : d) {
+        printable(x.message);
+        printable(x.pointer);
+        printable(x.pos.file);
+    }
     auto key = [](const Diagnostic& x) {
         return std::tie(x.pos.file, x.pos.line, x.pos.col, x.severity, x.pointer, x.message);
     };
