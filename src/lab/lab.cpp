@@ -260,19 +260,19 @@ std::string Lab::ss(const std::string& netns) const {
 }
 
 int Lab::cleanup_stale() {
+    // Only labs this code made: each has an owner file, written before its namespaces exist.
+    // Anything else named mps-* (other tools' namespaces) is not ours to remove.
     int removed = 0;
     std::error_code ec;
-    for (const auto& ent : std::filesystem::directory_iterator("/run/netns", ec)) {
-        std::string name = ent.path().filename();
-        auto dash = name.rfind('-');
-        if (name.rfind(kPrefix, 0) != 0 || dash == std::string::npos) continue;
-        std::string prefix = name.substr(0, dash);
+    for (const auto& ent : std::filesystem::directory_iterator(kPidDir, ec)) {
+        std::string prefix = ent.path().filename();
+        if (prefix.rfind(kPrefix, 0) != 0) continue;
         pid_t owner = 0;
-        std::ifstream(pid_file(prefix)) >> owner;
+        std::ifstream(ent.path()) >> owner;
         if (owner > 0 && (kill(owner, 0) == 0 || errno != ESRCH)) continue;  // alive
-        spdlog::info("lab: removing leftovers of {}", prefix);
+        spdlog::info("lab: removing leftovers of {} (pid {} is gone)", prefix, owner);
         removed += cleanup(prefix + "-");
-        std::filesystem::remove(pid_file(prefix), ec);
+        std::filesystem::remove(ent.path(), ec);
     }
     return removed;
 }

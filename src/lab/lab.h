@@ -109,8 +109,9 @@ public:
     // Deletes every namespace and root-namespace link whose name starts with `prefix`
     // (e.g. "mps-" for all leftovers, "mps-t123" for one lab). Returns how many it removed.
     static int cleanup(const std::string& prefix);
-    // Removes the labs of processes that are gone (the owner's pid is kept in
-    // /run/mpsteer-lab/<prefix>). Labs of running processes are left alone.
+    // Removes the labs of processes that are gone (each Lab keeps its owner's pid in
+    // /run/mpsteer-lab/<prefix>). Labs of running processes, and namespaces no Lab made,
+    // are left alone.
     static int cleanup_stale();
 
     const std::string& prefix() const { return prefix_; }

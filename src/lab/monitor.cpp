@@ -102,6 +102,8 @@ std::string event_name(uint32_t type) {
     case MPTCP_EVENT_SUB_ESTABLISHED: return "sf_established";
     case MPTCP_EVENT_SUB_CLOSED: return "sf_closed";
     case MPTCP_EVENT_SUB_PRIORITY: return "sf_priority";
+    case 15: return "listener_created";  // MPTCP_EVENT_LISTENER_* (Linux 6.2, not in these headers)
+    case 16: return "listener_closed";
     default: return "event" + std::to_string(type);
     }
 }
