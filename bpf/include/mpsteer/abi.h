@@ -14,7 +14,9 @@
 #define MPS_STATE_LAYOUT 1
 
 #define MPS_MAX_STEPS 1024 /* step table and prog_array size (per generation) */
-#define MPS_MAX_CHAIN 32   /* steps one packet may traverse (kernel allows 33 tail calls) */
+#define MPS_MAX_CHAIN 32   /* steps on any path (the loader checks; the interpreter cuts
+			    * longer inline runs); program steps on a path: at most 16, each
+			    * costs two of the kernel's 33 tail calls */
 #define MPS_PC_END 0xffff  /* "no next step": the chain ends, the packet passes */
 
 /* Sizes of the shared maps (the agent creates them; every generation reuses them). */
@@ -201,7 +203,7 @@ struct mps_step_counters {
 };
 /* Per-generation counters (PERCPU_ARRAY, MPS_GC_MAX). */
 enum mps_gen_counter {
-	MPS_GC_PACKETS = 0,      /* entered an entry program */
+	MPS_GC_PACKETS = 0,      /* entered a hook that has a chain */
 	MPS_GC_NOT_TCP = 1,
 	MPS_GC_MALFORMED = 2,    /* passed untouched */
 	MPS_GC_MISSED_TAIL_CALL = 3,
