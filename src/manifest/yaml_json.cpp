@@ -3,6 +3,7 @@
 // ones stay strings, and each node's mark is remembered by JSON pointer for error positions.
 #include <charconv>
 #include <cmath>
+#include <optional>
 #include <regex>
 #include <utility>
 
@@ -69,6 +70,98 @@ bool valid_utf8(const std::string& s) {
         i += len;
     }
     return true;
+}
+
+// yaml-cpp 0.7 loops forever (allocating) on a quoted scalar followed by ',' outside a flow
+// collection (`'a',`), which is a syntax error anyway. Find it first, with a small lexer that
+// knows quotes, comments, flow brackets and block scalars. Returns the 0-based line, column.
+std::optional<std::pair<int, int>> quoted_comma(const std::string& t) {
+    int line = 0, col = 0, flow = 0;
+    size_t i = 0;
+    char prev = 0;            // last significant character on this line (0: none yet)
+    std::string prev_token;   // last whitespace-separated token (tags, anchors)
+    int block_indent = -1;    // inside a block scalar: lines indented more than this
+    auto advance = [&](size_t n) {
+        for (size_t k = 0; k < n && i < t.size(); ++k, ++i) {
+            if (t[i] == '\n') ++line, col = 0;
+            else ++col;
+        }
+    };
+    while (i < t.size()) {
+        // Start of a line: measure indentation, skip block scalar content.
+        if (col == 0) {
+            size_t j = i;
+            while (j < t.size() && t[j] == ' ') ++j;
+            int indent = int(j - i);
+            bool blank = j >= t.size() || t[j] == '\n' || t[j] == '\r';
+            if (block_indent >= 0 && (blank || indent > block_indent)) {
+                while (i < t.size() && t[i] != '\n') advance(1);
+                advance(1);
+                continue;
+            }
+            block_indent = -1;
+            prev = 0;
+            prev_token.clear();
+        }
+        char c = t[i];
+        if (c == '#' && (col == 0 || t[i - 1] == ' ' || t[i - 1] == '\t')) {
+            while (i < t.size() && t[i] != '\n') advance(1);
+            continue;
+        }
+        if (c == '\n') { advance(1); continue; }
+        if (c == ' ' || c == '\t' || c == '\r') { advance(1); continue; }
+        bool scalar_start = prev == 0 || prev == ':' || prev == '-' || prev == '[' ||
+                            prev == '{' || prev == ',' || prev == '?' ||
+                            (!prev_token.empty() && (prev_token[0] == '!' || prev_token[0] == '&'));
+        if ((c == '\'' || c == '"') && scalar_start) {
+            advance(1);
+            while (i < t.size()) {
+                if (c == '"' && t[i] == '\\') { advance(2); continue; }
+                if (t[i] == c) {
+                    if (c == '\'' && i + 1 < t.size() && t[i + 1] == '\'') { advance(2); continue; }
+                    break;
+                }
+                advance(1);
+            }
+            advance(1);  // closing quote
+            size_t j = i;
+            while (j < t.size() && (t[j] == ' ' || t[j] == '\t')) ++j;
+            if (flow == 0 && j < t.size() && t[j] == ',') return std::pair{line, col + int(j - i)};
+            prev = c;
+            prev_token = "q";
+            continue;
+        }
+        if (flow == 0 && (c == '|' || c == '>') && scalar_start) {
+            // A block scalar: its content is the following, more indented lines.
+            size_t ls = t.rfind('\n', i == 0 ? 0 : i - 1);
+            ls = ls == std::string::npos || i == 0 ? 0 : ls + 1;
+            int indent = 0;
+            while (ls + size_t(indent) < t.size() && t[ls + size_t(indent)] == ' ') ++indent;
+            block_indent = indent;
+            while (i < t.size() && t[i] != '\n') advance(1);
+            continue;
+        }
+        if (c == '[' || c == '{') ++flow;
+        if ((c == ']' || c == '}') && flow > 0) --flow;
+        // Read one token so that tags and anchors are recognised.
+        std::string tok;
+        while (i < t.size() && t[i] != ' ' && t[i] != '\t' && t[i] != '\n' && t[i] != '\r' &&
+               !(tok.size() && (t[i] == ',' || t[i] == '[' || t[i] == ']' || t[i] == '{' ||
+                                t[i] == '}'))) {
+            tok += t[i];
+            advance(1);
+            if (tok.size() == 1 && (tok[0] == '[' || tok[0] == ']' || tok[0] == '{' ||
+                                    tok[0] == '}' || tok[0] == ','))
+                break;
+        }
+        for (char x : tok.substr(tok.empty() ? 0 : 1)) {
+            if (x == '[' || x == '{') ++flow;
+            if ((x == ']' || x == '}') && flow > 0) --flow;
+        }
+        prev = tok.empty() ? prev : tok.back();
+        prev_token = tok;
+    }
+    return std::nullopt;
 }
 
 struct Converter {
@@ -244,6 +337,11 @@ std::vector<Doc> parse_yaml(const std::string& file, const std::string& text,
     if (text.size() > kMaxFileSize) {
         diags.push_back({Severity::error, {file, 1, 1}, "",
                          "file larger than " + std::to_string(kMaxFileSize) + " bytes"});
+        return out;
+    }
+    if (auto at = quoted_comma(text)) {
+        diags.push_back({Severity::error, {file, at->first + 1, at->second + 1}, "",
+                         "yaml: unexpected ',' after a quoted scalar (outside [ ] or { })"});
         return out;
     }
     std::vector<YAML::Node> nodes;

@@ -203,6 +203,13 @@ TEST_CASE("hostile YAML stays cheap", "[manifest]") {
     CHECK(r.diagnostics.size() <= 3);
     auto self = load_text("&a [*a]\n");
     CHECK_FALSE(self.ok());
+    // yaml-cpp 0.7 would loop forever on a quoted scalar followed by ','.
+    auto comma = load_text("a: 'x', b\n");
+    REQUIRE(comma.diagnostics.size() == 1);
+    CHECK(comma.diagnostics[0].format().ends_with(
+        "inline.yaml:1:7: error: yaml: unexpected ',' after a quoted scalar (outside [ ] or { })"));
+    for (const auto& d : load_text("a: ['x', 'y']\nb: {c: 'd', e: f}\n").diagnostics)
+        CHECK(d.message.find("quoted scalar") == std::string::npos);  // commas in flow are fine
     // Invalid UTF-8 stops at the converter (valijson reads past the end of such strings).
     auto bad = load_text(std::string(kPolicy) + "  x: \"\xff\xfe\"\n");
     REQUIRE_FALSE(bad.ok());
