@@ -30,18 +30,20 @@ using lab::must_in;
 namespace {
 std::atomic<int> g_capture_seq{0};
 
-const std::vector<std::string> kDissect = {"-o", "tcp.check_checksum:TRUE", "-o",
-                                           "ip.check_checksum:TRUE"};
+// Checksums validated; the sequence analyses (slow on big captures, irrelevant here) off.
+const std::vector<std::string> kDissect = {
+    "-o", "tcp.check_checksum:TRUE",        "-o", "ip.check_checksum:TRUE",
+    "-o", "tcp.analyze_sequence_numbers:FALSE", "-o", "mptcp.analyze_mptcp:FALSE"};
 }  // namespace
 
 // ---- Capture -------------------------------------------------------------------------------
 
-Capture::Capture(const std::string& netns, const std::string& ifname) {
+Capture::Capture(const std::string& netns, const std::string& ifname, const std::string& filter) {
     path_ = "/tmp/mps-actors-" + std::to_string(getpid()) + "-" +
             std::to_string(g_capture_seq++) + ".pcapng";
     std::filesystem::remove(path_);
     std::vector<std::string> argv{"ip", "netns", "exec", netns, "tshark", "-q", "-i", ifname,
-                                  "-f", "tcp", "-w", path_};
+                                  "-f", filter, "-w", path_};
     std::vector<char*> cargv;
     for (auto& a : argv) cargv.push_back(a.data());
     cargv.push_back(nullptr);

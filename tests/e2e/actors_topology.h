@@ -15,11 +15,13 @@
 
 namespace mpsteer::e2e {
 
-// `tshark -i <ifname>` inside a namespace, writing a pcapng file; the file is removed when
-// the object goes.
+// `tshark -i <ifname> -f <filter>` inside a namespace, writing a pcapng file; the file is
+// removed when the object goes (kept with MPS_KEEP_PCAP=1). The default capture filter keeps
+// the control packets (every rewritten packet is one) and leaves out full-size data segments.
 class Capture {
 public:
-    Capture(const std::string& netns, const std::string& ifname);
+    Capture(const std::string& netns, const std::string& ifname,
+            const std::string& filter = "tcp and less 200");
     ~Capture();
     Capture(const Capture&) = delete;
     Capture& operator=(const Capture&) = delete;
