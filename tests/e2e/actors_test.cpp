@@ -127,7 +127,7 @@ void check_capture(e2e::Capture& cap, const std::string& rewritten_filter, int a
 
 }  // namespace
 
-TEST_CASE("actors: blk_subflow hides ADD_ADDR; the client keeps MPTCP on one subflow",
+TEST_CASE("actors: blk_subflow hides ADD_ADDR, the client keeps MPTCP on one subflow",
           "[e2e][actors][blk_subflow]") {
     datapath::init_libbpf_logging();
     Lab lab(config("b"));
