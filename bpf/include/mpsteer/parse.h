@@ -234,4 +234,95 @@ static __always_inline int scan_options(void *data, void *end, __u32 l4_off, __u
 	return kinds;
 }
 
+/*
+ * v (< 64k) through a stack slot the verifier does not track: a write narrower than 8 bytes at
+ * an offset that is not a multiple of 8 leaves the slot "misc", so what is read back is an
+ * unknown scalar whatever the verifier knew of v, and paths that differed only in such values
+ * meet in one state. In asm because clang shrinks a local that is only partly used and may put
+ * the halfword at an aligned offset. (Arithmetic tricks do not work: the 6.x verifiers track
+ * negation and byte swaps too.) A store and a load, which the CPU forwards.
+ */
+static __always_inline __u32 opaque_u16(__u32 v)
+{
+	__u64 slot;
+	asm volatile("*(u16 *)(%1 + 2) = %0; %0 = *(u16 *)(%1 + 2)"
+		     : "+r"(v)
+		     : "r"(&slot)
+		     : "memory");
+	return v;
+}
+
+/*
+ * Kinds only (no offsets): the same answer as scan_options(..., NULL), written to be inlined in
+ * the interpreter's loop. The loop counter bounds the walk (40 option bytes, >= 1 each) and is
+ * the only precise value: the offset, the kinds and the header length are never compared with
+ * constants the verifier could decide, so the two successors of every branch (NOP or not,
+ * MPTCP or not) meet again at the loop head in states it prunes. Each iteration is thus
+ * verified about twice, ~1.5k instructions for the walk, against ~14k for scan_options whose
+ * offsets leave through memory.
+ */
+static __always_inline int scan_kinds(void *data, void *end, __u32 l4_off, __u32 l4_len,
+				      __u32 *kinds_out)
+{
+	l4_off = opaque_u16(l4_off) & 0x1ff; /* < 512: parse_tcp() */
+	struct tcphdr *tcp = data + l4_off;
+	if ((void *)(tcp + 1) > end)
+		return PARSE_MALFORMED;
+	__u32 hlen = tcp->doff * 4;
+	if (hlen < sizeof(*tcp) || hlen > l4_len)
+		return PARSE_MALFORMED;
+	__u32 kinds = (__u32)tcp->syn << 13 | (__u32)tcp->fin << 14 | (__u32)tcp->rst << 15 |
+		      (__u32)tcp->ack << 16 | (__u32)(l4_len > hlen) << 17;
+	/* The verifier must not know off or hlen (see above). */
+	__u32 off = sizeof(*tcp);
+	/* Linux puts NOP, NOP, timestamp first on every segment of a flow with timestamps: one
+	 * comparison instead of three turns of the loop (the kernel's own fast path,
+	 * tcp_parse_aligned_timestamp()). */
+	__be32 *w = (__be32 *)(tcp + 1);
+	if (hlen >= sizeof(*tcp) + 12 && (void *)(w + 1) <= end &&
+	    *w == bpf_htonl(1 << 24 | 1 << 16 | TCPOPT_TS << 8 | 10)) {
+		kinds |= MPS_K_TIMESTAMP;
+		off += 12;
+	}
+	off = opaque_u16(l4_off + off);
+	hlen = opaque_u16(l4_off + hlen);
+	for (int i = 0; i < TCP_MAX_OPTS; i++) {
+		if (off >= hlen)
+			break;
+		__u8 *p = data + (opaque_u16(off) & 0x3ff); /* off < hlen <= l4_off + 60 */
+		if ((void *)(p + 1) > end)
+			return PARSE_MALFORMED;
+		__u32 kind = p[0];
+		if (kind == 0) /* end of option list */
+			break;
+		if (kind == 1) { /* NOP */
+			off++;
+			continue;
+		}
+		if ((void *)(p + 2) > end)
+			return PARSE_MALFORMED;
+		__u32 len = p[1];
+		if (len < 2 || off + len > hlen)
+			return PARSE_MALFORMED;
+		if (kind == TCPOPT_MPTCP) {
+			if (len < 3 || (void *)(p + 3) > end)
+				return PARSE_MALFORMED;
+			__u32 sub = p[2] >> 4;
+			kinds |= MPS_K_ANY_MPTCP | ((1u << sub) & 0x1ff);
+			if (sub == OPT_DSS) {
+				if (len < 4 || (void *)(p + 4) > end)
+					return PARSE_MALFORMED;
+				kinds |= (p[3] & 0x01u) << 9 | ((p[3] >> 4) & 0x01u) << 10;
+			}
+		} else if (kind == TCPOPT_TS && len == 10) {
+			kinds |= MPS_K_TIMESTAMP;
+		}
+		off += len;
+	}
+	/* Arithmetic, not a branch: a branch the verifier can decide makes kinds precise. */
+	kinds |= (((kinds >> 11) & 1) << 12) ^ MPS_K_PLAIN_TCP;
+	*kinds_out = kinds;
+	return 0;
+}
+
 #endif
