@@ -72,8 +72,8 @@ bool valid_utf8(const std::string& s) {
     return true;
 }
 
-// yaml-cpp 0.7 loops forever (allocating) on a quoted scalar followed by ',' outside a flow
-// collection (`'a',`), which is a syntax error anyway. Find it first, with a small lexer that
+// yaml-cpp 0.7 loops forever (allocating) on a ',' outside a flow collection where a value
+// would start (`,` or `'a',`), which is a syntax error anyway. Find it first, with a small lexer that
 // knows quotes, comments, flow brackets and block scalars. Returns the 0-based line, column.
 std::optional<std::pair<int, int>> quoted_comma(const std::string& t) {
     int line = 0, col = 0, flow = 0;
@@ -131,6 +131,8 @@ std::optional<std::pair<int, int>> quoted_comma(const std::string& t) {
             prev_token = "q";
             continue;
         }
+        if (flow == 0 && c == ',' && scalar_start)  // `,` cannot start a plain scalar either
+            return std::pair{line, col};
         if (flow == 0 && (c == '|' || c == '>') && scalar_start) {
             // A block scalar: its content is the following, more indented lines.
             size_t ls = t.rfind('\n', i == 0 ? 0 : i - 1);
@@ -341,7 +343,7 @@ std::vector<Doc> parse_yaml(const std::string& file, const std::string& text,
     }
     if (auto at = quoted_comma(text)) {
         diags.push_back({Severity::error, {file, at->first + 1, at->second + 1}, "",
-                         "yaml: unexpected ',' after a quoted scalar (outside [ ] or { })"});
+                         "yaml: unexpected ',' outside [ ] or { }"});
         return out;
     }
     std::vector<YAML::Node> nodes;

@@ -207,9 +207,12 @@ TEST_CASE("hostile YAML stays cheap", "[manifest]") {
     auto comma = load_text("a: 'x', b\n");
     REQUIRE(comma.diagnostics.size() == 1);
     CHECK(comma.diagnostics[0].format().ends_with(
-        "inline.yaml:1:7: error: yaml: unexpected ',' after a quoted scalar (outside [ ] or { })"));
+        "inline.yaml:1:7: error: yaml: unexpected ',' outside [ ] or { }"));
+    CHECK_FALSE(load_text(",").ok());
+    CHECK_FALSE(load_text("a:\n  - x\n ,b: 1\n").ok());
     for (const auto& d : load_text("a: ['x', 'y']\nb: {c: 'd', e: f}\n").diagnostics)
-        CHECK(d.message.find("quoted scalar") == std::string::npos);  // commas in flow are fine
+        CHECK(d.message.find("unexpected ','") == std::string::npos);  // commas in flow are fine
+    CHECK(load_text(std::string(kPolicy) + "  description_x: a , b\n").diagnostics.size() == 1);
     // Invalid UTF-8 stops at the converter (valijson reads past the end of such strings).
     auto bad = load_text(std::string(kPolicy) + "  x: \"\xff\xfe\"\n");
     REQUIRE_FALSE(bad.ok());
