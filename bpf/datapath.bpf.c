@@ -365,7 +365,15 @@ static __always_inline void learn_syn(void *ctx, bool xdp, struct mps_pkt_ctx *p
 			f->token[d ^ 1] = tok;
 			f->backup = o[2] & 1;
 			struct mps_conn *c = bpf_map_lookup_elem(&conns, &tok);
-			f->conn_token = c ? c->token[0] : tok;
+			if (c && c->token[0] != tok) { /* the higher token: an alias entry */
+				__u32 canon = c->token[0];
+				c = bpf_map_lookup_elem(&conns, &canon);
+			}
+			/* Linked only to a connection entry that exists; otherwise the agent links
+			 * it (and counts the subflow) when it sees the MP_JOIN event. */
+			f->conn_token = c ? c->token[0] : 0;
+			if (c) /* counted here: the agent never rewrites a connection entry */
+				__sync_fetch_and_add(&c->subflows, 1);
 		}
 	} else if (pc->kinds & MPS_K_MP_CAPABLE) {
 		f->role = MPS_ROLE_INITIAL;
@@ -447,7 +455,11 @@ static __always_inline struct mps_flow *account(void *ctx, bool xdp, struct mps_
 		return f;
 	__u32 tsval = load_be32_h(o + 2), tsecr = load_be32_h(o + 6);
 	__u32 od = d ^ 1;
-	if (f->dir[od].ts_sent_ns && (__s32)(tsecr - f->dir[od].ts_val) >= 0) {
+	/* Only a TSval sent at egress echoed back at ingress measures this host's path RTT; the
+	 * other way round it measures the local stack's turnaround (which mixed in, once put
+	 * srtt at 8 ms on a 20 ms path). */
+	bool egress = pc->hook == MPS_HOOK_TC_EGRESS;
+	if (!egress && f->dir[od].ts_sent_ns && (__s32)(tsecr - f->dir[od].ts_val) >= 0) {
 		__u64 sample = (now - f->dir[od].ts_sent_ns) / 1000;
 		f->dir[od].ts_sent_ns = 0;
 		if (sample > 0 && sample < 60000000) {
@@ -464,7 +476,7 @@ static __always_inline struct mps_flow *account(void *ctx, bool xdp, struct mps_
 			}
 		}
 	}
-	if (!f->dir[d].ts_sent_ns) {
+	if (egress && !f->dir[d].ts_sent_ns) {
 		f->dir[d].ts_val = tsval;
 		f->dir[d].ts_sent_ns = now;
 	}

@@ -201,7 +201,7 @@ private:
     bool suspended_ = false, pending_ = false, recovering_ = false;
     uint32_t next_gen_ = 1;
     std::map<std::string, PolicyCounters> retired_;
-    uint64_t applies_ok_ = 0, applies_failed_ = 0, events_[4] = {};
+    uint64_t applies_ok_ = 0, applies_failed_ = 0, events_[5] = {};
     double last_apply_ms_ = 0;
     int inotify_ = -1, epoll_ = -1, state_wd_ = -1, parent_wd_ = -1;
     std::string link_name_;
@@ -560,7 +560,7 @@ void Agent::on_event(const datapath::Event& ev) {
     const auto& r = ev.raw;
     nlohmann::json j = {{"time", now_iso()}, {"flow", flow_text(r.flow)},
                         {"hook", std::string(datapath::to_string(static_cast<Hook>(r.hook)))}};
-    if (r.type < 4) ++events_[r.type];
+    if (r.type < 5) ++events_[r.type];
     if (r.type == MPS_EV_MP_CAPABLE) {
         j["type"] = "mp_capable";
         j["version"] = r.version;
@@ -571,6 +571,13 @@ void Agent::on_event(const datapath::Event& ev) {
         j["token"] = hex32(r.token);
         j["backup"] = bool(r.flags & 1);
         j["addr_id"] = r.addr_id;
+    } else if (r.type == MPS_EV_ADD_ADDR_BLOCKED) {
+        j["type"] = "add_addr_blocked";
+        char addr[INET6_ADDRSTRLEN];
+        inet_ntop(r.flags == 6 ? AF_INET6 : AF_INET, r.key, addr, sizeof addr);
+        j["address"] = addr;
+        j["addr_id"] = r.addr_id;
+        if (r.nonce) j["port"] = r.nonce;
     } else {
         j["type"] = "flow_closed";
     }
@@ -653,7 +660,8 @@ void Agent::write_status() {
                       {"last_duration_ms", last_apply_ms_}}},
          {"events", {{"mp_capable", events_[MPS_EV_MP_CAPABLE]},
                      {"mp_join", events_[MPS_EV_MP_JOIN]},
-                     {"flow_closed", events_[MPS_EV_FLOW_CLOSED]}}},
+                     {"flow_closed", events_[MPS_EV_FLOW_CLOSED]},
+                     {"add_addr_blocked", events_[MPS_EV_ADD_ADDR_BLOCKED]}}},
          {"pid", getpid()},
          {"policies_dir", cfg_.policies_dir},
          {"updated", now_iso()}};

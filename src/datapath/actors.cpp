@@ -63,6 +63,14 @@ std::string_view to_string(mps_announce_state s) {
     return "?";
 }
 
+ActorMaps ActorMaps::of(const StateMaps& s) {
+    ActorMaps m;
+    m.announces_ = dup_of(s.announces(), "announces");
+    m.requests_ = dup_of(s.add_requests(), "add_requests");
+    m.prio_ = dup_of(s.prio_sent(), "prio_sent");
+    return m;
+}
+
 ActorMaps ActorMaps::of(const Generation& g) {
     ActorMaps m;
     m.announces_ = dup_of(g.map_fd("announces"), "announces");

@@ -28,7 +28,9 @@ std::string_view to_string(mps_announce_state s);  // "blocked", "pending", ...
 
 class ActorMaps {
 public:
-    // The maps of a generation (shared with it; they live as long as it does).
+    // The shared maps every generation uses (they survive generations and restarts).
+    static ActorMaps of(const StateMaps& s);
+    // The maps a generation uses (the shared ones, since generations reuse them).
     static ActorMaps of(const Generation& g);
     // Pinned maps, e.g. <pin_root>/maps/announces_v<MPS_STATE_LAYOUT> (see abi.h).
     static ActorMaps open(const std::string& announces, const std::string& add_requests,

@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <set>
 
+#include "mps_ctl.skel.h"
 #include "mps_dp.skel.h"
 
 namespace fs = std::filesystem;
@@ -117,7 +118,32 @@ StateMaps StateMaps::open(const std::string& pin_root) {
                                sizeof(mps_conn), MPS_CONNS_MAX, "conns");
     m.events_ = create_or_adopt(dir + "/events" + v, BPF_MAP_TYPE_RINGBUF, 0, 0,
                                 MPS_EVENTS_BYTES, "events");
+    m.announces_ = create_or_adopt(dir + "/announces" + v, BPF_MAP_TYPE_LRU_HASH,
+                                   sizeof(mps_announce_key), sizeof(mps_announce),
+                                   MPS_ANNOUNCES_MAX, "announces");
+    m.add_requests_ = create_or_adopt(dir + "/add_requests" + v, BPF_MAP_TYPE_HASH,
+                                      sizeof(mps_flow_key), sizeof(mps_add_request), 1024,
+                                      "add_requests");
+    m.prio_sent_ = create_or_adopt(dir + "/prio_sent" + v, BPF_MAP_TYPE_LRU_HASH,
+                                   sizeof(mps_flow_key), sizeof(mps_prio_sent), MPS_FLOWS_MAX,
+                                   "prio_sent");
+    m.ctl_.reset(mps_ctl__open());
+    if (!m.ctl_) fail("opening the control programs", errno);
+    if (int err = bpf_map__reuse_fd(m.ctl_->maps.flows, m.flows_.get()))
+        fail("reusing flows for the control programs", err);
+    if (int err = bpf_map__reuse_fd(m.ctl_->maps.conns, m.conns_.get()))
+        fail("reusing conns for the control programs", err);
+    if (int err = mps_ctl__load(m.ctl_.get())) fail("loading the control programs", err);
     return m;
+}
+
+void StateMaps::CtlDeleter::operator()(mps_ctl* c) const { mps_ctl__destroy(c); }
+
+bool StateMaps::update_flow(const mps_ctl_flow_req& req) const {
+    auto r = test_run(bpf_program__fd(ctl_->progs.ctl_flow_update),
+                      {reinterpret_cast<const uint8_t*>(&req), sizeof req}, true);
+    if (r.retval == XDP_ABORTED) throw Error("flow update: request rejected");
+    return r.retval == XDP_PASS;
 }
 
 // ---- Generation --------------------------------------------------------------------------
@@ -140,6 +166,12 @@ std::unique_ptr<Generation> Generation::build(const ChainSet& chains, uint32_t n
     if (int err = bpf_map__reuse_fd(s->maps.flows, state.flows())) fail("reusing flows", err);
     if (int err = bpf_map__reuse_fd(s->maps.conns, state.conns())) fail("reusing conns", err);
     if (int err = bpf_map__reuse_fd(s->maps.events, state.events())) fail("reusing events", err);
+    if (int err = bpf_map__reuse_fd(s->maps.announces, state.announces()))
+        fail("reusing announces", err);
+    if (int err = bpf_map__reuse_fd(s->maps.add_requests, state.add_requests()))
+        fail("reusing add_requests", err);
+    if (int err = bpf_map__reuse_fd(s->maps.prio_sent, state.prio_sent()))
+        fail("reusing prio_sent", err);
     std::set<std::string> wanted(also_load.begin(), also_load.end());
     for (const char* always : {"entry_xdp", "entry_tc_egress", "entry_tc_ingress", "interp_xdp",
                                "interp_tc"})
@@ -480,74 +512,65 @@ int EventReader::poll(std::chrono::milliseconds timeout) {
     return n < 0 ? 0 : n;
 }
 
-// Tokens from keys: write them where the datapath looks (flow tokens, connection entry).
+// Tokens from keys: write them where the datapath looks (flow fields through the control
+// program, a connection entry created once), never rewriting what the datapath counts.
 int EventReader::on_sample(void* self_ptr, void* data, size_t size) {
     auto* self = static_cast<EventReader*>(self_ptr);
     if (size < sizeof(mps_event)) return 0;
     Event ev{};
     std::memcpy(&ev.raw, data, sizeof ev.raw);
     const auto& r = ev.raw;
-    const int flows = self->state_.flows(), conns = self->state_.conns();
+    const auto& state = self->state_;
     mps_flow f{};
-    const bool have_flow = bpf_map_lookup_elem(flows, &r.flow, &f) == 0;
+    const bool have_flow = bpf_map_lookup_elem(state.flows(), &r.flow, &f) == 0;
+    mps_ctl_flow_req req{};
+    req.key = r.flow;
     if (r.type == MPS_EV_MP_CAPABLE) {
         // key[0] is the sender's key, key[1] (third ACK only) the receiver's.
         const int sender = r.from_a ? 0 : 1;
-        uint32_t tok[2] = {0, 0};
         uint64_t keys[2] = {0, 0};
         keys[sender] = r.key[0];
         keys[sender ^ 1] = r.key[1];
-        if (have_flow) {  // keys may have arrived in separate packets
-            for (int i = 0; i < 2; ++i)
-                if (!keys[i]) keys[i] = f.key[i];
+        for (int i = 0; i < 2; ++i)  // keys may have arrived in separate packets
+            if (!keys[i] && have_flow) keys[i] = f.key[i];
+        uint32_t tok[2] = {0, 0};
+        for (int i = 0; i < 2; ++i) {
+            if (!keys[i]) continue;
+            tok[i] = mptcp_token(keys[i]);
+            req.token[i] = tok[i];
+            req.idsn[i] = mptcp_idsn(keys[i]);
         }
-        for (int i = 0; i < 2; ++i) tok[i] = keys[i] ? mptcp_token(keys[i]) : 0;
         ev.token_a = tok[0];
         ev.token_b = tok[1];
-        if (have_flow) {
-            for (int i = 0; i < 2; ++i) {
-                if (!keys[i]) continue;
-                f.key[i] = keys[i];
-                f.token[i] = tok[i];
-                f.idsn[i] = mptcp_idsn(keys[i]);
-            }
-            if (tok[0] && tok[1]) {
-                mps_conn c{};
-                c.token[0] = std::min(tok[0], tok[1]);
-                c.token[1] = std::max(tok[0], tok[1]);
-                c.subflows = 1;
-                f.conn_token = c.token[0];
-                bpf_map_update_elem(conns, &c.token[0], &c, BPF_NOEXIST);
-            }
-            bpf_map_update_elem(flows, &r.flow, &f, BPF_EXIST);
+        req.set = MPS_CTL_TOKENS | MPS_CTL_IDSN;
+        if (tok[0] && tok[1]) {
+            mps_conn c{};
+            c.token[0] = std::min(tok[0], tok[1]);
+            c.token[1] = std::max(tok[0], tok[1]);
+            c.subflows = 1;
+            bpf_map_update_elem(state.conns(), &c.token[0], &c, BPF_NOEXIST);
+            mps_conn alias{};
+            alias.token[0] = c.token[0];
+            alias.token[1] = c.token[1];
+            bpf_map_update_elem(state.conns(), &c.token[1], &alias, BPF_NOEXIST);
+            req.conn_token = c.token[0];
+            req.set |= MPS_CTL_CONN;
         }
+        if (have_flow) state.update_flow(req);
     } else if (r.type == MPS_EV_MP_JOIN && have_flow) {
         // The token names the receiver's side; the connection entry gives the other one.
-        __u32 key = r.token;
         mps_conn c{};
-        bool found = bpf_map_lookup_elem(conns, &key, &c) == 0;
-        if (!found) {  // conns are keyed by the lower token: try as the higher one
-            mps_conn probe{};
-            __u32 next{}, *prev = nullptr;
-            while (bpf_map_get_next_key(conns, prev, &next) == 0) {
-                if (bpf_map_lookup_elem(conns, &next, &probe) == 0 &&
-                    (probe.token[0] == r.token || probe.token[1] == r.token)) {
-                    c = probe;
-                    found = true;
-                    break;
-                }
-                key = next;
-                prev = &key;
-            }
-        }
+        bool found = bpf_map_lookup_elem(state.conns(), &r.token, &c) == 0;
         if (found) {
             const int receiver = r.from_a ? 1 : 0;
-            f.token[receiver] = r.token;
-            f.token[receiver ^ 1] = c.token[0] == r.token ? c.token[1] : c.token[0];
-            f.conn_token = c.token[0];
-            bpf_map_update_elem(flows, &r.flow, &f, BPF_EXIST);
-            c.subflows++;
-            bpf_map_update_elem(conns, &c.token[0], &c, BPF_EXIST);
+            req.token[receiver] = r.token;
+            req.token[receiver ^ 1] = c.token[0] == r.token ? c.token[1] : c.token[0];
+            req.conn_token = c.token[0];
+            req.set = MPS_CTL_TOKENS | MPS_CTL_CONN;
+            // The datapath counts the subflow itself when the connection entry existed at
+            // the MP_JOIN SYN (then it linked the flow already); otherwise count it here.
+            if (f.conn_token != c.token[0]) req.set |= MPS_CTL_SUBFLOW;
+            state.update_flow(req);
         }
     }
     self->handler_(ev);

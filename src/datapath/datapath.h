@@ -16,7 +16,8 @@
 #include "datapath/chain.h"
 
 struct ring_buffer;
-struct mps_dp;  // the generated skeleton (bpf/datapath.bpf.c)
+struct mps_dp;   // the generated skeletons (bpf/datapath.bpf.c, bpf/ctl.bpf.c)
+struct mps_ctl;
 
 namespace mpsteer::datapath {
 
@@ -52,10 +53,22 @@ public:
     int flows() const { return flows_.get(); }
     int conns() const { return conns_.get(); }
     int events() const { return events_.get(); }
+    // The option-rewriting actors' memory (bpf/rewrite.bpf.h): stored ADD_ADDR
+    // announcements, pending add_subflow requests, set_backup's signalled state.
+    int announces() const { return announces_.get(); }
+    int add_requests() const { return add_requests_.get(); }
+    int prio_sent() const { return prio_sent_.get(); }
     const std::string& pin_root() const { return root_; }
+    // Writes the fields `req.set` names into a flow entry, field by field, so counters the
+    // datapath adds meanwhile are kept. False when the flow is not in the map.
+    bool update_flow(const mps_ctl_flow_req& req) const;
 private:
+    struct CtlDeleter {
+        void operator()(struct mps_ctl* c) const;
+    };
     std::string root_;
-    Fd flows_, conns_, events_;
+    Fd flows_, conns_, events_, announces_, add_requests_, prio_sent_;
+    std::unique_ptr<struct mps_ctl, CtlDeleter> ctl_;  // bpf/ctl.bpf.c
 };
 
 struct StepCounters {

@@ -250,8 +250,9 @@ struct mps_flow {
 };
 enum mps_role { MPS_ROLE_UNKNOWN = 0, MPS_ROLE_INITIAL = 1, MPS_ROLE_JOIN = 2 };
 
-/* Connection state (LRU_HASH keyed by the lower of the two tokens, shared across
- * generations); created by the agent when it derives the tokens from the keys. */
+/* Connection state (LRU_HASH, shared across generations), created by the agent when it derives
+ * the tokens from the keys. The entry under the lower token holds the counters; the one under
+ * the higher token is an alias (its key differs from token[0]) so either token finds it. */
 struct mps_conn {
 	__u64 packets, bytes;
 	__u64 first_ns, last_ns;
@@ -346,5 +347,25 @@ struct mps_prio_sent {
 #define MPS_MARK_MASK 0xffffff00u
 #define MPS_MARK_COPY 0x6d707300u    /* "mps\0" */
 #define MPS_MARK_CARRIER 0x6d707400u
+
+/* Agent-to-datapath flow updates. The agent never writes a whole flow entry (that would undo
+ * counters the datapath adds meanwhile); it runs the `ctl_flow_update` program (bpf/ctl.bpf.c)
+ * with BPF_PROG_TEST_RUN on this request, which writes just the named fields. */
+enum mps_ctl_set {
+	MPS_CTL_TOKENS = 1 << 0, /* token[i] where non-zero */
+	MPS_CTL_IDSN = 1 << 1,   /* idsn[i] where non-zero */
+	MPS_CTL_CONN = 1 << 2,   /* conn_token */
+	MPS_CTL_RATE = 1 << 3,   /* rate_bps (0 clears the override) */
+	MPS_CTL_SUBFLOW = 1 << 4, /* one more subflow on conns[conn_token] (a join the datapath
+				   * saw before the connection entry existed) */
+};
+struct mps_ctl_flow_req {
+	struct mps_flow_key key;
+	__u32 set;           /* MPS_CTL_* */
+	__u32 conn_token;
+	__u32 token[2];
+	__u64 idsn[2];
+	__u64 rate_bps;
+};
 
 #endif
