@@ -1,0 +1,33 @@
+-- Small-flow path manager (eMPTCP): a connection stays on one path until it has carried
+-- `threshold_bytes`; then the ADD_ADDR the datapath hid (blk_subflow) is re-injected
+-- (add_subflow) so the host opens its other subflows. Short flows finish on one path and do
+-- not pay for subflow setup; long flows still get every path.
+--
+-- Engine API (issue 6): on_add_addr_blocked(a) with a.token, a.address, a.port, a.addr_id;
+-- mpsteer.connection(token) -> {bytes, subflows = {...}} or nil; mpsteer.add_subflow(token,
+-- addr_id); mpsteer.log(level, message); params from the manifest in `params`.
+
+local threshold = params.threshold_bytes or 220000
+local blocked = {}  -- token -> list of hidden announcements (address ids)
+
+function on_add_addr_blocked(a)
+  local list = blocked[a.token] or {}
+  list[#list + 1] = a.addr_id
+  blocked[a.token] = list
+  mpsteer.log("debug", string.format("hid %s (id %d) from connection %08x",
+                                     a.address, a.addr_id, a.token))
+end
+
+function on_tick()
+  for token, ids in pairs(blocked) do
+    local conn = mpsteer.connection(token)
+    if not conn then
+      blocked[token] = nil  -- closed before it grew
+    elseif conn.bytes >= threshold then
+      for _, id in ipairs(ids) do mpsteer.add_subflow(token, id) end
+      mpsteer.log("info", string.format("connection %08x passed %d bytes: opening its " ..
+                                        "other subflows", token, threshold))
+      blocked[token] = nil
+    end
+  end
+end
