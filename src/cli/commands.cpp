@@ -9,12 +9,16 @@ int exit_code() { return g_exit_code; }
 void add_bench_command(CLI::App&);
 void add_validate_command(CLI::App&);
 void add_plan_command(CLI::App&);
+void add_demo_command(CLI::App&);
+void add_agent_commands(CLI::App&);
 
 std::vector<AddCommand> all_commands() {
     return {
         add_bench_command,
         add_validate_command,
         add_plan_command,
+        add_demo_command,
+        add_agent_commands,
     };
 }
 }  // namespace mpsteer::cli

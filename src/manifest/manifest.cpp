@@ -190,8 +190,9 @@ bool applicable(Action::Kind k, HookPoint h) {
     switch (k) {
     case Action::Kind::set_backup:
     case Action::Kind::no_subflows: return h == HookPoint::tc_egress;
-    case Action::Kind::blk_subflow:
-    case Action::Kind::add_subflow: return h != HookPoint::tc_egress;
+    case Action::Kind::blk_subflow: return h != HookPoint::tc_egress;
+    // It re-injects by cloning a packet back into a TC hook (bpf_clone_redirect): no XDP.
+    case Action::Kind::add_subflow: return h == HookPoint::tc_ingress;
     case Action::Kind::redirect: return h != HookPoint::tc_ingress;
     default: return true;
     }
