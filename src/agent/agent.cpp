@@ -339,7 +339,10 @@ void Agent::reconcile(bool force) {
         for (const auto& [k, l] : links_) have.insert(k);
         ifaces_changed = want != have || present != built_with_ifaces_;
     }
-    if (!force && !ifaces_changed && rev.content == failed_content_) return;
+    if (!force && !ifaces_changed && rev.content == failed_content_) {
+        attempted_id_ = rev.id;  // a new commit of the same broken content: still not applied
+        return;
+    }
     if (!force && current_ && rev.content == applied_content_ && !ifaces_changed) {
         // Back to (or still at) what runs: a new commit with the same content, or a broken
         // revision reverted. Nothing to build; the running generation is the answer.
@@ -404,6 +407,9 @@ void Agent::apply(const Revision& rev) {
 
     manifest::Options mo;
     mo.repo_root = rev.root;
+    // The interfaces of this network namespace: /sys/class/net shows the mount namespace's,
+    // which differ under --netns.
+    mo.known_interfaces = present_interfaces();
     auto res = manifest::load_paths({rev.root}, mo);
     for (const auto& d : res.diagnostics) {
         auto text = d.format();
