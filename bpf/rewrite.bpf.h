@@ -5,7 +5,7 @@
  * and the ACTOR() macro. Each ACTOR(act_<name>, expr) here defines act_<name>_xdp and
  * act_<name>_tc; the loader puts them in the prog-array slot of their enum mps_prog value.
  *
- * Mechanisms (the why is in bpf/README-rewrite.md):
+ * Mechanisms (the why is in NOTES-rewrite.md):
  * - blk_subflow invalidates the ADD_ADDR's HMAC (one byte) instead of removing the option:
  *   the receiver drops the announcement silently and still sees an MPTCP option, so a
  *   connection whose first post-handshake option was that ADD_ADDR does not fall back to
@@ -15,7 +15,10 @@
  *   hands it to the same hook again with bpf_clone_redirect; ingress copies reach the local
  *   stack, egress copies go to the peer. The original packet is not touched.
  * - set_backup inserts NOP + MP_PRIO (4 bytes) at the end of the TCP header of pure ACKs
- *   only (no payload, no trailer), growing the tail: never a data segment, never GSO.
+ *   only (no payload, no trailer), growing the tail: never a data segment, never GSO. It
+ *   also keeps the headers of each subflow direction's latest ACK (prio_tmpl): a subflow B=1
+ *   emptied carries no pure ACK any more, so B=0 is sent by userspace from that template
+ *   (ActorMaps::signal_prio); Linux applies MP_PRIO only to the subflow it arrives on.
  * - no_subflows sets the MP_CAPABLE C flag of a SYN or SYN/ACK (one byte).
  * - redirect ends the chain with a redirect verdict: TC through bpf_redirect_neigh (L2 from
  *   the neighbour table of the target), XDP after a FIB lookup on the target interface.
@@ -46,6 +49,41 @@ struct {
 	__type(key, struct mps_flow_key);
 	__type(value, struct mps_prio_sent);
 } prio_sent SEC(".maps");
+
+/*
+ * set_backup's packet templates: per subflow and direction, the headers (L2 + IP + TCP with
+ * options, <= MPS_PRIO_TMPL_HDR bytes) of the latest ACK-bearing packet the actor saw, with its
+ * payload length, so userspace (ActorMaps::signal_prio) can send the pure ACK that would follow
+ * it, carrying MP_PRIO, on a subflow that has gone idle: after B=1 moved the data off a subflow
+ * nobody sends on it any more, and B=0 would have no packet to ride on. Linux ignores MP_PRIO
+ * with an address id (length 4) and applies a length-3 MP_PRIO to the subflow it arrives on
+ * (options.c, mptcp_pm_mp_prio_received), so a sibling's packets cannot carry it.
+ * Mirrored in src/datapath/actors.h (static_asserts there); belongs in abi.h.
+ */
+#define MPS_PRIO_TMPL_HDR 128
+struct mps_prio_tmpl_key {
+	struct mps_flow_key flow;
+	__u8 dir;                 /* 0: from a to b (as mps_prio_sent.sent[]) */
+	__u8 pad[3];
+};
+struct mps_prio_tmpl {
+	__u64 ns;                 /* bpf_ktime_get_ns() of the packet */
+	__u32 ifindex;            /* where it was seen */
+	__u16 pc;                 /* the set_backup step that saw it */
+	__u8 hook;                /* enum mps_hook */
+	__u8 family;              /* 4 or 6 */
+	__u16 l3_off, l4_off;     /* in hdr */
+	__u16 len;                /* header bytes in hdr: l4_off + TCP header length */
+	__u16 next;               /* TCP payload bytes (+1 for a FIN): next seq = seq + next */
+	__u8 hdr[MPS_PRIO_TMPL_HDR];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MPS_FLOWS_MAX);
+	__type(key, struct mps_prio_tmpl_key);
+	__type(value, struct mps_prio_tmpl);
+} prio_tmpl SEC(".maps");
 
 #define MPS_AF_INET 2
 #define MPS_AF_INET6 10
@@ -326,6 +364,54 @@ ACTOR(act_blk_subflow, act_blk_subflow(ctx, xdp, &pc))
 
 /* ---- set_backup ------------------------------------------------------------------------- */
 
+/* Keeps the headers of this ACK-bearing packet as its subflow direction's template (see
+ * prio_tmpl). Returns <0 only for a packet it cannot read. */
+static __always_inline int record_template(void *ctx, bool xdp, const struct mps_pkt_ctx *pc,
+					   __u16 at)
+{
+	struct mps_prio_tmpl_key k = {};
+	struct tuple t;
+	__u8 from_a;
+
+	struct tcphdr *tcp = view_tcp(ctx, xdp, pc);
+	if (!tcp)
+		return -1;
+	__u32 hlen = tcp->doff * 4;
+	__u32 fin = tcp->fin;
+	__u32 len = (pc->l4_off & 0x1ff) + hlen;
+	if (len > MPS_PRIO_TMPL_HDR || hlen < 20 || pc->l4_len < hlen)
+		return 0; /* e.g. stacked VLANs: no template, the datapath path alone */
+	if (load_tuple(ctx, xdp, pc, &t))
+		return -1;
+	flow_key(&t, pc->family, &k.flow, &from_a);
+	k.dir = from_a ? 0 : 1;
+	struct mps_prio_tmpl *v = bpf_map_lookup_elem(&prio_tmpl, &k);
+	if (!v) {
+		/* Insert, then write in place (no select between a stack and a map pointer). */
+		struct mps_prio_tmpl fresh;
+		__builtin_memset(&fresh, 0, sizeof(fresh));
+		bpf_map_update_elem(&prio_tmpl, &k, &fresh, BPF_NOEXIST);
+		v = bpf_map_lookup_elem(&prio_tmpl, &k);
+		if (!v)
+			return 0;
+	}
+	long r = xdp ? bpf_xdp_load_bytes(ctx, 0, v->hdr, len)
+		     : bpf_skb_load_bytes(ctx, 0, v->hdr, len);
+	if (r)
+		return 0;
+	v->ns = bpf_ktime_get_ns();
+	v->ifindex = xdp ? ((struct xdp_md *)ctx)->ingress_ifindex
+			 : ((struct __sk_buff *)ctx)->ifindex;
+	v->pc = at;
+	v->hook = pc->hook;
+	v->family = pc->family;
+	v->l3_off = pc->l3_off;
+	v->l4_off = pc->l4_off;
+	v->len = len;
+	v->next = pc->l4_len - hlen + fin;
+	return 0;
+}
+
 static __always_inline int act_set_backup(void *ctx, bool xdp, struct mps_pkt_ctx *pc,
 					  const struct mps_step *st)
 {
@@ -334,6 +420,9 @@ static __always_inline int act_set_backup(void *ctx, bool xdp, struct mps_pkt_ct
 	__u8 from_a;
 
 	if (ensure_scanned(ctx, xdp, pc))
+		return -1;
+	if ((pc->kinds & (MPS_K_SYN | MPS_K_RST | MPS_K_ACK)) == MPS_K_ACK &&
+	    record_template(ctx, xdp, pc, pc->pc))
 		return -1;
 	/* Pure ACKs only: a control packet, never a data segment or a GSO super-packet. */
 	if ((pc->kinds & (MPS_K_SYN | MPS_K_FIN | MPS_K_RST | MPS_K_ACK | MPS_K_PAYLOAD)) !=

@@ -4,6 +4,11 @@
 #include <arpa/inet.h>
 #include <bpf/bpf.h>
 #include <fcntl.h>
+#include <linux/filter.h>
+#include <linux/if_ether.h>
+#include <linux/if_packet.h>
+#include <net/if.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,6 +22,9 @@ static_assert(sizeof(mps_announce) == 96, "mps_announce layout (abi.h)");
 static_assert(offsetof(mps_announce, opt) == 60, "mps_announce layout (abi.h)");
 static_assert(sizeof(mps_add_request) == 16, "mps_add_request layout (abi.h)");
 static_assert(sizeof(mps_prio_sent) == 24, "mps_prio_sent layout (abi.h)");
+static_assert(sizeof(mpsteer::datapath::mps_prio_tmpl_key) == 44, "prio_tmpl key (rewrite.bpf.h)");
+static_assert(sizeof(mpsteer::datapath::mps_prio_tmpl) == 152, "prio_tmpl value (rewrite.bpf.h)");
+static_assert(offsetof(mpsteer::datapath::mps_prio_tmpl, hdr) == 24, "prio_tmpl value (rewrite.bpf.h)");
 
 namespace mpsteer::datapath {
 
@@ -76,6 +84,7 @@ ActorMaps ActorMaps::of(const Generation& g) {
     m.announces_ = dup_of(g.map_fd("announces"), "announces");
     m.requests_ = dup_of(g.map_fd("add_requests"), "add_requests");
     m.prio_ = dup_of(g.map_fd("prio_sent"), "prio_sent");
+    m.tmpl_ = dup_of(g.map_fd("prio_tmpl"), "prio_tmpl");
     return m;
 }
 
@@ -146,5 +155,171 @@ std::optional<mps_prio_sent> ActorMaps::prio_sent(const mps_flow_key& k) const {
 }
 
 void ActorMaps::forget_prio(const mps_flow_key& k) { bpf_map_delete_elem(prio_.get(), &k); }
+
+namespace {
+uint32_t sum16(const uint8_t* p, size_t n, uint32_t s = 0) {
+    for (size_t i = 0; i + 1 < n; i += 2) s += uint32_t(p[i]) << 8 | p[i + 1];
+    if (n & 1) s += uint32_t(p[n - 1]) << 8;
+    return s;
+}
+uint16_t fold(uint32_t s) {
+    while (s >> 16) s = (s & 0xffff) + (s >> 16);
+    return uint16_t(~s);
+}
+void put16(uint8_t* p, uint16_t v) {
+    p[0] = uint8_t(v >> 8);
+    p[1] = uint8_t(v);
+}
+uint32_t get32(const uint8_t* p) {
+    return uint32_t(p[0]) << 24 | uint32_t(p[1]) << 16 | uint32_t(p[2]) << 8 | p[3];
+}
+}  // namespace
+
+std::vector<uint8_t> prio_frame(const mps_prio_tmpl& t, bool backup) {
+    const size_t l3 = t.l3_off, l4 = t.l4_off, len = t.len;
+    if (len > kPrioTmplHdr || l4 + 20 > len || l3 > l4 || (t.family != 4 && t.family != 6))
+        return {};
+    const uint8_t* h = t.hdr;
+    const size_t hlen = size_t(h[l4 + 12] >> 4) * 4;
+    if (hlen < 20 || l4 + hlen != len) return {};
+    if (t.family == 4 ? (l3 + 20 > l4 || h[l3] >> 4 != 4) : (l3 + 40 != l4 || h[l3] >> 4 != 6))
+        return {};
+    // The timestamps of the template, if any (a well-formed walk, else none).
+    const uint8_t* ts = nullptr;
+    for (size_t i = l4 + 20; i < len;) {
+        uint8_t kind = h[i];
+        if (kind == 0) break;
+        if (kind == 1) { i++; continue; }
+        if (i + 1 >= len || h[i + 1] < 2 || i + h[i + 1] > len) { ts = nullptr; break; }
+        if (kind == 8 && h[i + 1] == 10) ts = h + i;
+        i += h[i + 1];
+    }
+    std::vector<uint8_t> f(h, h + l4 + 20);
+    uint8_t* tcp = f.data() + l4;
+    uint32_t seq = get32(h + l4 + 4) + t.next;
+    tcp[4] = uint8_t(seq >> 24);
+    tcp[5] = uint8_t(seq >> 16);
+    tcp[6] = uint8_t(seq >> 8);
+    tcp[7] = uint8_t(seq);
+    tcp[13] = 0x10;  // ACK only
+    put16(tcp + 16, 0);  // checksum
+    put16(tcp + 18, 0);  // urgent pointer
+    if (ts) {
+        f.push_back(1);
+        f.push_back(1);
+        f.insert(f.end(), ts, ts + 10);
+    }
+    const uint8_t prio[4] = {1, 30, 3, uint8_t(0x50 | (backup ? 1 : 0))};
+    f.insert(f.end(), prio, prio + 4);
+    tcp = f.data() + l4;
+    const size_t tcplen = f.size() - l4;
+    tcp[12] = uint8_t((tcplen / 4) << 4);
+    uint8_t* ip = f.data() + l3;
+    uint32_t ps;
+    if (t.family == 4) {
+        put16(ip + 2, uint16_t(f.size() - l3));
+        put16(ip + 10, 0);
+        put16(ip + 10, fold(sum16(ip, l4 - l3)));
+        ps = sum16(ip + 12, 8);
+    } else {
+        put16(ip + 4, uint16_t(tcplen));
+        ps = sum16(ip + 8, 32);
+    }
+    ps += IPPROTO_TCP + uint32_t(tcplen);
+    uint16_t c = fold(sum16(tcp, tcplen, ps));
+    put16(tcp + 16, c);
+    return f;
+}
+
+std::vector<PrioTemplate> ActorMaps::prio_templates() const {
+    std::vector<PrioTemplate> out;
+    if (!tmpl_) throw Error("set_backup templates: this ActorMaps has no prio_tmpl map");
+    mps_prio_tmpl_key key{}, next{};
+    const mps_prio_tmpl_key* prev = nullptr;
+    while (bpf_map_get_next_key(tmpl_.get(), prev, &next) == 0) {
+        PrioTemplate t;
+        t.key = next;
+        // The datapath rewrites a template in place: read until two copies agree.
+        mps_prio_tmpl again{};
+        bool ok = false;
+        for (int i = 0; i < 8 && !ok; i++) {
+            if (bpf_map_lookup_elem(tmpl_.get(), &next, &t.value) != 0) break;
+            if (bpf_map_lookup_elem(tmpl_.get(), &next, &again) != 0) break;
+            ok = std::memcmp(&t.value, &again, sizeof again) == 0;
+        }
+        if (ok) out.push_back(t);
+        key = next;
+        prev = &key;
+    }
+    return out;
+}
+
+namespace {
+// A program that passes every frame: BPF_PROG_TEST_RUN with live frames hands what it
+// passes to the stack of the interface named in the context (ingress_ifindex).
+Fd xdp_pass_prog() {
+    const bpf_insn insns[] = {
+        {BPF_ALU64 | BPF_MOV | BPF_K, BPF_REG_0, 0, 0, 2 /* XDP_PASS */},
+        {BPF_JMP | BPF_EXIT, 0, 0, 0, 0},
+    };
+    int fd = bpf_prog_load(BPF_PROG_TYPE_XDP, "mps_prio_inj", "GPL", insns, 2, nullptr);
+    if (fd < 0) fail("set_backup: loading the XDP_PASS program for live frames");
+    return Fd(fd);
+}
+}  // namespace
+
+void ActorMaps::send_prio(const PrioTemplate& t, bool backup) const {
+    std::vector<uint8_t> f = prio_frame(t.value, backup);
+    if (f.empty()) throw Error("set_backup: unusable packet template");
+    const mps_prio_tmpl& v = t.value;
+    if (v.hook == MPS_HOOK_TC_EGRESS) {
+        const bool l2 = v.l3_off >= ETH_HLEN;
+        const uint16_t proto = htons(v.family == 4 ? ETH_P_IP : ETH_P_IPV6);
+        Fd s(socket(AF_PACKET, (l2 ? SOCK_RAW : SOCK_DGRAM) | SOCK_CLOEXEC, 0));
+        if (!s) fail("set_backup: AF_PACKET socket");
+        sockaddr_ll to{};
+        to.sll_family = AF_PACKET;
+        to.sll_ifindex = int(v.ifindex);
+        to.sll_protocol = proto;
+        to.sll_halen = ETH_ALEN;
+        std::memcpy(to.sll_addr, f.data(), l2 ? ETH_ALEN : 0);
+        const uint8_t* data = f.data() + (l2 ? 0 : v.l3_off);
+        size_t n = f.size() - (l2 ? 0 : v.l3_off);
+        if (sendto(s.get(), data, n, 0, reinterpret_cast<sockaddr*>(&to), sizeof to) !=
+            ssize_t(n))
+            fail("set_backup: sending MP_PRIO on ifindex " + std::to_string(v.ifindex));
+        return;
+    }
+    // XDP or TC ingress: as if received on that interface.
+    if (v.l3_off != ETH_HLEN) throw Error("set_backup: ingress template without Ethernet");
+    static Fd prog = xdp_pass_prog();
+    xdp_md ctx{};
+    ctx.data_end = uint32_t(f.size());
+    ctx.ingress_ifindex = v.ifindex;
+    LIBBPF_OPTS(bpf_test_run_opts, opts, .data_in = f.data(), .data_size_in = uint32_t(f.size()),
+                .ctx_in = &ctx, .ctx_size_in = sizeof ctx, .repeat = 1,
+                .flags = BPF_F_TEST_XDP_LIVE_FRAMES);
+    if (bpf_prog_test_run_opts(prog.get(), &opts) != 0)
+        fail("set_backup: injecting MP_PRIO on ifindex " + std::to_string(v.ifindex));
+}
+
+int ActorMaps::signal_prio(uint16_t pc, bool backup, uint64_t min_idle_ns) {
+    int sent = 0;
+    const uint64_t now = monotonic_ns();
+    for (const PrioTemplate& t : prio_templates()) {
+        if (t.value.pc != pc || now - t.value.ns < min_idle_ns) continue;
+        const unsigned d = t.key.dir & 1;
+        auto ps = prio_sent(t.key.flow);
+        if (ps && ps->sent[d] == (backup ? 2 : 1)) continue;
+        send_prio(t, backup);
+        mps_prio_sent v = ps.value_or(mps_prio_sent{});
+        v.sent[d] = backup ? 2 : 1;
+        v.ns[d] = monotonic_ns();
+        if (bpf_map_update_elem(prio_.get(), &t.key.flow, &v, BPF_ANY))
+            fail("set_backup: recording the signal");
+        sent++;
+    }
+    return sent;
+}
 
 }  // namespace mpsteer::datapath

@@ -7,6 +7,7 @@
 // the same calls whichever owns the maps.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -15,6 +16,34 @@
 #include "datapath/datapath.h"
 
 namespace mpsteer::datapath {
+
+// set_backup's packet templates (bpf/rewrite.bpf.h, map "prio_tmpl"): mirrored here until
+// abi.h carries them; layouts checked in actors.cpp.
+constexpr size_t kPrioTmplHdr = 128;
+struct mps_prio_tmpl_key {
+    mps_flow_key flow;
+    uint8_t dir;  // 0: from a to b
+    uint8_t pad[3];
+};
+struct mps_prio_tmpl {
+    uint64_t ns;
+    uint32_t ifindex;
+    uint16_t pc;
+    uint8_t hook, family;
+    uint16_t l3_off, l4_off, len, next;
+    uint8_t hdr[kPrioTmplHdr];
+};
+
+struct PrioTemplate {
+    mps_prio_tmpl_key key{};
+    mps_prio_tmpl value{};
+};
+
+// The pure ACK that follows the template's packet on its subflow (seq + payload, same ack,
+// window and timestamps, same L2 header), options NOP NOP TS (when the template had
+// timestamps) + NOP + MP_PRIO(backup), IP and TCP checksums complete. Empty when the
+// template is not a well-formed TCP/IP header.
+std::vector<uint8_t> prio_frame(const mps_prio_tmpl& t, bool backup);
 
 struct Announcement {
     mps_announce_key key{};
@@ -53,8 +82,28 @@ public:
     std::optional<mps_prio_sent> prio_sent(const mps_flow_key& k) const;
     void forget_prio(const mps_flow_key& k);
 
+    // B=0 (or B=1) on subflows that carry no pure ACK any more. set_backup signals by growing
+    // pure ACKs; once B=1 moved the data off a subflow it is idle both ways and nothing would
+    // carry a later B=0 (Linux ignores MP_PRIO with an address id, and applies MP_PRIO to the
+    // subflow it arrives on, so a sibling subflow cannot carry it either). The actor keeps the
+    // headers of the latest ACK of every subflow direction it sees; for each one seen by the
+    // set_backup step `pc`, whose last signal differs from `backup` and which has been quiet
+    // for at least `min_idle_ns`, this sends prio_frame() where that packet was going:
+    //  - egress hooks: an AF_PACKET socket on that interface (the frame passes the tc egress
+    //    hook, where set_backup leaves a packet that has MP_PRIO alone, and packet taps);
+    //  - ingress hooks: BPF_PROG_TEST_RUN of a two-instruction XDP_PASS program with
+    //    BPF_F_TEST_XDP_LIVE_FRAMES, i.e. handed to the local stack as received on it;
+    // and records the signal in prio_sent, so the datapath does not signal it again.
+    // Sockets and ifindexes are those of the calling thread's network namespace (the one the
+    // generation is attached in). Returns the number of frames sent; throws on a send error.
+    // Needs the template map: ActorMaps::of(Generation) (not yet pinned with StateMaps).
+    int signal_prio(uint16_t pc, bool backup, uint64_t min_idle_ns = 0);
+    std::vector<PrioTemplate> prio_templates() const;
+    // Sends one frame as signal_prio does for that template (no prio_sent update).
+    void send_prio(const PrioTemplate& t, bool backup) const;
+
 private:
-    Fd announces_, requests_, prio_;
+    Fd announces_, requests_, prio_, tmpl_;  // tmpl_ may be empty
 };
 
 }  // namespace mpsteer::datapath

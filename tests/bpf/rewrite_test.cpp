@@ -348,6 +348,99 @@ TEST_CASE("rewrite: set_backup appends MP_PRIO to pure ACKs, once per subflow an
     }
 }
 
+TEST_CASE("rewrite: set_backup keeps a template of each subflow direction's latest ACK and "
+          "builds the pure ACK that carries MP_PRIO on an idle subflow",
+          "[bpf][rewrite][set_backup]")
+{
+    for (bool v6 : {false, true}) {
+        for (Hook h : kHooks) {
+            INFO((v6 ? "IPv6" : "IPv4") << " via " << name_of(h));
+            Env env(chain_of({backup_step(true)}));
+            auto maps = dp::ActorMaps::of(env.generation());
+            auto dss = mptcp::dss(mptcp::Dss{}.ack(0x0102030405060708ull));
+            // A data segment (no MP_PRIO for it), then a FIN: the template follows the latest.
+            Packet data = from_server(v6).seq(1000).option(ts_opt(77, 88)).option(dss).payload(100);
+            Bytes f = data.build();
+            CHECK(env.run(h, f).out == f);
+            auto tmpls = maps.prio_templates();
+            REQUIRE(tmpls.size() == 1);
+            bool from_a = false;
+            { auto fk = flow_key_of(data, &from_a); CHECK(std::memcmp(&tmpls[0].key.flow, &fk, sizeof fk) == 0); }
+            CHECK(tmpls[0].key.dir == (from_a ? 0 : 1));
+            const auto& t = tmpls[0].value;
+            CHECK(t.pc == 0);
+            CHECK(t.hook == uint8_t(h == Hook::xdp ? MPS_HOOK_XDP : MPS_HOOK_TC_EGRESS));
+            CHECK(t.family == (v6 ? 6 : 4));
+            CHECK(t.next == 100);
+            CHECK(t.len == f.size() - 100);
+            CHECK(t.ns > 0);
+            // The follower: seq + 100, ACK only, NOP NOP TS (the template's) + NOP + MP_PRIO.
+            auto follower = [&](uint32_t seq, bool b) {
+                return from_server(v6).seq(seq).option(ts_opt(77, 88)).option(opt::nop())
+                    .option(mptcp::mp_prio(b)).build();
+            };
+            Bytes b0 = dp::prio_frame(t, false);
+            if (b0 != follower(1100, false))
+                FAIL_CHECK("frame differs\n" << describe_frame(b0, follower(1100, false)));
+            CHECK(checksum_errors(b0) == "");
+            CHECK(dp::prio_frame(t, true) == follower(1100, true));
+            // A FIN counts one sequence number; a pure ACK none.
+            Packet fin = from_server(v6).seq(1100).flags(tcpf::FIN | tcpf::ACK).option(ts_opt(78, 88));
+            env.run(h, fin.build());
+            CHECK(dp::prio_frame(maps.prio_templates().at(0).value, false) ==
+                  from_server(v6).seq(1101).option(ts_opt(78, 88)).option(opt::nop())
+                      .option(mptcp::mp_prio(false)).build());
+            // Without timestamps: NOP + MP_PRIO only. The other direction has its own template.
+            Packet rev = from_server(v6).reversed().seq(9).ack(1101);
+            env.run(h, rev.build());
+            tmpls = maps.prio_templates();
+            REQUIRE(tmpls.size() == 2);
+            for (const auto& x : tmpls)
+                if (x.key.dir != (from_a ? 0 : 1)) {
+                    Bytes want = from_server(v6).reversed().seq(9).ack(1101).option(opt::nop())
+                        .option(mptcp::mp_prio(false)).build();
+                    Bytes got = dp::prio_frame(x.value, false);
+                    if (got != want)
+                        FAIL_CHECK("frame differs\n" << describe_frame(got, want));
+                    CHECK(checksum_errors(got) == "");
+                }
+            // An unusable template builds nothing.
+            dp::mps_prio_tmpl bad = t;
+            bad.len = 10;
+            CHECK(dp::prio_frame(bad, false).empty());
+        }
+    }
+}
+
+TEST_CASE("rewrite: set_backup signal_prio sends MP_PRIO from the templates once, and records it",
+          "[bpf][rewrite][set_backup]")
+{
+    in_private_netns([] {
+        for (Hook h : kHooks) {
+            INFO(name_of(h));
+            Env env(chain_of({backup_step(true)}));
+            auto maps = dp::ActorMaps::of(env.generation());
+            Packet ack = from_server(false).option(ts_opt());
+            Bytes f = ack.build();
+            env.run(h, f);  // B=1 inserted, template kept
+            auto k = flow_key_of(ack);
+            REQUIRE(maps.prio_sent(k));
+            CHECK(maps.signal_prio(0, true) == 0);  // B=1 already signalled
+            CHECK(maps.signal_prio(1, false) == 0); // another step saw nothing
+            // lo of the private namespace: AF_PACKET (TC egress) or a live XDP frame (XDP).
+            CHECK(maps.signal_prio(0, false) == 1);
+            bool from_a = false;
+            flow_key_of(ack, &from_a);
+            CHECK(maps.prio_sent(k)->sent[from_a ? 0 : 1] == 1);
+            CHECK(maps.signal_prio(0, false) == 0);
+            CHECK(maps.signal_prio(0, false, 3600ull * 1000000000ull) == 0);
+            // Idle filter: a template younger than min_idle is left to the datapath.
+            CHECK(maps.signal_prio(0, true, 3600ull * 1000000000ull) == 0);
+            CHECK(maps.signal_prio(0, true) == 1);
+        }
+    });
+}
+
 TEST_CASE("rewrite: no_subflows sets the MP_CAPABLE C flag on SYN and SYN/ACK only",
           "[bpf][rewrite][no_subflows]")
 {
