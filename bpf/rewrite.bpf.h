@@ -5,7 +5,7 @@
  * and the ACTOR() macro. Each ACTOR(act_<name>, expr) here defines act_<name>_xdp and
  * act_<name>_tc; the loader puts them in the prog-array slot of their enum mps_prog value.
  *
- * Mechanisms (the why is in NOTES-rewrite.md):
+ * Mechanisms (the why is in bpf/ACTORS.md):
  * - blk_subflow invalidates the ADD_ADDR's HMAC (one byte) instead of removing the option:
  *   the receiver drops the announcement silently and still sees an MPTCP option, so a
  *   connection whose first post-handshake option was that ADD_ADDR does not fall back to
