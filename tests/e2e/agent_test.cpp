@@ -225,7 +225,15 @@ TEST_CASE("agent: 200 revisions (valid and invalid) under a live 500 MB MPTCP tr
     CHECK(s.value("applied_revision", "") == last_valid);
     CHECK(missed(s) == 0);
     CHECK(policy_missed(s) == 0);
-    CHECK(s["datapath"].value("packets", uint64_t{0}) > 0);
+    // A revision may hold no policy at all (random sets of 0..7): then no hook has a chain and
+    // nothing is counted. Otherwise the running generation counts the live transfer.
+    if (!s["policies"].empty()) {
+        for (int i = 0; i < 5 && s["datapath"].value("packets", uint64_t{0}) == 0; ++i) {
+            std::this_thread::sleep_for(1s);
+            s = h.status();
+        }
+        CHECK(s["datapath"].value("packets", uint64_t{0}) > 0);
+    }
     // At most the current and the previous generation stay pinned.
     CHECK(count_dir(h.pin_root() + "/gen") <= 2);
 
