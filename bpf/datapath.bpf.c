@@ -986,17 +986,19 @@ static __always_inline int entry(void *ctx, bool xdp, __u8 hook, __u32 ifindex)
 
 	__u32 h = hook;
 	struct mps_entry *e = bpf_map_lookup_elem(&entries, &h);
-	if (!e || e->pc == MPS_PC_END)
+	if (!e)
 		return PASS(xdp);
+	/* With per-interface chains the default pc is often END (every policy names its
+	 * interfaces): look the interface up before giving up. */
 	__u32 first = e->pc;
 	if (e->flags & MPS_ENTRYF_PER_IFACE) {
 		struct mps_iface_key ik = {.ifindex = ifindex, .hook = hook};
 		__u16 *p = bpf_map_lookup_elem(&iface_entries, &ik);
 		if (p)
 			first = *p;
-		if (first == MPS_PC_END)
-			return PASS(xdp);
 	}
+	if (first == MPS_PC_END)
+		return PASS(xdp);
 	gen_count(MPS_GC_PACKETS);
 
 	if (xdp) {
