@@ -250,7 +250,7 @@ TEST_CASE("agent: 200 revisions (valid and invalid) under a live 500 MB MPTCP tr
     check_transfer(t, kBytes);
 }
 
-TEST_CASE("agent: kill -9 at random points of an apply, 20 times; every restart converges",
+TEST_CASE("agent: kill -9 at random points of an apply, 20 times, every restart converges",
           "[e2e][agent]") {
     const int kKills = env_int("MPSTEER_AGENT_KILLS", 20);
     Lab lab(config("ak"));
