@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 /*
- * The mpsteer datapath: entry programs for XDP ingress, TC egress and TC ingress, and one
- * program per selector and actor (an XDP and a TC variant of one shared body). A chain is a
- * walk through the step table: every program reads step[pc], does its work and tail-calls
- * the program in slot `next` of the generation's prog_array (slots are indexed by pc).
- * The chain format, map layouts and counters are described in bpf/README.md.
+ * The mpsteer datapath: entry programs for XDP ingress, TC egress and TC ingress, the chain
+ * interpreter, and one program per selector and actor that needs its own (an XDP and a TC
+ * variant of one shared body). Loaded once; a generation is the contents of one of the two
+ * table slots, and switching generations flips `mps_slots.active`. The chain format, maps, counters
+ * and the switch protocol are described in bpf/README.md.
  */
 #include <linux/bpf.h>
 #include <linux/pkt_cls.h>
@@ -19,25 +19,20 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 static const struct mps_flow zero_flow;
 
-/* ---- per-generation maps ---------------------------------------------------------------- */
+/* ---- generations: two table slots ------------------------------------------------------ */
 
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, MPS_MAX_STEPS);
-	__type(key, __u32);
-	__type(value, struct mps_step);
-} steps SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, MPS_HOOK_MAX);
-	__type(key, __u32);
-	__type(value, struct mps_entry);
-} entries SEC(".maps");
+/*
+ * The agent writes a generation into the slot no packet uses (through the mmapped .bss), flips
+ * mps_slots.active, and waits for an RCU grace period before it writes the old slot again. A packet
+ * reads mps_slots.active once, in its entry program, and carries the slot in its context
+ * (MPS_CTXF_SLOT1), so it runs one generation from start to end. The preflight entries run
+ * the slot in mps_slots.staged: the agent tests a generation before any packet can see it.
+ */
+struct mps_slots mps_slots;
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 256);
+	__uint(max_entries, 512);
 	__type(key, struct mps_iface_key);
 	__type(value, __u16);
 } iface_entries SEC(".maps");
@@ -59,14 +54,14 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, MPS_MAX_STEPS);
+	__uint(max_entries, MPS_SLOTS * MPS_MAX_STEPS);
 	__type(key, __u32);
 	__type(value, struct mps_step_counters);
 } step_counters SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, MPS_GC_MAX);
+	__uint(max_entries, MPS_SLOTS * MPS_GC_MAX);
 	__type(key, __u32);
 	__type(value, __u64);
 } gen_counters SEC(".maps");
@@ -149,11 +144,22 @@ static __always_inline int pctx_store(void *ctx, bool xdp, const struct mps_pkt_
 	return 0;
 }
 
-static __always_inline void gen_count(__u32 which)
+static __always_inline __u32 ctx_slot(const struct mps_pkt_ctx *pc)
 {
-	__u64 *c = bpf_map_lookup_elem(&gen_counters, &which);
+	return (pc->flags / MPS_CTXF_SLOT1) & 1;
+}
+
+static __always_inline void gen_count_slot(__u32 slot, __u32 which)
+{
+	__u32 i = slot * MPS_GC_MAX + which;
+	__u64 *c = bpf_map_lookup_elem(&gen_counters, &i);
 	if (c)
 		*c += 1;
+}
+
+static __always_inline void gen_count(const struct mps_pkt_ctx *pc, __u32 which)
+{
+	gen_count_slot(ctx_slot(pc), which);
 }
 
 /* The TCP header of the packet described by pc, re-derived from the offsets. */
@@ -644,7 +650,7 @@ static __always_inline struct mps_event *event_new(__u32 type, const struct mps_
 {
 	struct mps_event *ev = bpf_ringbuf_reserve(&events, sizeof(*ev), 0);
 	if (!ev) {
-		gen_count(MPS_GC_EVENTS_LOST);
+		gen_count(pc, MPS_GC_EVENTS_LOST);
 		return NULL;
 	}
 	__builtin_memset(ev, 0, sizeof(*ev));
@@ -798,14 +804,16 @@ static __always_inline int act_rate_limit(void *ctx, bool xdp, struct mps_pkt_ct
  * index is an indirect jump, ~13 ns behind a retpoline, against ~1 ns (see bpf/README.md).
  * The actor then tail-calls the interpreter (slot 0) to continue at its on_match step.
  */
-static __always_inline const struct mps_step *load_step(__u32 pc)
+static __always_inline const struct mps_step *load_step(const struct mps_pkt_ctx *pc)
 {
-	return bpf_map_lookup_elem(&steps, &pc);
+	return &mps_slots.tables[ctx_slot(pc)].steps[pc->pc & (MPS_MAX_STEPS - 1)];
 }
 
-static __always_inline void step_count(__u32 pc, bool matched, bool dropped)
+static __always_inline void step_count(const struct mps_pkt_ctx *pc, __u32 at, bool matched,
+				       bool dropped)
 {
-	struct mps_step_counters *c = bpf_map_lookup_elem(&step_counters, &pc);
+	__u32 i = ctx_slot(pc) * MPS_MAX_STEPS + at;
+	struct mps_step_counters *c = bpf_map_lookup_elem(&step_counters, &i);
 	if (!c)
 		return;
 	c->runs++;
@@ -815,10 +823,12 @@ static __always_inline void step_count(__u32 pc, bool matched, bool dropped)
 		c->drops++;
 }
 
-static __always_inline int missed_tail_call(__u32 pc, __u8 step_flags, bool xdp)
+static __always_inline int missed_tail_call(const struct mps_pkt_ctx *pc, __u32 at,
+					    __u8 step_flags, bool xdp)
 {
-	gen_count(MPS_GC_MISSED_TAIL_CALL);
-	struct mps_step_counters *c = bpf_map_lookup_elem(&step_counters, &pc);
+	gen_count(pc, MPS_GC_MISSED_TAIL_CALL);
+	__u32 i = ctx_slot(pc) * MPS_MAX_STEPS + at;
+	struct mps_step_counters *c = bpf_map_lookup_elem(&step_counters, &i);
 	if (c)
 		c->missed_tail_calls++;
 	return (step_flags & MPS_STEPF_FAIL_DROP) ? DROP(xdp) : PASS(xdp);
@@ -841,7 +851,7 @@ static __always_inline int hand_over(void *ctx, bool xdp, struct mps_pkt_ctx *pc
 		struct xdp_md *x = ctx;
 		if ((void *)(long)x->data_meta + sizeof(struct mps_pkt_ctx) >
 		    (void *)(long)x->data) {
-			gen_count(MPS_GC_NO_META);
+			gen_count(pc, MPS_GC_NO_META);
 			return -1;
 		}
 	}
@@ -856,19 +866,17 @@ static __always_inline int call_prog(void *ctx, bool xdp, struct mps_pkt_ctx *pc
 				     bool more)
 {
 	__u32 at = pc->pc;
-	const struct mps_step *st = load_step(at);
-	if (!st)
-		return PASS(xdp);
+	const struct mps_step *st = load_step(pc);
 	__u8 flags = st->flags;
 	if (more && pc->hops >= MPS_MAX_CHAIN) {
-		gen_count(MPS_GC_CHAIN_TOO_LONG);
+		gen_count(pc, MPS_GC_CHAIN_TOO_LONG);
 		return PASS(xdp);
 	}
 	if (hand_over(ctx, xdp, pc, meta_ready))
 		return PASS(xdp);
 	if (more) {
 		TAIL(ctx, xdp, MPS_PROG_NONE);
-		return missed_tail_call(at, flags, xdp);
+		return missed_tail_call(pc, at, flags, xdp);
 	}
 	switch (st->prog) {
 	case MPS_SEL_TOKEN: TAIL(ctx, xdp, MPS_SEL_TOKEN); break;
@@ -885,7 +893,7 @@ static __always_inline int call_prog(void *ctx, bool xdp, struct mps_pkt_ctx *pc
 	case MPS_ACT_REDIRECT: TAIL(ctx, xdp, MPS_ACT_REDIRECT); break;
 	default: break;
 	}
-	return missed_tail_call(at, flags, xdp);
+	return missed_tail_call(pc, at, flags, xdp);
 }
 
 /*
@@ -910,9 +918,7 @@ static __always_inline int walk(void *ctx, bool xdp, struct mps_pkt_ctx *pc, con
 		__u32 at = pc->pc;
 		if (at == MPS_PC_END)
 			return WALK_PASS;
-		const struct mps_step *st = load_step(at);
-		if (!st)
-			return WALK_PASS;
+		const struct mps_step *st = load_step(pc);
 		__u64 m;
 		switch (st->prog) {
 		case MPS_SEL_SUBFLOW: m = m_pair(t, pc->family, &st->p.pair, true); break;
@@ -926,10 +932,10 @@ static __always_inline int walk(void *ctx, bool xdp, struct mps_pkt_ctx *pc, con
 			m = is_zero(pc->kinds & st->p.kinds.any_of) ^ 1;
 			break;
 		case MPS_ACT_PASS:
-			step_count(at, true, false);
+			step_count(pc, at, true, false);
 			return WALK_PASS;
 		case MPS_ACT_DROP:
-			step_count(at, true, true);
+			step_count(pc, at, true, true);
 			return WALK_DROP;
 		default:
 			return WALK_PROG;
@@ -972,34 +978,33 @@ static __always_inline int run_chain(void *ctx, bool xdp, struct mps_pkt_ctx *pc
 	case WALK_MORE:
 		return call_prog(ctx, xdp, pc, meta_ready, true);
 	case WALK_MALFORMED:
-		gen_count(MPS_GC_MALFORMED);
+		gen_count(pc, MPS_GC_MALFORMED);
 		return PASS(xdp);
 	default:
 		return PASS(xdp);
 	}
 }
 
-static __always_inline int entry(void *ctx, bool xdp, __u8 hook, __u32 ifindex)
+static __always_inline int entry(void *ctx, bool xdp, __u8 hook, __u32 ifindex, bool preflight)
 {
 	struct mps_pkt_ctx pc = {};
 	__u32 pkt_len;
 
-	__u32 h = hook;
-	struct mps_entry *e = bpf_map_lookup_elem(&entries, &h);
-	if (!e)
-		return PASS(xdp);
+	__u32 slot = (preflight ? *(volatile __u32 *)&mps_slots.staged
+				: *(volatile __u32 *)&mps_slots.active) & 1;
+	const struct mps_entry *e = &mps_slots.tables[slot].entries[hook];
 	/* With per-interface chains the default pc is often END (every policy names its
 	 * interfaces): look the interface up before giving up. */
 	__u32 first = e->pc;
 	if (e->flags & MPS_ENTRYF_PER_IFACE) {
-		struct mps_iface_key ik = {.ifindex = ifindex, .hook = hook};
+		struct mps_iface_key ik = {.ifindex = ifindex, .hook = hook, .slot = slot};
 		__u16 *p = bpf_map_lookup_elem(&iface_entries, &ik);
 		if (p)
 			first = *p;
 	}
 	if (first == MPS_PC_END)
 		return PASS(xdp);
-	gen_count(MPS_GC_PACKETS);
+	gen_count_slot(slot, MPS_GC_PACKETS);
 
 	if (xdp) {
 		pkt_len = ((struct xdp_md *)ctx)->data_end - ((struct xdp_md *)ctx)->data;
@@ -1012,11 +1017,12 @@ static __always_inline int entry(void *ctx, bool xdp, __u8 hook, __u32 ifindex)
 	}
 	int r = parse_packet(ctx_data(ctx, xdp), ctx_end(ctx, xdp), pkt_len, &pc);
 	if (r) {
-		gen_count(r == PARSE_MALFORMED ? MPS_GC_MALFORMED : MPS_GC_NOT_TCP);
+		gen_count_slot(slot, r == PARSE_MALFORMED ? MPS_GC_MALFORMED : MPS_GC_NOT_TCP);
 		return PASS(xdp);
 	}
 	pc.hook = hook;
 	pc.pc = first;
+	pc.flags = slot * MPS_CTXF_SLOT1;
 	/* (Hiding the parsed offsets from the verifier with opaque_u16() here saves only ~8% of
 	 * its work on this program and costs ~3 ns per packet: not done.) */
 	struct tcphdr *tcp = view_tcp(ctx, xdp, &pc);
@@ -1024,7 +1030,7 @@ static __always_inline int entry(void *ctx, bool xdp, __u8 hook, __u32 ifindex)
 		/* SYNs are rare: learning from them is a call (verified once, not per state). */
 		int bad = xdp ? learn_syn_xdp(ctx, &pc) : learn_syn_tc(ctx, &pc);
 		if (bad) { /* a SYN with malformed options */
-			gen_count(MPS_GC_MALFORMED);
+			gen_count(&pc, MPS_GC_MALFORMED);
 			return PASS(xdp);
 		}
 	}
@@ -1034,19 +1040,38 @@ static __always_inline int entry(void *ctx, bool xdp, __u8 hook, __u32 ifindex)
 SEC("xdp")
 int entry_xdp(struct xdp_md *ctx)
 {
-	return entry(ctx, true, MPS_HOOK_XDP, ctx->ingress_ifindex);
+	return entry(ctx, true, MPS_HOOK_XDP, ctx->ingress_ifindex, false);
 }
 
 SEC("tc")
 int entry_tc_egress(struct __sk_buff *skb)
 {
-	return entry(skb, false, MPS_HOOK_TC_EGRESS, skb->ifindex);
+	return entry(skb, false, MPS_HOOK_TC_EGRESS, skb->ifindex, false);
 }
 
 SEC("tc")
 int entry_tc_ingress(struct __sk_buff *skb)
 {
-	return entry(skb, false, MPS_HOOK_TC_INGRESS, skb->ifindex);
+	return entry(skb, false, MPS_HOOK_TC_INGRESS, skb->ifindex, false);
+}
+
+/* The same entries on the staged slot, for the agent's pre-flight (BPF_PROG_TEST_RUN only). */
+SEC("xdp")
+int preflight_xdp(struct xdp_md *ctx)
+{
+	return entry(ctx, true, MPS_HOOK_XDP, ctx->ingress_ifindex, true);
+}
+
+SEC("tc")
+int preflight_tc_egress(struct __sk_buff *skb)
+{
+	return entry(skb, false, MPS_HOOK_TC_EGRESS, skb->ifindex, true);
+}
+
+SEC("tc")
+int preflight_tc_ingress(struct __sk_buff *skb)
+{
+	return entry(skb, false, MPS_HOOK_TC_INGRESS, skb->ifindex, true);
 }
 
 /* Slot 0: where actors come back to continue the chain. */
@@ -1077,15 +1102,13 @@ int interp_tc(struct __sk_buff *ctx)
 		struct mps_pkt_ctx pc;                                                         \
 		if (pctx_load(ctx, xdp, &pc))                                                  \
 			return PASS(xdp);                                                      \
-		const struct mps_step *st = load_step(pc.pc);                                  \
-		if (!st)                                                                       \
-			return PASS(xdp);                                                      \
+		const struct mps_step *st = load_step(&pc);                                    \
 		int m = (expr);                                                                \
 		if (m < 0) {                                                                   \
-			gen_count(MPS_GC_MALFORMED);                                           \
+			gen_count(&pc, MPS_GC_MALFORMED);                                      \
 			return PASS(xdp);                                                      \
 		}                                                                              \
-		step_count(pc.pc, m, false);                                                   \
+		step_count(&pc, pc.pc, m, false);                                              \
 		__u32 at = pc.pc;                                                              \
 		pc.pc = m ? st->on_match : st->on_miss;                                        \
 		if (pc.pc == MPS_PC_END)                                                       \
@@ -1093,7 +1116,7 @@ int interp_tc(struct __sk_buff *ctx)
 		if (pctx_store(ctx, xdp, &pc))                                                 \
 			return PASS(xdp);                                                      \
 		TAIL(ctx, xdp, MPS_PROG_NONE);                                                 \
-		return missed_tail_call(at, st->flags, xdp);                                   \
+		return missed_tail_call(&pc, at, st->flags, xdp);                              \
 	}                                                                                      \
 	SEC("xdp") int name##_xdp(struct xdp_md *ctx) { return name##_body(ctx, true); }       \
 	SEC("tc") int name##_tc(struct __sk_buff *ctx) { return name##_body(ctx, false); }
@@ -1108,15 +1131,13 @@ SELECTOR(sel_flow_bytes, sel_flow_bytes(ctx, xdp, &pc, st))
 		struct mps_pkt_ctx pc;                                                         \
 		if (pctx_load(ctx, xdp, &pc))                                                  \
 			return PASS(xdp);                                                      \
-		const struct mps_step *st = load_step(pc.pc);                                  \
-		if (!st)                                                                       \
-			return PASS(xdp);                                                      \
+		const struct mps_step *st = load_step(&pc);                                    \
 		int r = (expr);                                                                \
 		if (r < 0) {                                                                   \
-			gen_count(MPS_GC_MALFORMED);                                           \
+			gen_count(&pc, MPS_GC_MALFORMED);                                      \
 			return PASS(xdp);                                                      \
 		}                                                                              \
-		step_count(pc.pc, r > 0, false);                                               \
+		step_count(&pc, pc.pc, r > 0, false);                                          \
 		__u32 at = pc.pc;                                                              \
 		pc.pc = st->on_match;                                                          \
 		if (pc.pc == MPS_PC_END)                                                       \
@@ -1124,7 +1145,7 @@ SELECTOR(sel_flow_bytes, sel_flow_bytes(ctx, xdp, &pc, st))
 		if (pctx_store(ctx, xdp, &pc))                                                 \
 			return PASS(xdp);                                                      \
 		TAIL(ctx, xdp, MPS_PROG_NONE);                                                 \
-		return missed_tail_call(at, st->flags, xdp);                                   \
+		return missed_tail_call(&pc, at, st->flags, xdp);                              \
 	}                                                                                      \
 	SEC("xdp") int name##_xdp(struct xdp_md *ctx) { return name##_body(ctx, true); }       \
 	SEC("tc") int name##_tc(struct __sk_buff *ctx) { return name##_body(ctx, false); }

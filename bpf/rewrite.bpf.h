@@ -682,9 +682,7 @@ static __always_inline int act_add_subflow_body(void *ctx, bool xdp)
 	struct mps_pkt_ctx pc;
 	if (pctx_load(ctx, xdp, &pc))
 		return PASS(xdp);
-	const struct mps_step *st = load_step(pc.pc);
-	if (!st)
-		return PASS(xdp);
+	const struct mps_step *st = load_step(&pc);
 	__u32 at = pc.pc;
 	int r = 0;
 	if (!xdp) {
@@ -697,24 +695,24 @@ static __always_inline int act_add_subflow_body(void *ctx, bool xdp)
 		if ((mark & MPS_MARK_MASK) == MPS_MARK_COPY) {
 			r = make_carrier(skb, &pc, mark & 0xff);
 			if (r < 0)
-				gen_count(MPS_GC_MALFORMED);
-			step_count(at, r > 0, true);
+				gen_count(&pc, MPS_GC_MALFORMED);
+			step_count(&pc, at, r > 0, true);
 			return TC_ACT_SHOT;
 		}
 		r = add_subflow_trigger(skb, &pc);
 		if (r < 0) {
-			gen_count(MPS_GC_MALFORMED);
+			gen_count(&pc, MPS_GC_MALFORMED);
 			return PASS(xdp);
 		}
 	}
-	step_count(at, false, false);
+	step_count(&pc, at, false, false);
 	pc.pc = st->on_match;
 	if (pc.pc == MPS_PC_END)
 		return PASS(xdp);
 	if (pctx_store(ctx, xdp, &pc))
 		return PASS(xdp);
 	TAIL(ctx, xdp, MPS_PROG_NONE);
-	return missed_tail_call(at, st->flags, xdp);
+	return missed_tail_call(&pc, at, st->flags, xdp);
 }
 
 SEC("xdp") int act_add_subflow_xdp(struct xdp_md *ctx) { return act_add_subflow_body(ctx, true); }
@@ -790,29 +788,27 @@ static __always_inline int act_redirect_body(void *ctx, bool xdp)
 	struct mps_pkt_ctx pc;
 	if (pctx_load(ctx, xdp, &pc))
 		return PASS(xdp);
-	const struct mps_step *st = load_step(pc.pc);
-	if (!st)
-		return PASS(xdp);
+	const struct mps_step *st = load_step(&pc);
 	__u32 at = pc.pc;
 	__u32 ifindex = st->p.redirect.ifindex;
 	if (ifindex) {
 		if (!xdp) {
-			step_count(at, true, false);
+			step_count(&pc, at, true, false);
 			return bpf_redirect_neigh(ifindex, NULL, 0, 0);
 		}
 		if (xdp_prepare_redirect(ctx, &pc, ifindex)) {
-			step_count(at, true, false);
+			step_count(&pc, at, true, false);
 			return bpf_redirect(ifindex, 0);
 		}
 	}
-	step_count(at, false, false);
+	step_count(&pc, at, false, false);
 	pc.pc = st->on_match;
 	if (pc.pc == MPS_PC_END)
 		return PASS(xdp);
 	if (pctx_store(ctx, xdp, &pc))
 		return PASS(xdp);
 	TAIL(ctx, xdp, MPS_PROG_NONE);
-	return missed_tail_call(at, st->flags, xdp);
+	return missed_tail_call(&pc, at, st->flags, xdp);
 }
 
 SEC("xdp") int act_redirect_xdp(struct xdp_md *ctx) { return act_redirect_body(ctx, true); }

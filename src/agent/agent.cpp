@@ -171,7 +171,10 @@ public:
     int run();
 
 private:
-    std::string gen_dir(uint32_t n) const { return cfg_.pin_root + "/gen/" + std::to_string(n); }
+    // The loaded programs and the generation slots, per build of the BPF object.
+    std::string dp_dir(const std::string& id = datapath::Datapath::object_id()) const {
+        return cfg_.pin_root + "/dp/" + id;
+    }
     std::string link_dir() const { return cfg_.pin_root + "/links"; }
     std::string gen_state_path() const { return cfg_.state_dir + "/state/generation.json"; }
 
@@ -186,12 +189,14 @@ private:
                                     const std::set<std::string>& present) const;
     std::map<std::string, PolicyCounters> policy_counters(const Generation& g) const;
     void retire(std::unique_ptr<Generation>& g);
-    void remove_stale_generations();
+    void remove_stale_datapaths();
     void on_event(const datapath::Event& ev);
     void write_status();
 
     Config cfg_;
     datapath::StateMaps state_;
+    std::shared_ptr<datapath::Datapath> dp_;  // loaded (or adopted) once per process
+    // current_ runs; previous_ is the rollback target in the other slot until the next apply.
     std::unique_ptr<Generation> current_, previous_;
     std::map<LinkKey, std::unique_ptr<HookLink>> links_;
     std::set<std::string> built_with_ifaces_;  // interfaces present when current_ was built
@@ -217,20 +222,34 @@ void Agent::adopt_previous() {
     nlohmann::json g;
     try {
         in >> g;
+        next_gen_ = g.at("number").get<uint32_t>() + 1;
+    } catch (const std::exception& e) {
+        spdlog::warn("ignoring {} ({})", gen_state_path(), e.what());
+        return;
+    }
+    // The generation: only from pins of this very BPF object (an upgrade loads anew).
+    try {
         auto model = compile::read_applied(applied_path(cfg_.state_dir));
-        uint32_t n = g.at("number");
-        next_gen_ = n + 1;
-        if (!model) return;
-        current_ = Generation::adopt(gen_dir(n), model->chains, n);
-        applied_id_ = g.at("revision");
-        applied_content_ = g.at("content");
-        for (const auto& d : g.at("interfaces")) built_with_ifaces_.insert(d.get<std::string>());
+        const uint32_t n = g.at("number");
+        if (model && g.value("datapath", "") == datapath::Datapath::object_id()) {
+            dp_ = datapath::Datapath::adopt(dp_dir());
+            current_ = Generation::adopt(dp_, g.at("slot"), model->chains, n);
+            // Killed between the flip and this record: go back to what the record says (that
+            // slot is intact; the flip's revision is applied again below).
+            if (!current_->active()) current_->activate();
+            applied_id_ = g.at("revision");
+            applied_content_ = g.at("content");
+            for (const auto& d : g.at("interfaces"))
+                built_with_ifaces_.insert(d.get<std::string>());
+        }
     } catch (const std::exception& e) {
         spdlog::warn("not adopting the previous generation ({}); building a new one", e.what());
         current_.reset();
+        dp_.reset();
         applied_content_.clear();
-        return;
     }
+    // Links always: they hold the hooks, which a new attach could not take. Without an adopted
+    // datapath the first apply moves them onto a new one.
     std::error_code ec;
     for (const auto& entry : fs::directory_iterator(link_dir(), ec)) {
         auto name = entry.path().filename().string();
@@ -241,16 +260,17 @@ void Agent::adopt_previous() {
         LinkKey key{name.substr(0, at), *hook};
         try {
             links_[key] = HookLink::adopt(entry.path(), key.ifname, key.hook,
-                                          current_->entry_fd(key.hook));
+                                          dp_ ? dp_->entry_fd(key.hook) : -1);
         } catch (const std::exception& e) {
             spdlog::warn("link {}: {}", name, e.what());
         }
     }
-    // A crash mid-switch can leave links on a newer, unrecorded generation: the first
-    // switch after a restart does not insist on the program it expects to replace.
+    // A link may run programs we did not adopt: the first switch does not insist on the
+    // program it expects to replace.
     recovering_ = true;
-    spdlog::info("adopted generation {} (revision {}) with {} links", current_->number(),
-                 applied_id_, links_.size());
+    if (current_)
+        spdlog::info("adopted generation {} (revision {}) with {} links", current_->number(),
+                     applied_id_, links_.size());
 }
 
 // Drains the inotify queue; true when something that matters changed. In the state
@@ -380,7 +400,7 @@ void Agent::preflight(const Generation& g) {
     auto frame = datapath::mptcp_data_frame(spec);
     const auto before = g.gen_counters().values[MPS_GC_MISSED_TAIL_CALL];
     for (Hook h : {Hook::xdp, Hook::tc_egress, Hook::tc_ingress}) {
-        auto r = datapath::test_run(g.entry_fd(h), frame, h == Hook::xdp);
+        auto r = datapath::test_run(g.preflight_fd(h), frame, h == Hook::xdp);
         bool ok = h == Hook::xdp ? (r.retval <= 4) : (r.retval == uint32_t(-1) || r.retval <= 7);
         if (!ok)
             throw datapath::Error("pre-flight: " + std::string(datapath::to_string(h)) +
@@ -439,25 +459,36 @@ void Agent::apply(const Revision& rev) {
     std::unique_ptr<Generation> gen;
     const uint32_t n = next_gen_++;
     try {
-        gen = Generation::build(chains, n, state_);
+        if (!dp_) {  // once per process (verifying every program takes about a second)
+            auto dp = datapath::Datapath::load(state_);
+            fs::remove_all(dp_dir());
+            dp->pin(dp_dir());
+            dp_ = std::move(dp);
+        }
+        // The slot to write is the previous generation's: count it out first.
+        retire(previous_);
+        gen = Generation::stage(dp_, chains, n);
         preflight(*gen);
-        fs::remove_all(gen_dir(n));
-        gen->pin(gen_dir(n));
     } catch (const std::exception& e) {
         errors_.push_back(e.what());
-        fs::remove_all(gen_dir(n));
         fail("BuildFailed", e.what());
         return;
     }
 
-    // Switch every hook; on any failure put the moved ones back.
-    std::vector<LinkKey> moved, added;
+    // Switch: one store makes every hook of this datapath run the new generation. Then attach
+    // new hooks (and, after an upgrade, move old links onto this datapath); on any failure
+    // flip back and undo.
+    gen->activate();
+    std::vector<std::pair<LinkKey, int>> moved;  // and the program each ran before
+    std::vector<LinkKey> added;
     try {
         for (const auto& key : desired) {
             int fd = gen->entry_fd(key.hook);
             if (auto it = links_.find(key); it != links_.end()) {
+                if (it->second->prog_fd() == fd) continue;
+                int old = it->second->prog_fd();
                 it->second->update(fd, !recovering_);
-                moved.push_back(key);
+                moved.emplace_back(key, old);
             } else {
                 auto link = HookLink::attach(key.ifname, key.hook, fd);
                 link->pin(link_dir() + "/" + key.pin_name());
@@ -468,9 +499,10 @@ void Agent::apply(const Revision& rev) {
             }
         }
     } catch (const std::exception& e) {
-        for (const auto& key : moved)
-            if (current_) try {
-                    links_[key]->update(current_->entry_fd(key.hook), false);
+        if (current_) current_->activate();
+        for (const auto& [key, old] : moved)
+            if (old >= 0) try {
+                    links_[key]->update(old, false);
                 } catch (const std::exception& e2) {
                     spdlog::error("rolling back {}: {}", key.pin_name(), e2.what());
                 }
@@ -478,7 +510,6 @@ void Agent::apply(const Revision& rev) {
             links_[key]->detach();
             links_.erase(key);
         }
-        fs::remove_all(gen_dir(n));
         errors_.push_back(e.what());
         fail("SwitchFailed", e.what());
         return;
@@ -493,9 +524,7 @@ void Agent::apply(const Revision& rev) {
         it = links_.erase(it);
     }
 
-    // Commit: the previous generation stays pinned and loaded as the rollback target, and
-    // so that packets still inside its prog arrays finish there.
-    retire(previous_);
+    // Commit: the previous generation keeps its slot (the rollback target) until the next apply.
     previous_ = std::move(current_);
     current_ = std::move(gen);
     recovering_ = false;
@@ -506,11 +535,13 @@ void Agent::apply(const Revision& rev) {
     model.chains = chains;
     write_atomic(applied_path(cfg_.state_dir), compile::to_json(model).dump(1) + "\n");
     nlohmann::json g = {{"number", n},
+                        {"slot", current_->slot()},
+                        {"datapath", datapath::Datapath::object_id()},
                         {"revision", rev.id},
                         {"content", rev.content},
                         {"interfaces", std::vector<std::string>(present.begin(), present.end())}};
     write_atomic(gen_state_path(), g.dump() + "\n");
-    remove_stale_generations();
+    if (!moved.empty()) remove_stale_datapaths();
     stalled_reason_.clear();
     stalled_message_.clear();
     failed_content_.clear();
@@ -527,14 +558,14 @@ void Agent::retire(std::unique_ptr<Generation>& g) {
     g.reset();
 }
 
-void Agent::remove_stale_generations() {
+// After an upgrade moved every link onto this build's datapath: once no packet can still be
+// inside the old programs, drop their pins (and with them the old prog arrays).
+void Agent::remove_stale_datapaths() {
+    dp_->quiesce(true);
     std::error_code ec;
-    for (const auto& entry : fs::directory_iterator(cfg_.pin_root + "/gen", ec)) {
-        auto name = entry.path().filename().string();
-        bool keep = (current_ && name == std::to_string(current_->number())) ||
-                    (previous_ && name == std::to_string(previous_->number()));
-        if (!keep) fs::remove_all(entry.path(), ec);
-    }
+    for (const auto& entry : fs::directory_iterator(cfg_.pin_root + "/dp", ec))
+        if (entry.path() != dp_dir()) fs::remove_all(entry.path(), ec);
+    fs::remove_all(cfg_.pin_root + "/gen", ec);  // generations pinned by builds before 0.2
 }
 
 std::map<std::string, PolicyCounters> Agent::policy_counters(const Generation& g) const {

@@ -6,7 +6,10 @@
 #include <net/if.h>
 #include <openssl/sha.h>
 #include <spdlog/spdlog.h>
+#include <linux/membarrier.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <unistd.h>
@@ -146,6 +149,220 @@ bool StateMaps::update_flow(const mps_ctl_flow_req& req) const {
     return r.retval == XDP_PASS;
 }
 
+// ---- Datapath ----------------------------------------------------------------------------
+
+namespace {
+// The maps every Datapath reuses from StateMaps (pinned there).
+const std::set<std::string> kSharedMaps = {"flows",        "conns",     "events", "announces",
+                                           "add_requests", "prio_sent"};
+// Programs every chain needs.
+const char* const kAlways[] = {"entry_xdp",     "entry_tc_egress",     "entry_tc_ingress",
+                               "preflight_xdp", "preflight_tc_egress", "preflight_tc_ingress",
+                               "interp_xdp",    "interp_tc"};
+
+const char* entry_name(Hook h, bool preflight) {
+    switch (h) {
+    case Hook::xdp: return preflight ? "preflight_xdp" : "entry_xdp";
+    case Hook::tc_egress: return preflight ? "preflight_tc_egress" : "entry_tc_egress";
+    case Hook::tc_ingress: return preflight ? "preflight_tc_ingress" : "entry_tc_ingress";
+    }
+    return "";
+}
+
+// Per-CPU values are laid out at 8-byte strides, one per possible CPU.
+int possible_cpus() {
+    int ncpu = libbpf_num_possible_cpus();
+    if (ncpu <= 0) fail("counting CPUs", ncpu);
+    return ncpu;
+}
+
+template <typename T>
+std::vector<T> read_percpu(int fd, uint32_t key) {
+    std::vector<T> vals(possible_cpus());
+    static_assert(sizeof(T) % 8 == 0);
+    if (bpf_map_lookup_elem(fd, &key, vals.data())) fail("reading counters", errno);
+    return vals;
+}
+
+// Zeroes keys [first, first + n) of a per-CPU array in one syscall.
+void zero_percpu(int fd, uint32_t first, uint32_t n, size_t value_size) {
+    std::vector<uint32_t> keys(n);
+    for (uint32_t i = 0; i < n; ++i) keys[i] = first + i;
+    std::vector<uint8_t> zeros(size_t(n) * possible_cpus() * value_size);
+    uint32_t count = n;
+    if (bpf_map_update_batch(fd, keys.data(), zeros.data(), &count, nullptr))
+        fail("clearing counters", errno);
+}
+}  // namespace
+
+std::string Datapath::object_id() {
+    size_t size = 0;
+    const void* bytes = mps_dp__elf_bytes(&size);
+    unsigned char h[SHA256_DIGEST_LENGTH];
+    SHA256(static_cast<const unsigned char*>(bytes), size, h);
+    char hex[13];
+    for (int i = 0; i < 6; ++i) std::snprintf(hex + 2 * i, 3, "%02x", h[i]);
+    return hex;
+}
+
+std::shared_ptr<Datapath> Datapath::load(const StateMaps& state,
+                                         const std::vector<std::string>& only) {
+    std::shared_ptr<Datapath> dp(new Datapath());
+    dp->skel_ = mps_dp__open();
+    if (!dp->skel_) fail("opening the BPF object", errno);
+    auto* s = dp->skel_;
+    // Shared state first, so every datapath sees the same flows.
+    for (auto [map, fd] : {std::pair{s->maps.flows, state.flows()},
+                           std::pair{s->maps.conns, state.conns()},
+                           std::pair{s->maps.events, state.events()},
+                           std::pair{s->maps.announces, state.announces()},
+                           std::pair{s->maps.add_requests, state.add_requests()},
+                           std::pair{s->maps.prio_sent, state.prio_sent()}})
+        if (int err = bpf_map__reuse_fd(map, fd))
+            fail(std::string("reusing ") + bpf_map__name(map), err);
+    if (!only.empty()) {
+        std::set<std::string> wanted(only.begin(), only.end());
+        wanted.insert(std::begin(kAlways), std::end(kAlways));
+        bpf_program* p;
+        bpf_object__for_each_program(p, s->obj) {
+            if (!wanted.count(bpf_program__name(p))) bpf_program__set_autoload(p, false);
+        }
+    }
+    if (int err = mps_dp__load(s))
+        fail("loading the BPF programs (the verifier's log is above)", err);
+    dp->slots_ = &s->bss->mps_slots;
+    // Both slots: no chain on any hook until a generation is written.
+    for (auto& t : dp->slots_->tables)
+        for (auto& e : t.entries) e = {MPS_PC_END, 0, 0};
+    // Slot 0: the interpreter; slot N: the program of enum value N, for every one loaded.
+    for (bool xdp : {true, false}) {
+        const int jmp = bpf_map__fd(xdp ? s->maps.jmp_xdp : s->maps.jmp_tc);
+        for (uint32_t slot = 0; slot < MPS_PROG_MAX; ++slot) {
+            auto p = static_cast<mps_prog>(slot);
+            if (slot != MPS_PROG_NONE && !has_program(p)) continue;
+            std::string name = slot == MPS_PROG_NONE ? (xdp ? "interp_xdp" : "interp_tc")
+                                                     : prog_for(p, xdp);
+            auto* prog = bpf_object__find_program_by_name(s->obj, name.c_str());
+            if (!prog || bpf_program__fd(prog) < 0) continue;  // not loaded (`only`)
+            int fd = bpf_program__fd(prog);
+            if (bpf_map_update_elem(jmp, &slot, &fd, BPF_ANY))
+                fail("filling the prog array slot " + std::to_string(slot), errno);
+        }
+    }
+    return dp;
+}
+
+std::shared_ptr<Datapath> Datapath::adopt(const std::string& dir) {
+    std::shared_ptr<Datapath> dp(new Datapath());
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+        int fd = bpf_obj_get(e.path().c_str());
+        if (fd < 0) fail("adopting " + e.path().string(), errno);
+        dp->adopted_.emplace_back(e.path().filename().string(), Fd(fd));
+    }
+    if (ec) throw Error("reading " + dir + ": " + ec.message());
+    int bss = -1;
+    try {
+        for (const char* n : kAlways) dp->prog_fd(n);
+        for (const char* n : {"jmp_xdp", "jmp_tc", "step_counters", "gen_counters"}) dp->map_fd(n);
+        bss = dp->map_fd("bss");
+    } catch (const Error& e) {
+        throw Error("adopting " + dir + ": incomplete (" + e.what() + ")");
+    }
+    bpf_map_info info{};
+    uint32_t len = sizeof info;
+    if (bpf_obj_get_info_by_fd(bss, &info, &len)) fail("inspecting the slots map", errno);
+    if (info.value_size < sizeof(mps_slots))
+        throw Error("adopting " + dir + ": its slots map is from another build");
+    const size_t page = sysconf(_SC_PAGESIZE);
+    dp->map_len_ = (info.value_size + page - 1) / page * page;
+    void* m = mmap(nullptr, dp->map_len_, PROT_READ | PROT_WRITE, MAP_SHARED, bss, 0);
+    if (m == MAP_FAILED) fail("mapping the slots", errno);
+    dp->slots_ = static_cast<mps_slots*>(m);
+    return dp;
+}
+
+Datapath::~Datapath() {
+    if (skel_) mps_dp__destroy(skel_);
+    if (map_len_) munmap(slots_, map_len_);
+}
+
+void Datapath::pin(const std::string& dir) const {
+    if (!skel_) return;  // adopted: already pinned
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) throw Error("creating " + dir + ": " + ec.message());
+    bpf_program* p;
+    bpf_object__for_each_program(p, skel_->obj) {
+        if (bpf_program__fd(p) < 0) continue;
+        if (int err = bpf_program__pin(p, (dir + "/" + bpf_program__name(p)).c_str()))
+            fail("pinning " + std::string(bpf_program__name(p)), err);
+    }
+    // The prog arrays among them: a prog array is emptied when its last user reference goes.
+    bpf_map* m;
+    bpf_object__for_each_map(m, skel_->obj) {
+        std::string name = bpf_map__name(m);
+        if (kSharedMaps.count(name) || name.find(".rodata") != std::string::npos) continue;
+        if (name.find(".bss") != std::string::npos) name = "bss";
+        if (int err = bpf_map__pin(m, (dir + "/" + name).c_str())) fail("pinning " + name, err);
+    }
+}
+
+int Datapath::entry_fd(Hook h) const { return prog_fd(entry_name(h, false)); }
+int Datapath::preflight_fd(Hook h) const { return prog_fd(entry_name(h, true)); }
+
+int Datapath::prog_fd(std::string_view name) const {
+    if (skel_) {
+        auto* p = bpf_object__find_program_by_name(skel_->obj, std::string(name).c_str());
+        if (!p || bpf_program__fd(p) < 0) throw Error("no BPF program " + std::string(name));
+        return bpf_program__fd(p);
+    }
+    for (const auto& [n, fd] : adopted_)
+        if (n == name) return fd.get();
+    throw Error("no BPF program " + std::string(name));
+}
+
+int Datapath::map_fd(std::string_view name) const {
+    if (skel_) {
+        auto* m = bpf_object__find_map_by_name(
+            skel_->obj, name == "bss" ? ".bss" : std::string(name).c_str());
+        if (!m) throw Error("no BPF map " + std::string(name));
+        return bpf_map__fd(m);
+    }
+    for (const auto& [n, fd] : adopted_)
+        if (n == name) return fd.get();
+    throw Error("no BPF map " + std::string(name));
+}
+
+mps_table& Datapath::table(uint32_t slot) { return slots_->tables[slot & 1]; }
+
+uint32_t Datapath::active_slot() const {
+    return __atomic_load_n(&slots_->active, __ATOMIC_ACQUIRE) & 1;
+}
+
+void Datapath::set_staged(uint32_t slot) {
+    __atomic_store_n(&slots_->staged, slot & 1, __ATOMIC_RELEASE);
+}
+
+void Datapath::activate(uint32_t slot) {
+    if (active_slot() == (slot & 1)) return;
+    // Release: the slot's contents are visible before any packet can read the new index.
+    __atomic_store_n(&slots_->active, slot & 1, __ATOMIC_RELEASE);
+    flipped_ = true;
+}
+
+void Datapath::quiesce(bool always) {
+    if (!flipped_ && !always) return;
+    // XDP and TC programs run inside RCU read-side sections; membarrier(GLOBAL) is
+    // synchronize_rcu(), so every packet that read the old index has left its programs.
+    if (syscall(__NR_membarrier, MEMBARRIER_CMD_GLOBAL, 0, 0) != 0) {
+        spdlog::warn("membarrier(GLOBAL) failed ({}): waiting 100 ms instead",
+                     std::strerror(errno));
+        usleep(100000);
+    }
+    flipped_ = false;
+}
+
 // ---- Generation --------------------------------------------------------------------------
 
 std::unique_ptr<Generation> Generation::build(const ChainSet& chains, uint32_t number,
@@ -156,145 +373,114 @@ std::unique_ptr<Generation> Generation::build(const ChainSet& chains, uint32_t n
         for (const auto& p : problems) msg += "\n  " + p;
         throw Error(msg);
     }
-    std::unique_ptr<Generation> g(new Generation());
-    g->number_ = number;
-    g->chains_ = chains;
-    g->skel_ = mps_dp__open();
-    if (!g->skel_) fail("opening the BPF object", errno);
-    auto* s = g->skel_;
-    // Shared state first, so every generation sees the same flows.
-    if (int err = bpf_map__reuse_fd(s->maps.flows, state.flows())) fail("reusing flows", err);
-    if (int err = bpf_map__reuse_fd(s->maps.conns, state.conns())) fail("reusing conns", err);
-    if (int err = bpf_map__reuse_fd(s->maps.events, state.events())) fail("reusing events", err);
-    if (int err = bpf_map__reuse_fd(s->maps.announces, state.announces()))
-        fail("reusing announces", err);
-    if (int err = bpf_map__reuse_fd(s->maps.add_requests, state.add_requests()))
-        fail("reusing add_requests", err);
-    if (int err = bpf_map__reuse_fd(s->maps.prio_sent, state.prio_sent()))
-        fail("reusing prio_sent", err);
-    std::set<std::string> wanted(also_load.begin(), also_load.end());
-    for (const char* always : {"entry_xdp", "entry_tc_egress", "entry_tc_ingress", "interp_xdp",
-                               "interp_tc"})
-        wanted.insert(always);
+    std::vector<std::string> only = also_load;
     for (const auto& st : chains.steps)
         if (has_program(static_cast<mps_prog>(st.prog)))
-            for (bool xdp : {true, false}) wanted.insert(prog_for(static_cast<mps_prog>(st.prog), xdp));
-    bpf_program* p;
-    bpf_object__for_each_program(p, s->obj) {
-        if (!wanted.count(bpf_program__name(p))) bpf_program__set_autoload(p, false);
-    }
-    if (int err = mps_dp__load(s))
-        fail("loading the BPF programs (the verifier's log is above)", err);
+            for (bool xdp : {true, false}) only.push_back(prog_for(static_cast<mps_prog>(st.prog), xdp));
+    only.push_back(kAlways[0]);  // never empty: empty means every program
+    auto g = stage(Datapath::load(state, only), chains, number);
+    g->activate();
+    return g;
+}
 
+std::unique_ptr<Generation> Generation::stage(std::shared_ptr<Datapath> dp, const ChainSet& chains,
+                                              uint32_t number) {
+    if (auto problems = chains.check(); !problems.empty()) {
+        std::string msg = "invalid chain set:";
+        for (const auto& p : problems) msg += "\n  " + p;
+        throw Error(msg);
+    }
+    // Every step's program must be loaded (a missing one is an error here, not a missed tail
+    // call later).
+    for (const auto& st : chains.steps)
+        if (has_program(static_cast<mps_prog>(st.prog)))
+            for (bool xdp : {true, false}) dp->prog_fd(prog_for(static_cast<mps_prog>(st.prog), xdp));
     // Resolve interface names now: a missing interface fails the build, not the packets.
     std::vector<mps_step> steps = chains.steps;
     for (const auto& [pc, ifname] : chains.step_ifnames) {
         if (pc >= steps.size()) throw Error("interface parameter for a missing step");
         steps[pc].p.redirect.ifindex = ifindex_of(ifname);
     }
-    const int steps_fd = bpf_map__fd(s->maps.steps);
-    for (uint32_t pc = 0; pc < steps.size(); ++pc)
-        if (bpf_map_update_elem(steps_fd, &pc, &steps[pc], BPF_ANY))
-            fail("writing step " + std::to_string(pc), errno);
-    // Slot 0: the interpreter; slot N: the program of enum value N for the steps that have
-    // one (a missing one is a load error here, not a missed tail call later).
-    std::set<mps_prog> actors;
-    for (const auto& st : steps)
-        if (has_program(static_cast<mps_prog>(st.prog)))
-            actors.insert(static_cast<mps_prog>(st.prog));
-    for (bool xdp : {true, false}) {
-        const int jmp = bpf_map__fd(xdp ? s->maps.jmp_xdp : s->maps.jmp_tc);
-        auto put_slot = [&](uint32_t slot, const std::string& name) {
-            auto* p = bpf_object__find_program_by_name(s->obj, name.c_str());
-            if (!p) throw Error("no BPF program " + name + " (not implemented yet?)");
-            int fd = bpf_program__fd(p);
-            if (bpf_map_update_elem(jmp, &slot, &fd, BPF_ANY))
-                fail("filling the prog array slot " + std::to_string(slot), errno);
-        };
-        put_slot(MPS_PROG_NONE, xdp ? "interp_xdp" : "interp_tc");
-        for (auto a : actors) put_slot(a, prog_for(a, xdp));
-    }
+    std::vector<std::pair<mps_iface_key, __u16>> ifents;
     mps_entry entry[MPS_HOOK_MAX];
     for (uint32_t h = 0; h < MPS_HOOK_MAX; ++h) entry[h] = {MPS_PC_END, 0, number};
-    const int ifent_fd = bpf_map__fd(s->maps.iface_entries);
+    const uint32_t slot = dp->active_slot() ^ 1;
     for (const auto& e : chains.entries) {
         auto h = static_cast<uint32_t>(e.hook);
         if (e.ifname.empty()) {
             entry[h].pc = e.pc;
         } else {
             entry[h].flags |= MPS_ENTRYF_PER_IFACE;
-            mps_iface_key k{ifindex_of(e.ifname), h};
-            __u16 pc = e.pc;
-            if (bpf_map_update_elem(ifent_fd, &k, &pc, BPF_ANY))
-                fail("writing the entry for " + e.ifname, errno);
+            ifents.push_back({{ifindex_of(e.ifname), static_cast<__u16>(h),
+                               static_cast<__u16>(slot)},
+                              static_cast<__u16>(e.pc)});
         }
     }
-    const int ent_fd = bpf_map__fd(s->maps.entries);
-    for (uint32_t h = 0; h < MPS_HOOK_MAX; ++h)
-        if (bpf_map_update_elem(ent_fd, &h, &entry[h], BPF_ANY)) fail("writing entries", errno);
-    return g;
-}
 
-Generation::~Generation() {
-    if (skel_) mps_dp__destroy(skel_);
-}
+    // From here on the slot is ours: wait out packets that may still run it.
+    dp->quiesce();
+    const int ifent_fd = dp->map_fd("iface_entries");
+    std::vector<mps_iface_key> stale;
+    mps_iface_key k{}, next{};
+    for (int r = bpf_map_get_next_key(ifent_fd, nullptr, &next); r == 0;
+         r = bpf_map_get_next_key(ifent_fd, &k, &next)) {
+        if (next.slot == slot) stale.push_back(next);
+        k = next;
+    }
+    for (const auto& key : stale) bpf_map_delete_elem(ifent_fd, &key);
+    for (const auto& [key, pc] : ifents)
+        if (bpf_map_update_elem(ifent_fd, &key, &pc, BPF_ANY))
+            fail("writing a per-interface entry", errno);
+    zero_percpu(dp->map_fd("step_counters"), slot * MPS_MAX_STEPS, MPS_MAX_STEPS,
+                sizeof(mps_step_counters));
+    zero_percpu(dp->map_fd("gen_counters"), slot * MPS_GC_MAX, MPS_GC_MAX, sizeof(__u64));
+    auto& t = dp->table(slot);
+    std::memset(t.steps, 0, sizeof t.steps);
+    std::copy(steps.begin(), steps.end(), t.steps);
+    std::copy(std::begin(entry), std::end(entry), t.entries);
+    dp->set_staged(slot);
 
-std::unique_ptr<Generation> Generation::adopt(const std::string& dir, const ChainSet& chains,
-                                              uint32_t number) {
     std::unique_ptr<Generation> g(new Generation());
+    g->dp_ = std::move(dp);
+    g->slot_ = slot;
     g->number_ = number;
     g->chains_ = chains;
-    for (const char* name : {"entry_xdp", "entry_tc_egress", "entry_tc_ingress", "step_counters",
-                             "gen_counters"}) {
-        int fd = bpf_obj_get((dir + "/" + name).c_str());
-        if (fd < 0) fail("adopting " + dir + "/" + name, errno);
-        g->adopted_.emplace_back(fd);
-    }
     return g;
 }
 
-int Generation::entry_fd(Hook h) const {
-    if (!skel_) return adopted_[static_cast<size_t>(h)].get();
-    switch (h) {
-    case Hook::xdp: return bpf_program__fd(skel_->progs.entry_xdp);
-    case Hook::tc_egress: return bpf_program__fd(skel_->progs.entry_tc_egress);
-    case Hook::tc_ingress: return bpf_program__fd(skel_->progs.entry_tc_ingress);
-    }
-    return -1;
+std::unique_ptr<Generation> Generation::adopt(std::shared_ptr<Datapath> dp, uint32_t slot,
+                                              const ChainSet& chains, uint32_t number) {
+    std::unique_ptr<Generation> g(new Generation());
+    g->dp_ = std::move(dp);
+    g->slot_ = slot & 1;
+    g->number_ = number;
+    g->chains_ = chains;
+    return g;
 }
 
-int Generation::prog_fd(std::string_view name) const {
-    if (!skel_) throw Error("an adopted generation has only its entry programs");
-    auto* p = bpf_object__find_program_by_name(skel_->obj, std::string(name).c_str());
-    if (!p) throw Error("no BPF program " + std::string(name));
-    return bpf_program__fd(p);
-}
+void Generation::activate() { dp_->activate(slot_); }
 
-int Generation::map_fd(std::string_view name) const {
-    if (!skel_) throw Error("an adopted generation has only its counters");
-    auto* m = bpf_object__find_map_by_name(skel_->obj, std::string(name).c_str());
-    if (!m) throw Error("no BPF map " + std::string(name));
-    return bpf_map__fd(m);
+void Generation::write_step(uint32_t pc, const mps_step& step) {
+    if (pc >= chains_.steps.size()) throw Error("no step " + std::to_string(pc));
+    if (has_program(static_cast<mps_prog>(step.prog)))
+        for (bool xdp : {true, false}) dp_->prog_fd(prog_for(static_cast<mps_prog>(step.prog), xdp));
+    auto& dst = dp_->table(slot_).steps[pc];
+    // Parameters first, the program byte last: a packet sees the old step or the new one
+    // for the fields that decide what runs.
+    std::memcpy(&dst.p, &step.p, sizeof step.p);
+    dst.on_match = step.on_match;
+    dst.on_miss = step.on_miss;
+    dst.policy = step.policy;
+    dst.flags = step.flags;
+    __atomic_store_n(&dst.prog, step.prog, __ATOMIC_RELEASE);
+    chains_.steps[pc] = step;
 }
-
-namespace {
-// Per-CPU values are laid out at 8-byte strides, one per possible CPU.
-template <typename T>
-std::vector<T> read_percpu(int fd, uint32_t key) {
-    int ncpu = libbpf_num_possible_cpus();
-    if (ncpu <= 0) fail("counting CPUs", ncpu);
-    std::vector<T> vals(ncpu);
-    static_assert(sizeof(T) % 8 == 0);
-    if (bpf_map_lookup_elem(fd, &key, vals.data())) fail("reading counters", errno);
-    return vals;
-}
-}  // namespace
 
 std::vector<StepCounters> Generation::step_counters() const {
     std::vector<StepCounters> out(chains_.steps.size());
-    const int fd = skel_ ? bpf_map__fd(skel_->maps.step_counters) : adopted_[3].get();
+    const int fd = dp_->map_fd("step_counters");
     for (uint32_t pc = 0; pc < out.size(); ++pc)
-        for (const auto& c : read_percpu<mps_step_counters>(fd, pc)) {
+        for (const auto& c : read_percpu<mps_step_counters>(fd, slot_ * MPS_MAX_STEPS + pc)) {
             out[pc].runs += c.runs;
             out[pc].matched += c.matched;
             out[pc].drops += c.drops;
@@ -305,26 +491,10 @@ std::vector<StepCounters> Generation::step_counters() const {
 
 GenCounters Generation::gen_counters() const {
     GenCounters out;
-    const int fd = skel_ ? bpf_map__fd(skel_->maps.gen_counters) : adopted_[4].get();
+    const int fd = dp_->map_fd("gen_counters");
     for (uint32_t i = 0; i < MPS_GC_MAX; ++i)
-        for (auto v : read_percpu<uint64_t>(fd, i)) out.values[i] += v;
+        for (auto v : read_percpu<uint64_t>(fd, slot_ * MPS_GC_MAX + i)) out.values[i] += v;
     return out;
-}
-
-void Generation::pin(const std::string& dir) const {
-    if (!skel_) return;  // adopted: already pinned
-    std::error_code ec;
-    fs::create_directories(dir, ec);
-    if (ec) throw Error("creating " + dir + ": " + ec.message());
-    for (auto* p : {skel_->progs.entry_xdp, skel_->progs.entry_tc_egress,
-                    skel_->progs.entry_tc_ingress})
-        if (int err = bpf_program__pin(p, (dir + "/" + bpf_program__name(p)).c_str()))
-            fail("pinning " + std::string(bpf_program__name(p)), err);
-    // Pinning the prog arrays keeps the chain alive while anything still runs it.
-    for (auto* m : {skel_->maps.jmp_xdp, skel_->maps.jmp_tc, skel_->maps.steps,
-                    skel_->maps.entries, skel_->maps.step_counters, skel_->maps.gen_counters})
-        if (int err = bpf_map__pin(m, (dir + "/" + bpf_map__name(m)).c_str()))
-            fail("pinning " + std::string(bpf_map__name(m)), err);
 }
 
 // ---- test run ----------------------------------------------------------------------------

@@ -78,45 +78,97 @@ struct GenCounters {
     uint64_t values[MPS_GC_MAX] = {};
 };
 
-// One loaded generation: every program verified, prog arrays and step table filled.
+// The loaded datapath: every program verified once, the prog arrays filled, and two table
+// slots. A generation is the contents of one slot; switching generations flips one word
+// (bpf/README.md, "Generations"), so it costs microseconds, not a reload.
+class Datapath {
+public:
+    // Loads the BPF object with the shared state maps. `only`: load just these programs plus
+    // the entries and interpreters (tests and the bench: verification is most of a load);
+    // empty: every program (the agent). Both slots start empty (every hook: no chain).
+    static std::shared_ptr<Datapath> load(const StateMaps& state,
+                                          const std::vector<std::string>& only = {});
+    // What an earlier process loaded and pinned under dir (pin()). Throws Error when the pins
+    // are incomplete or from another build of the BPF object.
+    static std::shared_ptr<Datapath> adopt(const std::string& dir);
+    // Identifies the BPF object this binary carries (SHA-256 prefix of its bytes): pins from
+    // a different object are never adopted.
+    static std::string object_id();
+    ~Datapath();
+    Datapath(const Datapath&) = delete;
+    Datapath& operator=(const Datapath&) = delete;
+
+    // Pins the programs and the maps only this datapath has under dir (the shared state maps
+    // are pinned by StateMaps).
+    void pin(const std::string& dir) const;
+    int entry_fd(Hook h) const;
+    int preflight_fd(Hook h) const;  // the entry on the staged slot (pre-flight test runs)
+    int prog_fd(std::string_view name) const;  // e.g. "bench_bare_pass"
+    int map_fd(std::string_view name) const;   // e.g. "jmp_xdp", "prio_tmpl", "step_counters"
+
+    uint32_t active_slot() const;
+    // Waits, when a flip happened since the last wait (or `always`), until no packet can still
+    // be running what was active before (an RCU grace period: membarrier(GLOBAL)).
+    void quiesce(bool always = false);
+
+private:
+    friend class Generation;
+    Datapath() = default;
+    mps_table& table(uint32_t slot);
+    void set_staged(uint32_t slot);
+    void activate(uint32_t slot);
+    struct mps_dp* skel_ = nullptr;             // loaded here
+    std::vector<std::pair<std::string, Fd>> adopted_;  // adopted: pins by name
+    mps_slots* slots_ = nullptr;  // in .bss: the skeleton's mmap, or ours when adopted
+    size_t map_len_ = 0;          // our own mmap's length (adopted)
+    bool flipped_ = false;                      // a flip since the last quiesce()
+};
+
+// One generation: a chain set written into a slot of a Datapath.
 class Generation {
 public:
-    // Loads and fills; throws Error (with the verifier's complaint) and leaves nothing behind.
+    // Standalone (tests, bench, demo): a Datapath of its own that loads only the programs the
+    // chain set needs (plus `also_load`), with the generation active. Throws Error (with the
+    // verifier's complaint) and leaves nothing behind.
     // Interface names (per-interface entries, redirect targets) are resolved in the calling
     // thread's network namespace.
-    // Only the programs the chain set needs are loaded (entries, interpreters, its step
-    // programs) plus `also_load` (e.g. the bench yardsticks): verification is most of the time
-    // a build takes, and an unused program cannot fail it.
     static std::unique_ptr<Generation> build(const ChainSet& chains, uint32_t number,
                                              const StateMaps& state,
                                              const std::vector<std::string>& also_load = {});
-    // A generation an earlier process built and pinned (pin()): its entry programs and
-    // counters, without loading anything. Throws Error when the pins are incomplete.
-    static std::unique_ptr<Generation> adopt(const std::string& dir, const ChainSet& chains,
+    // Writes the chain set into the slot no packet runs (waiting out packets that ran it
+    // before) and makes it the staged slot: preflight_fd() runs it, packets do not until
+    // activate(). Overwrites whatever generation had that slot.
+    static std::unique_ptr<Generation> stage(std::shared_ptr<Datapath> dp, const ChainSet& chains,
                                              uint32_t number);
-    ~Generation();
+    // The generation an earlier process activated in `slot` of an adopted datapath.
+    static std::unique_ptr<Generation> adopt(std::shared_ptr<Datapath> dp, uint32_t slot,
+                                             const ChainSet& chains, uint32_t number);
     Generation(const Generation&) = delete;
     Generation& operator=(const Generation&) = delete;
 
+    // Every packet that enters from now on runs this generation (one store).
+    void activate();
+    bool active() const { return dp_->active_slot() == slot_; }
+
     uint32_t number() const { return number_; }
+    uint32_t slot() const { return slot_; }
     const ChainSet& chains() const { return chains_; }
-    int entry_fd(Hook h) const;
-    int prog_fd(std::string_view program_name) const;  // e.g. "bench_bare_pass" (built only)
-    int map_fd(std::string_view map_name) const;       // e.g. "jmp_xdp", "steps" (built only)
+    const std::shared_ptr<Datapath>& datapath() const { return dp_; }
+    int entry_fd(Hook h) const { return dp_->entry_fd(h); }
+    int preflight_fd(Hook h) const { return dp_->preflight_fd(h); }
+    int prog_fd(std::string_view name) const { return dp_->prog_fd(name); }
+    int map_fd(std::string_view name) const { return dp_->map_fd(name); }
+    // Changes one step's parameters in place (running packets see the old or the new step).
+    void write_step(uint32_t pc, const mps_step& step);
 
     std::vector<StepCounters> step_counters() const;  // summed over CPUs, index = pc
     GenCounters gen_counters() const;
-
-    // Pins the entry programs and the per-generation maps (the prog arrays among them: a
-    // prog array is emptied when its last reference goes, and packets may still be in it).
-    void pin(const std::string& dir) const;
 private:
     Generation() = default;
+    std::shared_ptr<Datapath> dp_;
+    uint32_t slot_ = 0;
     uint32_t number_ = 0;
     ChainSet chains_;
-    struct mps_dp* skel_ = nullptr;  // built here; null when adopted
-    std::vector<Fd> adopted_;        // adopted: entry_xdp, entry_tc_egress, entry_tc_ingress,
-                                     // step_counters, gen_counters
 };
 
 // BPF_PROG_TEST_RUN on one frame.
@@ -150,6 +202,7 @@ public:
     void release() { released_ = true; }
     const std::string& ifname() const { return ifname_; }
     Hook hook() const { return hook_; }
+    int prog_fd() const { return prog_fd_; }  // -1: adopted, program unknown
     std::string mode() const { return mode_; }  // "xdp-native", "xdp-generic", "tcx", "tc-filter"
 private:
     HookLink() = default;

@@ -255,7 +255,7 @@ public:
     static std::string pin_root_for(const std::string& what);
 
     const datapath::StateMaps& state() const { return state_; }
-    const datapath::Generation& generation() const { return *gen_; }
+    datapath::Generation& generation() const { return *gen_; }
     const std::vector<std::unique_ptr<datapath::HookLink>>& links() const { return links_; }
     // Every flow in the flow map.
     std::vector<std::pair<mps_flow_key, mps_flow>> flows() const;

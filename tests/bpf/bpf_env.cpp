@@ -318,20 +318,7 @@ Run Env::run(Hook h, const Bytes& frame, uint32_t repeat)
 
 void Env::set_step(uint32_t pc, const mps_step& s)
 {
-    if (bpf_map_update_elem(gen_->map_fd("steps"), &pc, &s, BPF_ANY) != 0)
-        throw std::runtime_error("writing step " + std::to_string(pc) + ": " + std::strerror(errno));
-    // Program steps are reached through the prog-array slot of their enum value, which the
-    // loader fills only for programs the chain uses: fill it as the loader would.
-    auto prog = static_cast<mps_prog>(s.prog);
-    if (dp::has_program(prog)) {
-        std::string name(dp::prog_name(prog));
-        for (bool xdp : {true, false}) {
-            uint32_t slot = prog;
-            int fd = gen_->prog_fd(name + (xdp ? "_xdp" : "_tc"));
-            if (bpf_map_update_elem(gen_->map_fd(xdp ? "jmp_xdp" : "jmp_tc"), &slot, &fd, BPF_ANY) != 0)
-                throw std::runtime_error("writing the prog array: " + std::string(std::strerror(errno)));
-        }
-    }
+    gen_->write_step(pc, s);  // throws when the step's program was not loaded
 }
 
 std::optional<mps_flow> Env::flow(const mps_flow_key& k) const

@@ -286,7 +286,7 @@ void set_backup_scenario(bool restore) {
     auto maps = datapath::ActorMaps::of(steer.generation());
     mon.poll(0ms);
     auto t0 = Clock::now();
-    REQUIRE(bpf_map_update_elem(steer.generation().map_fd("steps"), &pc, &b0, BPF_ANY) == 0);
+    steer.generation().write_step(pc, b0);
     int signalled = 0;
     {
         NetnsGuard in(lab.server_ns());

@@ -13,7 +13,8 @@
 /* Bumped whenever a shared (cross-generation) map changes layout; pinned names carry it. */
 #define MPS_STATE_LAYOUT 1
 
-#define MPS_MAX_STEPS 1024 /* step table and prog_array size (per generation) */
+#define MPS_MAX_STEPS 1024 /* steps per table slot (a power of two: pcs are masked) */
+#define MPS_SLOTS 2        /* table slots: the live generation and the one being staged */
 #define MPS_MAX_CHAIN 32   /* steps on any path (the loader checks; the interpreter cuts
 			    * longer inline runs); program steps on a path: at most 16, each
 			    * costs two of the kernel's 33 tail calls */
@@ -101,6 +102,7 @@ struct mps_pkt_ctx {
 };
 #define MPS_CTXF_SCANNED 0x01   /* option walk done, kinds valid, options well-formed */
 #define MPS_CTXF_ACCOUNTED 0x02 /* flow counters already updated for this packet */
+#define MPS_CTXF_SLOT1 0x04     /* the packet runs the generation in table slot 1 */
 
 /* Step parameters. Addresses in network byte order, ports in host order. */
 /* Which port a port selector looks at (a bit mask: either = both bits). */
@@ -182,26 +184,40 @@ struct mps_step {
 };
 #define MPS_STEPF_FAIL_DROP 0x01 /* failure mode: drop instead of pass on a missed tail call */
 
-/* Entry table (ARRAY, MPS_HOOK_MAX): where each hook's chain starts. */
+/* Where each hook's chain starts. */
 struct mps_entry {
 	__u16 pc;            /* MPS_PC_END: no policy on this hook */
 	__u16 flags;         /* MPS_ENTRYF_PER_IFACE: iface_entries first, pc when absent */
 	__u32 gen;           /* generation number, for events */
 };
 #define MPS_ENTRYF_PER_IFACE 0x1
-struct mps_iface_key {
+struct mps_iface_key {       /* iface_entries (HASH) -> __u16 pc */
 	__u32 ifindex;
-	__u32 hook;
+	__u16 hook;
+	__u16 slot;
 };
 
-/* Per-step counters (PERCPU_ARRAY, MPS_MAX_STEPS). */
+/* A generation: the contents of one table slot. */
+struct mps_table {
+	struct mps_entry entries[MPS_HOOK_MAX + 1]; /* one spare: 8-byte aligned steps */
+	struct mps_step steps[MPS_MAX_STEPS];
+};
+/* The global `mps_slots` (.bss, mmapped by the agent): which slot packets run, which one the
+ * preflight entries run, and the slots. */
+struct mps_slots {
+	__u32 active;
+	__u32 staged;
+	struct mps_table tables[MPS_SLOTS];
+};
+
+/* Per-step counters (PERCPU_ARRAY, MPS_SLOTS * MPS_MAX_STEPS; index slot * MPS_MAX_STEPS + pc). */
 struct mps_step_counters {
 	__u64 runs;          /* packets that executed the step */
 	__u64 matched;       /* selector matched / actor applied */
 	__u64 drops;
 	__u64 missed_tail_calls; /* the jump out of this step failed */
 };
-/* Per-generation counters (PERCPU_ARRAY, MPS_GC_MAX). */
+/* Per-generation counters (PERCPU_ARRAY, MPS_SLOTS * MPS_GC_MAX; index slot * MPS_GC_MAX + c). */
 enum mps_gen_counter {
 	MPS_GC_PACKETS = 0,      /* entered a hook that has a chain */
 	MPS_GC_NOT_TCP = 1,
