@@ -705,7 +705,7 @@ static __always_inline int act_add_subflow_body(void *ctx, bool xdp)
 			return PASS(xdp);
 		}
 	}
-	step_count(&pc, at, false, false);
+	step_count(&pc, at, r > 0, false); /* applied: this packet triggered the carrier */
 	pc.pc = st->on_match;
 	if (pc.pc == MPS_PC_END)
 		return PASS(xdp);

@@ -1,6 +1,7 @@
 #!/bin/sh
 # The main job on the built-in default: build, then run mpsteer's demo — a two-namespace MPTCP
-# lab with the shipped chain acting on live MPTCP traffic. Needs root. Cleans up after itself.
+# lab where the agent applies the shipped policies to live MPTCP traffic, then `mpsteer status`.
+# Needs root. Cleans up after itself.
 set -eu
 cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "demo: run as root (it creates network namespaces and loads BPF)" >&2; exit 1; }

@@ -1,10 +1,15 @@
-// mpsteer demo: the datapath on live MPTCP traffic, end to end, in a throw-away lab.
-// Two namespaces joined by two paths; the server runs record + get_connect + get_subflow on
-// XDP and TC egress and caps path 2 with rate_limit; the client uploads for N seconds. Prints
-// connections and subflows as the datapath reports them (with the kernel's own view beside
-// them) and per-path throughput every second, then removes everything it created.
+// mpsteer demo: mpsteer on live MPTCP traffic, end to end, in a throw-away lab of two
+// namespaces joined by two paths.
+//  - default: the agent (`mpsteer run`) in the client's namespace applies the shipped policies;
+//    a small download stays on one subflow (the server's ADD_ADDR is hidden), a large one gets
+//    its second subflow once past the small-flow threshold; then `mpsteer status`.
+//  - --chain: a chain loaded directly on the server (record, get_connect, get_subflow, and
+//    rate_limit on path 2) while the client uploads; connections, subflows and per-path rates.
+// Everything it creates (namespaces, links, pins, the agent's state) is removed at the end.
 #include <arpa/inet.h>
 #include <linux/mptcp.h>
+#include <sys/wait.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -17,6 +22,7 @@
 #include <spdlog/spdlog.h>
 #include <thread>
 
+#include "agent/agent.h"
 #include "cli/commands.h"
 #include "datapath/datapath.h"
 #include "lab/lab.h"
@@ -218,22 +224,203 @@ private:
     uint32_t tok_client_ = 0, tok_server_ = 0;
 };
 
+// ---- the agent demo --------------------------------------------------------------------------
+
+// Where the shipped policies/ and lua/ are: the source tree the binary was built in, or where
+// the package installs them.
+std::string default_share() {
+    std::error_code ec;
+    auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+    for (auto d = self.parent_path(); !ec && d.has_relative_path(); d = d.parent_path())
+        if (std::filesystem::exists(d / "policies") && std::filesystem::exists(d / "lua"))
+            return d.string();
+    return "/usr/share/mpsteer";
+}
+
+// `mpsteer run` as a child process: the real agent, logging to a file.
+class AgentProcess {
+public:
+    AgentProcess(const std::vector<std::string>& args, const std::string& log) {
+        pid_ = fork();
+        if (pid_ < 0) throw Error("fork failed");
+        if (pid_ == 0) {
+            int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+            if (fd >= 0) {
+                dup2(fd, 1);
+                dup2(fd, 2);
+            }
+            std::vector<char*> argv;
+            std::string self = "/proc/self/exe";
+            argv.push_back(self.data());
+            for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+            argv.push_back(nullptr);
+            execv(argv[0], argv.data());
+            _exit(127);
+        }
+    }
+    ~AgentProcess() { stop(); }
+    bool alive() { return pid_ > 0 && waitpid(pid_, nullptr, WNOHANG) == 0; }
+    void stop() {
+        if (pid_ <= 0) return;
+        kill(pid_, SIGTERM);
+        for (int i = 0; i < 100 && alive(); ++i) std::this_thread::sleep_for(50ms);
+        if (alive()) kill(pid_, SIGKILL);
+        waitpid(pid_, nullptr, 0);
+        pid_ = -1;
+    }
+private:
+    pid_t pid_ = -1;
+};
+
+int agent_demo(const std::string& share, int seconds) {
+    LabConfig cfg;
+    cfg.tag = "a" + std::to_string(getpid() % 1000000);
+    cfg.path[0] = cfg.path[1] = PathShape{10, 40000};  // RTT 20 ms, 40 Mbit/s
+    std::printf("mpsteer demo: building the lab (two namespaces, two paths)...\n");
+    Lab lab(cfg);
+    std::printf("  client  %-16s %s (path 1), %s (path 2)\n", lab.client_ns().c_str(),
+                Lab::client_addr(1).c_str(), Lab::client_addr(2).c_str());
+    std::printf("  server  %-16s %s (path 1), %s (path 2, announced with ADD_ADDR)\n",
+                lab.server_ns().c_str(), Lab::server_addr(1).c_str(), Lab::server_addr(2).c_str());
+    std::printf("  paths   RTT 20 ms and 40 Mbit/s each; kernel MPTCP, 2 subflows allowed\n\n");
+
+    const std::string state = "/run/mpsteer-demo-" + cfg.tag;
+    const std::string pins = "/sys/fs/bpf/mpsteer-demo-" + cfg.tag;
+    struct Cleanup {
+        std::string pins, state;
+        ~Cleanup() {
+            try {
+                agent::reset(pins, state);
+            } catch (const std::exception& e) {
+                spdlog::warn("demo cleanup: {}", e.what());
+            }
+            std::error_code ec;
+            std::filesystem::remove_all(state, ec);
+        }
+    } cleanup{pins, state};
+    // The policy repository the agent watches, as git-sync would publish it: the manifests and
+    // the Lua scripts they name (paths relative to the repository root).
+    const std::string policies = state + "/repo";
+    std::filesystem::create_directories(policies);
+    for (const char* d : {"policies", "lua"})
+        std::filesystem::copy(share + "/" + d, policies + "/" + d,
+                              std::filesystem::copy_options::recursive);
+    const std::string log = state + "/agent.log";
+    const std::vector<std::string> args = {"run",          "--policies",    policies,
+                                            "--netns",     lab.client_ns(), "--state-dir",
+                                            state,         "--pin-root",    pins,
+                                            "--metrics-port", "0"};
+    std::printf("starting the agent on the client:\n  mpsteer");
+    for (const auto& a : args) std::printf(" %s", a.c_str());
+    std::printf("\n  (its log: %s)\n", log.c_str());
+    const auto t0 = std::chrono::steady_clock::now();
+    AgentProcess agent(args, log);
+    auto status = [&] {
+        try {
+            return agent::read_status(state);
+        } catch (const std::exception&) {
+            return nlohmann::json::object();
+        }
+    };
+    nlohmann::json st;
+    for (;;) {
+        st = status();
+        if (st.value("ready", false)) break;
+        if (!agent.alive() || !st.value("errors", nlohmann::json::array()).empty() ||
+            std::chrono::steady_clock::now() - t0 > 60s) {
+            std::system(("tail -n 20 " + log + " >&2").c_str());
+            throw Error("the agent did not become Ready (its log is above)");
+        }
+        std::this_thread::sleep_for(50ms);
+    }
+    std::printf("  Ready after %.1f s: generation %d, revision %s, %zu policies, %zu hooks\n\n",
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+                st.value("generation", 0), st.value("applied_revision", "").c_str(),
+                st["policies"].size(), st["attachments"].size());
+
+    MptcpMonitor kernel(lab.client_ns());
+    constexpr uint16_t port = 5301;
+    auto transfer = [&](const char* what, const SendOptions& opt, uint16_t p) {
+        std::printf("%s\n", what);
+        Source source(lab.server_ns(), p, opt);
+        std::atomic<uint64_t> got{0};
+        TrafficStats rx;
+        std::string err;
+        std::thread rx_thread([&] {
+            try {
+                rx = receive_stream(lab.client_ns(), Lab::server_addr(1), p, 120s,
+                                    [&](uint64_t n) { got = n; });
+            } catch (const std::exception& e) {
+                err = e.what();
+            }
+        });
+        const auto start = std::chrono::steady_clock::now();
+        unsigned joined = 0;
+        for (bool done = false; !done;) {
+            done = rx.seconds > 0 || !err.empty();
+            for (const auto& k : kernel.poll(done ? 100ms : 20ms)) {
+                if (k.type != MPTCP_EVENT_SUB_ESTABLISHED) continue;
+                ++joined;
+                std::printf("  [%5.2fs] kernel: subflow %s:%u -> %s:%u established after %.0f KB\n",
+                            std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+                                .count(),
+                            k.saddr.c_str(), k.sport, k.daddr.c_str(), k.dport, got / 1e3);
+            }
+        }
+        rx_thread.join();
+        if (!err.empty()) throw Error(err);
+        TrafficStats tx = source.wait(30s);
+        const bool intact = tx.bytes == rx.bytes && tx.checksum == rx.checksum;
+        std::printf("  %.1f KB in %.2f s, %s, MPTCP %s, %u extra subflow(s)\n\n", rx.bytes / 1e3,
+                    rx.seconds, intact ? "intact (checksum matches)" : "DAMAGED",
+                    rx.fallback ? "FELL BACK to TCP" : "kept", joined);
+        return std::pair{intact && !rx.fallback, joined};
+    };
+    auto [small_ok, small_joins] = transfer(
+        "download 1: 100 KB from the server (below the 220 KB small-flow threshold)",
+        SendOptions::of_bytes(100'000), port);
+    auto [large_ok, large_joins] = transfer(
+        ("download 2: " + std::to_string(seconds) + " s from the server (crosses the threshold)")
+            .c_str(),
+        SendOptions::of_time(std::chrono::seconds(seconds), &g_stop), port + 1);
+
+    std::printf("mpsteer status --state-dir %s\n", state.c_str());
+    std::fflush(stdout);
+    std::system((std::filesystem::read_symlink("/proc/self/exe").string() +
+                 " status --state-dir " + state).c_str());
+    agent.stop();
+    const bool ok = small_ok && large_ok && small_joins == 0 && large_joins >= 1;
+    std::printf("\nsummary   small download on one subflow: %s; large download got its second "
+                "subflow: %s\n          cleanup: stopping the agent, removing %s, %s and the lab\n",
+                small_joins == 0 ? "yes" : "NO", large_joins >= 1 ? "yes" : "NO", pins.c_str(),
+                state.c_str());
+    return ok ? 0 : 1;
+}
+
 }  // namespace
 
 void add_demo_command(CLI::App& app) {
     auto* cmd = app.add_subcommand(
-        "demo", "Build a two-namespace MPTCP lab, load a chain on it and show it acting on "
-                "live traffic (needs root)");
-    static int seconds = 10;
-    cmd->add_option("--seconds", seconds, "how long the client uploads")
+        "demo", "Build a two-namespace MPTCP lab, run the agent with the shipped policies on it "
+                "and show them acting on live traffic (needs root)");
+    static int seconds = 5;
+    static bool chain = false;
+    static std::string share = default_share();
+    cmd->add_option("--seconds", seconds, "how long the large download (or --chain's upload) runs")
         ->check(CLI::Range(1, 3600))
         ->capture_default_str();
+    cmd->add_option("--share", share,
+                    "where the shipped policies/ and lua/ are (the agent gets a copy)")
+        ->check(CLI::ExistingDirectory)
+        ->capture_default_str();
+    cmd->add_flag("--chain", chain,
+                  "instead: load a chain directly (no agent) with rate_limit on path 2");
     cmd->callback([] {
         // Ctrl-C ends the upload; the lab is then torn down normally.
         std::signal(SIGINT, [](int) { g_stop = true; });
         std::signal(SIGTERM, [](int) { g_stop = true; });
         try {
-            set_exit_code(Demo(seconds).run());
+            set_exit_code(chain ? Demo(seconds).run() : agent_demo(share, seconds));
         } catch (const std::exception& e) {
             spdlog::error("demo: {}", e.what());
             set_exit_code(1);

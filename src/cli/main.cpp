@@ -1,11 +1,15 @@
 // mpsteer: one binary, one subcommand per job. Each subcommand registers itself from its own
 // <name>_cmd.cpp; this file only wires them together.
 #include <CLI/CLI.hpp>
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include "cli/commands.h"
 
 int main(int argc, char** argv) {
+    // Logs go to stderr: stdout carries results (validate, plan, status, events, bench).
+    spdlog::set_default_logger(spdlog::stderr_color_mt("mpsteer"));
+    spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%l] %v");
     CLI::App app{"mpsteer: declarative, eBPF-enforced Multipath TCP policies"};
     app.require_subcommand(1);
     bool verbose = false;

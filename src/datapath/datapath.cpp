@@ -379,6 +379,8 @@ std::unique_ptr<Generation> Generation::build(const ChainSet& chains, uint32_t n
             for (bool xdp : {true, false}) only.push_back(prog_for(static_cast<mps_prog>(st.prog), xdp));
     only.push_back(kAlways[0]);  // never empty: empty means every program
     auto g = stage(Datapath::load(state, only), chains, number);
+    if (!g->missing_interfaces().empty())
+        throw Error("interface " + g->missing_interfaces().front() + " not found");
     g->activate();
     return g;
 }
@@ -395,11 +397,16 @@ std::unique_ptr<Generation> Generation::stage(std::shared_ptr<Datapath> dp, cons
     for (const auto& st : chains.steps)
         if (has_program(static_cast<mps_prog>(st.prog)))
             for (bool xdp : {true, false}) dp->prog_fd(prog_for(static_cast<mps_prog>(st.prog), xdp));
-    // Resolve interface names now: a missing interface fails the build, not the packets.
+    // Resolve interface names now. A redirect target that does not exist (yet) leaves the
+    // step inert (ifindex 0: the packet goes on) and is reported; the agent stages again when
+    // the interface appears.
     std::vector<mps_step> steps = chains.steps;
+    std::vector<std::string> missing;
     for (const auto& [pc, ifname] : chains.step_ifnames) {
         if (pc >= steps.size()) throw Error("interface parameter for a missing step");
-        steps[pc].p.redirect.ifindex = ifindex_of(ifname);
+        unsigned idx = if_nametoindex(ifname.c_str());
+        if (!idx) missing.push_back(ifname);
+        steps[pc].p.redirect.ifindex = idx;
     }
     std::vector<std::pair<mps_iface_key, __u16>> ifents;
     mps_entry entry[MPS_HOOK_MAX];
@@ -445,6 +452,7 @@ std::unique_ptr<Generation> Generation::stage(std::shared_ptr<Datapath> dp, cons
     g->slot_ = slot;
     g->number_ = number;
     g->chains_ = chains;
+    g->missing_ = std::move(missing);
     return g;
 }
 

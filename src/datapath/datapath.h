@@ -158,6 +158,8 @@ public:
     int preflight_fd(Hook h) const { return dp_->preflight_fd(h); }
     int prog_fd(std::string_view name) const { return dp_->prog_fd(name); }
     int map_fd(std::string_view name) const { return dp_->map_fd(name); }
+    // Redirect targets that did not exist when the generation was staged (those steps pass).
+    const std::vector<std::string>& missing_interfaces() const { return missing_; }
     // Changes one step's parameters in place (running packets see the old or the new step).
     void write_step(uint32_t pc, const mps_step& step);
 
@@ -169,6 +171,7 @@ private:
     uint32_t slot_ = 0;
     uint32_t number_ = 0;
     ChainSet chains_;
+    std::vector<std::string> missing_;
 };
 
 // BPF_PROG_TEST_RUN on one frame.

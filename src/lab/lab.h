@@ -18,6 +18,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -223,6 +224,28 @@ struct SendOptions {
 // a limit is reached, then closes. Blocks; run it in a thread to do other things meanwhile.
 TrafficStats send_stream(const std::string& netns, const std::string& addr, uint16_t port,
                          const SendOptions& opt);
+
+// The other direction (a download): a listener inside `netns` that sends the same stream to
+// the one connection it accepts, and a receiver that connects from its namespace and reads to
+// the end (checksum as the sink's). `progress` sees the byte count after every read.
+class Source {
+public:
+    Source(const std::string& netns, uint16_t port, const SendOptions& opt);
+    ~Source();
+    Source(const Source&) = delete;
+    Source& operator=(const Source&) = delete;
+    TrafficStats wait(std::chrono::milliseconds timeout);  // the sender's side
+private:
+    int listen_fd_ = -1;
+    std::atomic<bool> done_{false};
+    std::atomic<bool> stop_{false};
+    std::string error_;
+    TrafficStats result_;
+    std::thread thread_;
+};
+TrafficStats receive_stream(const std::string& netns, const std::string& addr, uint16_t port,
+                            std::chrono::milliseconds timeout,
+                            const std::function<void(uint64_t)>& progress = {});
 
 // ---- the datapath in the lab ---------------------------------------------------------------
 

@@ -160,41 +160,13 @@ TrafficStats Sink::wait(std::chrono::milliseconds timeout) {
 
 // ---- sender --------------------------------------------------------------------------------
 
-TrafficStats send_stream(const std::string& netns, const std::string& addr, uint16_t port,
-                         const SendOptions& opt) {
-    sockaddr_storage ss{};
-    socklen_t sl;
-    int family;
-    if (auto* a4 = reinterpret_cast<sockaddr_in*>(&ss);
-        inet_pton(AF_INET, addr.c_str(), &a4->sin_addr) == 1) {
-        family = a4->sin_family = AF_INET;
-        a4->sin_port = htons(port);
-        sl = sizeof *a4;
-    } else if (auto* a6 = reinterpret_cast<sockaddr_in6*>(&ss);
-               inet_pton(AF_INET6, addr.c_str(), &a6->sin6_addr) == 1) {
-        family = a6->sin6_family = AF_INET6;
-        a6->sin6_port = htons(port);
-        sl = sizeof *a6;
-    } else {
-        throw Error("send: not an address: " + addr);
-    }
-
-    int fd;
-    {
-        NetnsGuard in(netns);
-        fd = socket(family, SOCK_STREAM | SOCK_CLOEXEC, IPPROTO_MPTCP);
-    }
-    if (fd < 0) throw Error(errstr("send: MPTCP socket"));
+namespace {
+// Sends the deterministic stream on a connected socket until a limit of `opt`, then closes it.
+TrafficStats send_on(int fd, const SendOptions& opt) {
     // A bounded blocking send, so the stop flag and the deadline are checked even when the
     // peer's window is closed.
     timeval tv{0, 100000};
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    if (connect(fd, reinterpret_cast<sockaddr*>(&ss), sl) != 0) {
-        std::string e = errstr("send: connect " + addr + ":" + std::to_string(port));
-        close(fd);
-        throw Error(e);
-    }
-
     const auto& pat = pattern();
     TrafficStats s;
     s.checksum = kFnvOffset;
@@ -223,8 +195,142 @@ TrafficStats send_stream(const std::string& netns, const std::string& addr, uint
     fill_info(fd, s);
     s.seconds = since(t0);
     shutdown(fd, SHUT_WR);
-    close(fd);  // the kernel delivers what is queued; the sink's result says when it arrived
+    close(fd);  // the kernel delivers what is queued; the receiver's result says when it arrived
     return s;
+}
+
+// An MPTCP socket created inside `netns` and connected to addr:port.
+int connect_mptcp(const std::string& netns, const std::string& addr, uint16_t port) {
+    sockaddr_storage ss{};
+    socklen_t sl;
+    int family;
+    if (auto* a4 = reinterpret_cast<sockaddr_in*>(&ss);
+        inet_pton(AF_INET, addr.c_str(), &a4->sin_addr) == 1) {
+        family = a4->sin_family = AF_INET;
+        a4->sin_port = htons(port);
+        sl = sizeof *a4;
+    } else if (auto* a6 = reinterpret_cast<sockaddr_in6*>(&ss);
+               inet_pton(AF_INET6, addr.c_str(), &a6->sin6_addr) == 1) {
+        family = a6->sin6_family = AF_INET6;
+        a6->sin6_port = htons(port);
+        sl = sizeof *a6;
+    } else {
+        throw Error("send: not an address: " + addr);
+    }
+
+    int fd;
+    {
+        NetnsGuard in(netns);
+        fd = socket(family, SOCK_STREAM | SOCK_CLOEXEC, IPPROTO_MPTCP);
+    }
+    if (fd < 0) throw Error(errstr("MPTCP socket"));
+    if (connect(fd, reinterpret_cast<sockaddr*>(&ss), sl) != 0) {
+        std::string e = errstr("connect " + addr + ":" + std::to_string(port));
+        close(fd);
+        throw Error(e);
+    }
+    return fd;
+}
+}  // namespace
+
+TrafficStats send_stream(const std::string& netns, const std::string& addr, uint16_t port,
+                         const SendOptions& opt) {
+    return send_on(connect_mptcp(netns, addr, port), opt);
+}
+
+TrafficStats receive_stream(const std::string& netns, const std::string& addr, uint16_t port,
+                            std::chrono::milliseconds timeout,
+                            const std::function<void(uint64_t)>& progress) {
+    int fd = connect_mptcp(netns, addr, port);
+    TrafficStats s;
+    s.checksum = kFnvOffset;
+    auto t0 = Clock::now();
+    std::vector<uint8_t> buf(1 << 18);
+    for (;;) {
+        if (Clock::now() - t0 > timeout) {
+            close(fd);
+            throw Error("receive: no end of stream within the timeout");
+        }
+        pollfd p{fd, POLLIN, 0};
+        if (::poll(&p, 1, 100) <= 0) continue;
+        ssize_t n = recv(fd, buf.data(), buf.size(), 0);
+        if (n > 0) {
+            s.checksum = fnv1a(s.checksum, buf.data(), n);
+            s.bytes += n;
+            if (progress) progress(s.bytes);
+            continue;
+        }
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) {
+            std::string e = errstr("receive: recv");
+            close(fd);
+            throw Error(e);
+        }
+        break;
+    }
+    s.seconds = since(t0);
+    fill_info(fd, s);
+    close(fd);
+    return s;
+}
+
+// ---- source --------------------------------------------------------------------------------
+
+Source::Source(const std::string& netns, uint16_t port, const SendOptions& opt) {
+    {
+        NetnsGuard in(netns);
+        listen_fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, IPPROTO_MPTCP);
+    }
+    if (listen_fd_ < 0) throw Error(errstr("source: MPTCP socket (net.mptcp.enabled?)"));
+    int one = 1;
+    setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+        listen(listen_fd_, 4)) {
+        std::string e = errstr("source: bind/listen port " + std::to_string(port));
+        close(listen_fd_);
+        throw Error(e);
+    }
+    thread_ = std::thread([this, opt] {
+        int fd = -1;
+        while (!stop_) {
+            pollfd p{listen_fd_, POLLIN, 0};
+            if (::poll(&p, 1, 100) > 0) {
+                fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+                break;
+            }
+        }
+        if (fd < 0) {
+            error_ = stop_ ? "source: stopped before a connection" : errstr("source: accept");
+        } else {
+            SendOptions o = opt;
+            if (!o.stop) o.stop = &stop_;
+            try {
+                result_ = send_on(fd, o);
+            } catch (const std::exception& e) {
+                error_ = e.what();
+            }
+        }
+        done_ = true;
+    });
+}
+
+Source::~Source() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+    close(listen_fd_);
+}
+
+TrafficStats Source::wait(std::chrono::milliseconds timeout) {
+    auto end = Clock::now() + timeout;
+    while (!done_ && Clock::now() < end) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (!done_) throw Error("source: not done within the timeout");
+    thread_.join();
+    if (!error_.empty()) throw Error(error_);
+    return result_;
 }
 
 }  // namespace mpsteer::lab
