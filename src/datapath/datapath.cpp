@@ -155,10 +155,10 @@ namespace {
 // The maps every Datapath reuses from StateMaps (pinned there).
 const std::set<std::string> kSharedMaps = {"flows",        "conns",     "events", "announces",
                                            "add_requests", "prio_sent"};
-// Programs every chain needs.
-const char* const kAlways[] = {"entry_xdp",     "entry_tc_egress",     "entry_tc_ingress",
-                               "preflight_xdp", "preflight_tc_egress", "preflight_tc_ingress",
-                               "interp_xdp",    "interp_tc"};
+// Programs every chain needs; the agent's pre-flight entries.
+const char* const kAlways[] = {"entry_xdp", "entry_tc_egress", "entry_tc_ingress", "interp_xdp",
+                               "interp_tc"};
+const char* const kPreflight[] = {"preflight_xdp", "preflight_tc_egress", "preflight_tc_ingress"};
 
 const char* entry_name(Hook h, bool preflight) {
     switch (h) {
@@ -264,6 +264,7 @@ std::shared_ptr<Datapath> Datapath::adopt(const std::string& dir) {
     int bss = -1;
     try {
         for (const char* n : kAlways) dp->prog_fd(n);
+        for (const char* n : kPreflight) dp->prog_fd(n);
         for (const char* n : {"jmp_xdp", "jmp_tc", "step_counters", "gen_counters"}) dp->map_fd(n);
         bss = dp->map_fd("bss");
     } catch (const Error& e) {

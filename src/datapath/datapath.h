@@ -84,8 +84,8 @@ struct GenCounters {
 class Datapath {
 public:
     // Loads the BPF object with the shared state maps. `only`: load just these programs plus
-    // the entries and interpreters (tests and the bench: verification is most of a load);
-    // empty: every program (the agent). Both slots start empty (every hook: no chain).
+    // the entries and interpreters (tests and the bench: verification is most of a load; the
+    // preflight entries only when named); empty: every program (the agent). Both slots start empty (every hook: no chain).
     static std::shared_ptr<Datapath> load(const StateMaps& state,
                                           const std::vector<std::string>& only = {});
     // What an earlier process loaded and pinned under dir (pin()). Throws Error when the pins
