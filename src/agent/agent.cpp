@@ -205,7 +205,9 @@ private:
     std::vector<std::string> errors_, warnings_;
     bool suspended_ = false, pending_ = false, recovering_ = false;
     uint32_t next_gen_ = 1;
+    // Counters of generations gone from their slot, so totals never go backwards.
     std::map<std::string, PolicyCounters> retired_;
+    datapath::GenCounters retired_gen_;
     uint64_t applies_ok_ = 0, applies_failed_ = 0, events_[5] = {};
     double last_apply_ms_ = 0;
     int inotify_ = -1, epoll_ = -1, state_wd_ = -1, parent_wd_ = -1;
@@ -555,6 +557,11 @@ void Agent::apply(const Revision& rev) {
 void Agent::retire(std::unique_ptr<Generation>& g) {
     if (!g) return;
     for (const auto& [name, c] : policy_counters(*g)) retired_[name] += c;
+    try {
+        auto gc = g->gen_counters();
+        for (int i = 0; i < MPS_GC_MAX; ++i) retired_gen_.values[i] += gc.values[i];
+    } catch (const std::exception&) {
+    }
     g.reset();
 }
 
@@ -638,26 +645,30 @@ void Agent::write_status() {
                      {"status", !stalled_reason_.empty()},
                      {"reason", stalled_reason_},
                      {"message", stalled_message_}});
-    uint64_t missed = 0, malformed = 0, packets = 0;
+    // Totals since the agent started (earlier generations included); the Degraded condition
+    // looks at the running generation only.
+    uint64_t missed = 0;
     std::map<std::string, PolicyCounters> pols = retired_;
-    nlohmann::json gen_counters = nlohmann::json::object();
+    datapath::GenCounters g = retired_gen_;
     if (current_) {
-        for (const auto& [name, c] : policy_counters(*current_)) pols[name] += c;
-        try {
-            auto g = current_->gen_counters();
-            packets = g.values[MPS_GC_PACKETS];
-            malformed = g.values[MPS_GC_MALFORMED];
-            missed = g.values[MPS_GC_MISSED_TAIL_CALL];
-            gen_counters = {{"packets", packets},
-                            {"not_tcp", g.values[MPS_GC_NOT_TCP]},
-                            {"malformed", malformed},
-                            {"missed_tail_calls", missed},
-                            {"chain_too_long", g.values[MPS_GC_CHAIN_TOO_LONG]},
-                            {"no_meta", g.values[MPS_GC_NO_META]},
-                            {"events_lost", g.values[MPS_GC_EVENTS_LOST]}};
-        } catch (const std::exception&) {
+        for (const auto* gen : {current_.get(), previous_.get()}) {
+            if (!gen) continue;
+            for (const auto& [name, c] : policy_counters(*gen)) pols[name] += c;
+            try {
+                auto gc = gen->gen_counters();
+                for (int i = 0; i < MPS_GC_MAX; ++i) g.values[i] += gc.values[i];
+                if (gen == current_.get()) missed = gc.values[MPS_GC_MISSED_TAIL_CALL];
+            } catch (const std::exception&) {
+            }
         }
     }
+    nlohmann::json gen_counters = {{"packets", g.values[MPS_GC_PACKETS]},
+                                   {"not_tcp", g.values[MPS_GC_NOT_TCP]},
+                                   {"malformed", g.values[MPS_GC_MALFORMED]},
+                                   {"missed_tail_calls", g.values[MPS_GC_MISSED_TAIL_CALL]},
+                                   {"chain_too_long", g.values[MPS_GC_CHAIN_TOO_LONG]},
+                                   {"no_meta", g.values[MPS_GC_NO_META]},
+                                   {"events_lost", g.values[MPS_GC_EVENTS_LOST]}};
     bool degraded = missed > 0 || !warnings_.empty();
     conds.push_back({{"type", "Degraded"},
                      {"status", degraded},
