@@ -1,22 +1,31 @@
 -- ECF (Earliest Completion First, Lim et al., CoNEXT'17) as per-subflow rates.
--- Called every `every` (on_tick) with the connections the policy selected. For each
--- connection: the fastest subflow f (lowest srtt) is never capped; a slower subflow s is held
--- back (rate 0 -> the minimum window) while waiting for f completes the unsent data sooner,
--- and released (max_rate) otherwise. The datapath's rate_limit actor enforces the rates.
---
--- Engine API (issue 6): mpsteer.connections() -> list of connections, each with
--- .token, .unsent (bytes), .subflows = { {id, srtt_us, rttvar_us, cwnd (bytes), inflight,
--- rate, backup}, ... }; mpsteer.set_rate(subflow_id, bytes_per_second or 0 = uncapped);
--- mpsteer.log(level, message); params from the manifest in `params`.
+-- Every `every` (on_tick), for each connection: f = the fastest subflow (lowest srtt), s = the
+-- next one. f is never capped. While f's window is full, with k unsent bytes,
+-- delta = max(rttvar_f, rttvar_s):
+--   if (1 + k/cwnd_f) * rtt_f < (1 + waiting*beta) * (rtt_s + delta) then
+--     if (k/cwnd_s) * rtt_s >= 2*rtt_f + delta then wait for f (waiting = 1): s is held back
+--     else use s
+--   else waiting = 0 and use s.
+-- "Held back" is rate 1 B/s, i.e. rate_limit's min_window; "use" is max_rate. The datapath's
+-- rate_limit actor enforces the rates on the ACKs this host receives. Subflows without an
+-- RTT sample or cwnd (not this host's sockets) are left alone. API: lua/README.md.
 
 local beta = params.beta or 0.25
-local max_rate = params.max_rate_bytes or 125000000  -- 1 Gbit/s in bytes/s
-local waiting = {}  -- per connection token: the ECF "waiting" flag
+local max_rate = params.max_rate or 125000000  -- bytes/s, or a rate string ("1Gbit")
+if type(max_rate) == "string" then max_rate = mpsteer.rate(max_rate) end
+local waiting = {}  -- token -> the ECF "waiting" flag
+local last = {}     -- subflow id -> rate written (write only on change)
+
+local function set(id, rate)
+  if last[id] ~= rate then
+    if mpsteer.set_rate(id, rate) then last[id] = rate end
+  end
+end
 
 local function fastest_two(subflows)
   local f, s
   for _, sf in ipairs(subflows) do
-    if sf.srtt_us > 0 and not sf.backup then
+    if sf.srtt_us > 0 and sf.cwnd > 0 and not sf.backup then
       if not f or sf.srtt_us < f.srtt_us then
         f, s = sf, f
       elseif not s or sf.srtt_us < s.srtt_us then
@@ -27,10 +36,10 @@ local function fastest_two(subflows)
   return f, s
 end
 
--- The ECF rule: true when the slower subflow should wait for the fastest one.
-local function should_wait(conn, f, s)
+-- True when s should wait for f.
+local function hold_slow(conn, f, s)
+  if f.cwnd > f.inflight then return false end  -- f has room: nothing to decide
   local k = conn.unsent
-  if f.cwnd - f.inflight > 0 then return true end  -- f has window space: use f
   local rtt_f, rtt_s = f.srtt_us, s.srtt_us
   local delta = math.max(f.rttvar_us, s.rttvar_us)
   local w = waiting[conn.token] and 1 or 0
@@ -49,11 +58,11 @@ function on_tick()
   for _, conn in ipairs(mpsteer.connections()) do
     local f, s = fastest_two(conn.subflows)
     if f then
-      mpsteer.set_rate(f.id, 0)  -- the fastest subflow is never capped
+      set(f.id, 0)  -- the fastest subflow is never capped
       if s then
-        local hold = should_wait(conn, f, s)
+        local rate = hold_slow(conn, f, s) and 1 or max_rate
         for _, sf in ipairs(conn.subflows) do
-          if sf.id ~= f.id then mpsteer.set_rate(sf.id, hold and 1 or max_rate) end
+          if sf.id ~= f.id and sf.srtt_us > 0 and not sf.backup then set(sf.id, rate) end
         end
       end
     end
@@ -61,5 +70,5 @@ function on_tick()
 end
 
 function on_subflow_closed(sf)
-  mpsteer.set_rate(sf.id, 0)
+  last[sf.id] = nil
 end

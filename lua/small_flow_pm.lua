@@ -1,11 +1,7 @@
 -- Small-flow path manager (eMPTCP): a connection stays on one path until it has carried
 -- `threshold_bytes`; then the ADD_ADDR the datapath hid (blk_subflow) is re-injected
 -- (add_subflow) so the host opens its other subflows. Short flows finish on one path and do
--- not pay for subflow setup; long flows still get every path.
---
--- Engine API (issue 6): on_add_addr_blocked(a) with a.token, a.address, a.port, a.addr_id;
--- mpsteer.connection(token) -> {bytes, subflows = {...}} or nil; mpsteer.add_subflow(token,
--- addr_id); mpsteer.log(level, message); params from the manifest in `params`.
+-- not pay for subflow setup; long flows still get every path. API: lua/README.md.
 
 local threshold = params.threshold_bytes or 220000
 local blocked = {}  -- token -> list of hidden announcements (address ids)
@@ -22,7 +18,7 @@ function on_tick()
   for token, ids in pairs(blocked) do
     local conn = mpsteer.connection(token)
     if not conn then
-      blocked[token] = nil  -- closed before it grew
+      blocked[token] = nil  -- closed before it grew (or its keys were never seen)
     elseif conn.bytes >= threshold then
       for _, id in ipairs(ids) do mpsteer.add_subflow(token, id) end
       mpsteer.log("info", string.format("connection %08x passed %d bytes: opening its " ..

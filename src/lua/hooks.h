@@ -1,0 +1,182 @@
+// Lua hooks (DESIGN "Lua hooks"): operators' scripts that the agent runs on datapath events
+// and timers, turning their decisions into in-place map writes. One Lua 5.4 state per script,
+// sandboxed: base (without dofile, loadfile, collectgarbage; `load` takes text only), string
+// (without dump), table, math, utf8; an instruction budget per call, a memory cap per state,
+// every call under a protected call with a traceback; a script failing `max_failures` times
+// in a row is disabled and reported, everything else carries on.
+//
+// The script API (documented in lua/README.md) reads and writes through a Backend: the agent
+// gives one over the datapath's maps (datapath_backend.h), the unit tests a fake that records
+// the writes. Nothing here touches the kernel.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+struct lua_State;
+
+namespace mpsteer::lua {
+
+struct Limits {
+    uint64_t instructions = 1'000'000;  // Lua VM instructions per call (counted per 1000)
+    size_t memory_bytes = 16u << 20;    // per state, everything the state allocates
+    int max_failures = 3;               // consecutive failed calls before the script is disabled
+};
+
+// What a script sees of one subflow. Fields the host cannot know are 0.
+struct Subflow {
+    uint64_t id = 0;          // handle for set_rate/set_subflow, stable while the flow exists
+    uint32_t token = 0;       // the connection (lower of the two MPTCP tokens; 0: unknown)
+    std::string a, b;         // endpoints "addr:port" (flow key order: a is the lower one)
+    uint64_t bytes = 0, packets = 0;          // payload bytes / packets, both directions
+    uint64_t bytes_ab = 0, bytes_ba = 0;      // per direction
+    uint32_t srtt_us = 0, rttvar_us = 0;      // TCP_INFO where the host owns the socket,
+                                              // else from TCP timestamps (record)
+    uint64_t cwnd = 0;        // bytes (snd_cwnd x mss); local sockets only
+    uint64_t inflight = 0;    // bytes sent and not acknowledged; local sockets only
+    uint64_t notsent = 0;     // bytes queued on the subflow, not sent; local sockets only
+    uint64_t delivery_rate = 0;  // bytes/s (TCP_INFO); local sockets only
+    uint64_t rate = 0;        // rate_limit override in bytes/s (0: the step's own rate)
+    bool backup = false;      // MP_JOIN B flag / MP_PRIO seen
+    bool local = false;       // the host owns the socket (TCP_INFO available)
+    bool join = false;        // an MP_JOIN subflow (false: the initial one, or unknown)
+};
+
+struct Connection {
+    uint32_t token = 0;       // lower token
+    uint32_t token_b = 0;     // the other side's token
+    uint64_t bytes = 0, packets = 0;
+    uint64_t unsent = 0;      // bytes the local MPTCP socket has not sent yet (0: unknown)
+    std::vector<Subflow> subflows;
+};
+
+struct AddAddr {
+    uint32_t token = 0;       // connection (0: not known yet)
+    std::string address;      // "10.0.2.2" / "fd00:2::2"
+    uint16_t port = 0;        // 0: none in the option
+    uint8_t addr_id = 0;
+    std::string subflow;      // the subflow it travelled on, "a <-> b"
+};
+
+// The settings a script may change on a subflow. Empty optionals: leave alone.
+struct SubflowSettings {
+    std::optional<uint64_t> rate;  // bytes/s, 0 clears the override
+    std::optional<bool> backup;
+};
+
+// Where scripts read metrics and send their decisions. Calls may throw std::exception: the
+// message becomes a Lua error in the calling script.
+class Backend {
+public:
+    virtual ~Backend() = default;
+    virtual std::vector<Connection> connections() = 0;
+    virtual std::optional<Connection> connection(uint32_t token) = 0;
+    virtual std::optional<Subflow> subflow(uint64_t id) = 0;
+    // For `policy`'s script. False: no such subflow (any more).
+    virtual bool set_subflow(const std::string& policy, uint64_t id, const SubflowSettings& s) = 0;
+    // Re-inject a hidden announcement (add_subflow); false when already released or unknown.
+    virtual bool add_subflow(const std::string& policy, uint32_t token, uint8_t addr_id) = 0;
+    // Hide it again (blk_subflow keeps hiding its retransmissions).
+    virtual bool block_address(const std::string& policy, uint32_t token, uint8_t addr_id) = 0;
+};
+
+// One script: its own state, its failures, its statistics.
+struct ScriptSpec {
+    std::string policy;   // the manifest's policy name
+    std::string name;     // for messages: the script as written ("lua/ecf.lua")
+    std::string source;   // the text
+    uint32_t every_ms = 0;
+    nlohmann::json params = nlohmann::json::object();
+    bool operator==(const ScriptSpec&) const = default;
+};
+
+struct ScriptStatus {
+    std::string policy, script;
+    bool disabled = false;
+    bool loaded = false;
+    int consecutive_failures = 0;
+    uint64_t calls = 0, failures = 0, writes = 0;
+    std::string last_error;      // with the traceback
+    double last_call_us = 0, max_call_us = 0;
+    nlohmann::json to_json() const;
+};
+
+class Script {
+public:
+    // Loads and runs the chunk (defining the hooks). A load error is a failure like any other:
+    // the script is then disabled at once (it has no hooks to retry).
+    Script(ScriptSpec spec, Backend& backend, Limits limits = {});
+    ~Script();
+    Script(const Script&) = delete;
+    Script& operator=(const Script&) = delete;
+
+    const ScriptSpec& spec() const { return spec_; }
+    const ScriptStatus& status() const { return status_; }
+    bool disabled() const { return status_.disabled; }
+    bool has(const char* hook) const;  // the global is a function
+
+    // Each returns true when the hook ran without error (also when the script lacks it).
+    bool on_connection(const Connection& c);
+    bool on_subflow(const Subflow& s);
+    bool on_subflow_closed(const Subflow& s);
+    bool on_add_addr_blocked(const AddAddr& a);
+    bool on_tick();
+    bool on_apply(const nlohmann::json& info);  // {revision, generation, reloaded}
+
+    // The next on_tick (steady clock); max() without ticks.
+    std::chrono::steady_clock::time_point next_tick() const { return next_tick_; }
+    void schedule_from(std::chrono::steady_clock::time_point now);
+
+    struct Impl;  // the Lua side (hooks.cpp)
+private:
+    bool call(const char* hook, std::function<int(lua_State*)> push,
+              std::function<void(lua_State*)> returns);
+    ScriptSpec spec_;
+    ScriptStatus status_;
+    std::unique_ptr<Impl> impl_;
+    std::chrono::steady_clock::time_point next_tick_ = std::chrono::steady_clock::time_point::max();
+};
+
+// Every script of the running revision, keyed by policy. The agent's one hook-in.
+class HookSet {
+public:
+    explicit HookSet(Backend& backend, Limits limits = {}) : backend_(backend), limits_(limits) {}
+    // Makes the set equal to `specs` (after an apply): unchanged scripts keep their state,
+    // changed ones are reloaded, removed ones dropped; then on_apply runs on every script
+    // with {revision, generation, reloaded}. Returns the policies whose script was (re)loaded.
+    std::vector<std::string> configure(const std::vector<ScriptSpec>& specs,
+                                       const std::string& revision, uint32_t generation);
+
+    void on_connection(const Connection& c);
+    void on_subflow(const Subflow& s);
+    void on_subflow_closed(const Subflow& s);
+    void on_add_addr_blocked(const AddAddr& a);
+    // Runs every due on_tick; returns when the next one is due (max(): none).
+    std::chrono::steady_clock::time_point tick(std::chrono::steady_clock::time_point now);
+
+    std::vector<ScriptStatus> status() const;
+    nlohmann::json status_json() const;
+    size_t size() const { return scripts_.size(); }
+    Script* find(const std::string& policy);
+
+private:
+    template <typename F>
+    void each(F&& f);
+    Backend& backend_;
+    Limits limits_;
+    std::map<std::string, std::unique_ptr<Script>> scripts_;
+};
+
+// Reads the script file named by a manifest's hook into a spec. Throws std::runtime_error.
+ScriptSpec read_spec(const std::string& policy, const std::string& script_as_written,
+                     const std::string& path, uint32_t every_ms, const nlohmann::json& params);
+
+}  // namespace mpsteer::lua

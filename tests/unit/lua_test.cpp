@@ -1,0 +1,450 @@
+// Lua hooks without a kernel: the shipped scripts driven with synthetic events against a fake
+// backend that records every write, and the sandbox's containment of hostile scripts.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "lua/hooks.h"
+
+using namespace mpsteer::lua;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Write {
+    std::string what;  // "rate", "backup", "add", "block"
+    uint64_t target = 0, value = 0;
+    bool operator==(const Write&) const = default;
+};
+
+class FakeBackend : public Backend {
+public:
+    std::vector<Connection> conns;
+    std::vector<Write> writes;
+    std::vector<Connection> connections() override { return conns; }
+    std::optional<Connection> connection(uint32_t token) override {
+        for (const auto& c : conns)
+            if (c.token == token) return c;
+        return std::nullopt;
+    }
+    std::optional<Subflow> subflow(uint64_t id) override {
+        for (const auto& c : conns)
+            for (const auto& s : c.subflows)
+                if (s.id == id) return s;
+        return std::nullopt;
+    }
+    bool set_subflow(const std::string&, uint64_t id, const SubflowSettings& s) override {
+        if (!subflow(id)) return false;
+        if (s.rate) writes.push_back({"rate", id, *s.rate});
+        if (s.backup) writes.push_back({"backup", id, *s.backup});
+        return true;
+    }
+    bool add_subflow(const std::string&, uint32_t token, uint8_t id) override {
+        writes.push_back({"add", token, id});
+        return true;
+    }
+    bool block_address(const std::string&, uint32_t token, uint8_t id) override {
+        writes.push_back({"block", token, id});
+        return true;
+    }
+    uint64_t rate_of(uint64_t id) const {
+        for (auto it = writes.rbegin(); it != writes.rend(); ++it)
+            if (it->what == "rate" && it->target == id) return it->value;
+        return UINT64_MAX;
+    }
+};
+
+std::string file(const std::string& rel) {
+    std::ifstream in(std::string(MPS_SOURCE_DIR) + "/" + rel);
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+}
+
+ScriptSpec spec(const std::string& src, nlohmann::json params = nlohmann::json::object(),
+                uint32_t every = 0, const std::string& policy = "p") {
+    return {policy, "test.lua", src, every, std::move(params)};
+}
+
+Subflow sf(uint64_t id, uint32_t srtt, uint32_t rttvar, uint64_t cwnd, uint64_t inflight) {
+    Subflow s;
+    s.id = id;
+    s.token = 0x1234;
+    s.srtt_us = srtt;
+    s.rttvar_us = rttvar;
+    s.cwnd = cwnd;
+    s.inflight = inflight;
+    s.local = true;
+    return s;
+}
+
+Limits small_limits() {
+    Limits l;
+    l.instructions = 200'000;
+    l.memory_bytes = 4u << 20;
+    l.max_failures = 3;
+    return l;
+}
+
+}  // namespace
+
+// ---- shipped scripts -----------------------------------------------------------------------
+
+TEST_CASE("lua: small_flow_pm opens the hidden subflow only after the threshold",
+          "[lua][scripts]") {
+    FakeBackend be;
+    Script s(spec(file("lua/small_flow_pm.lua"), {{"threshold_bytes", 220000}}, 100), be);
+    REQUIRE(s.status().loaded);
+    Connection c;
+    c.token = 0xabcd;
+    c.bytes = 1000;
+    be.conns = {c};
+    AddAddr a;
+    a.token = 0xabcd;
+    a.address = "10.0.2.2";
+    a.addr_id = 1;
+    REQUIRE(s.on_add_addr_blocked(a));
+    REQUIRE(s.on_tick());
+    CHECK(be.writes.empty());  // 1000 bytes: stays on one path
+    be.conns[0].bytes = 219999;
+    REQUIRE(s.on_tick());
+    CHECK(be.writes.empty());
+    be.conns[0].bytes = 220000;
+    REQUIRE(s.on_tick());
+    REQUIRE(be.writes == std::vector<Write>{{"add", 0xabcd, 1}});
+    REQUIRE(s.on_tick());  // once only
+    CHECK(be.writes.size() == 1);
+    // A connection that closed before it grew is forgotten without a write.
+    a.token = 0x7777;
+    REQUIRE(s.on_add_addr_blocked(a));
+    REQUIRE(s.on_tick());
+    CHECK(be.writes.size() == 1);
+    CHECK(s.status().failures == 0);
+}
+
+TEST_CASE("lua: small_flow_pm forgets announcements of unknown connections",
+          "[lua][scripts]") {
+    FakeBackend be;
+    Script s(spec(file("lua/small_flow_pm.lua"), {{"threshold_bytes", 500}}, 100), be);
+    AddAddr a;  // token 0: the connection's keys were not seen yet
+    a.address = "10.0.2.2";
+    a.addr_id = 1;
+    REQUIRE(s.on_add_addr_blocked(a));
+    REQUIRE(s.on_tick());
+    CHECK(be.writes.empty());
+}
+
+TEST_CASE("lua: ecf caps the slow subflow while waiting for the fast one pays off",
+          "[lua][scripts]") {
+    FakeBackend be;
+    Script s(spec(file("lua/ecf.lua"), {{"beta", 0.25}, {"max_rate", "1Gbit"}}, 50), be);
+    REQUIRE(s.status().loaded);
+    Connection c;
+    c.token = 0x1234;
+    // f: 20 ms, window full; s: 50 ms. Little unsent data: f finishes it sooner -> wait for f.
+    c.subflows = {sf(1, 20000, 1000, 100000, 100000), sf(2, 50000, 2000, 10000, 5000)};
+    c.unsent = 10000;
+    be.conns = {c};
+    REQUIRE(s.on_tick());
+    CHECK(be.rate_of(1) == 0);       // fastest: uncapped
+    CHECK(be.rate_of(2) == 1);       // slow one held back (the step's minimum window)
+    // Lots of unsent data: both paths are needed -> s released to max_rate.
+    be.conns[0].unsent = 50'000'000;
+    REQUIRE(s.on_tick());
+    CHECK(be.rate_of(1) == 0);
+    CHECK(be.rate_of(2) == 125'000'000);
+    // The fast subflow has window space: it takes the data, the slow one is not needed...
+    // but ECF only decides when f is full; with space everywhere nothing is held back.
+    be.conns[0].subflows[0].inflight = 10000;
+    be.conns[0].unsent = 10000;
+    REQUIRE(s.on_tick());
+    CHECK(be.rate_of(2) == 125'000'000);
+    // Full again with the same small backlog: held back again.
+    be.conns[0].subflows[0].inflight = 100000;
+    REQUIRE(s.on_tick());
+    CHECK(be.rate_of(2) == 1);
+    // A backup or RTT-less subflow is left alone; a single subflow is never capped.
+    be.conns[0].subflows.pop_back();
+    size_t n = be.writes.size();
+    REQUIRE(s.on_tick());
+    CHECK(be.rate_of(1) == 0);
+    CHECK(be.writes.size() == n);  // unchanged rates are not rewritten
+    CHECK(s.status().failures == 0);
+}
+
+// ---- the API -------------------------------------------------------------------------------
+
+TEST_CASE("lua: events reach their hooks with the documented fields", "[lua][api]") {
+    FakeBackend be;
+    Connection c;
+    c.token = 42;
+    c.subflows = {sf(7, 1000, 10, 14480, 0)};
+    be.conns = {c};
+    Script s(spec(R"(
+        seen = {}
+        function on_connection(c) seen[#seen+1] = "conn " .. c.token .. " " .. #c.subflows end
+        function on_subflow(sf) seen[#seen+1] = "sf " .. sf.id .. " " .. sf.srtt_us .. " " .. tostring(sf.local_socket) end
+        function on_subflow_closed(sf) seen[#seen+1] = "closed " .. sf.id end
+        function on_add_addr_blocked(a) seen[#seen+1] = "blocked " .. a.address .. " " .. a.addr_id end
+        function on_apply(i) seen[#seen+1] = "apply " .. i.revision .. " " .. tostring(i.reloaded) end
+        function on_tick(every) seen[#seen+1] = "tick " .. every
+          local cs = mpsteer.connections()
+          assert(#cs == 1 and cs[1].subflows[1].id == 7 and cs[1].subflows[1].cwnd == 14480)
+          assert(mpsteer.connection(42).token == 42 and mpsteer.connection(43) == nil)
+          assert(mpsteer.subflow(7).local_socket == true)
+          assert(mpsteer.set_rate(7, 1000) == true and mpsteer.set_rate(8, 1) == false)
+          assert(mpsteer.set_subflow(7, {backup = true}) == true)
+          assert(mpsteer.add_subflow(42, 1) and mpsteer.block_address(42, 2))
+          assert(mpsteer.rate("8Mbit") == 1000000)
+          assert(params.n == 3 and params.list[2] == "b" and mpsteer.policy == "p")
+        end
+    )",
+                  {{"n", 3}, {"list", {"a", "b"}}}, 10),
+             be);
+    REQUIRE(s.status().loaded);
+    CHECK(s.on_connection(c));
+    CHECK(s.on_subflow(c.subflows[0]));
+    CHECK(s.on_subflow_closed(c.subflows[0]));
+    AddAddr a;
+    a.address = "10.0.2.2";
+    a.addr_id = 1;
+    CHECK(s.on_add_addr_blocked(a));
+    CHECK(s.on_apply({{"revision", "abc"}, {"generation", 3}, {"reloaded", true}}));
+    CHECK(s.on_tick());
+    INFO(s.status().last_error);
+    CHECK(s.status().failures == 0);
+    CHECK(be.writes == std::vector<Write>{{"rate", 7, 1000}, {"backup", 7, 1}, {"add", 42, 1},
+                                          {"block", 42, 2}});
+    CHECK(s.status().writes == 4);
+}
+
+TEST_CASE("lua: a hook's returned table sets its subflow; unknown keys are errors",
+          "[lua][api]") {
+    FakeBackend be;
+    Connection c;
+    c.token = 1;
+    c.subflows = {sf(5, 1000, 10, 0, 0)};
+    be.conns = {c};
+    Script s(spec(R"(
+        mode = "ok"
+        function on_subflow(sf)
+          if mode == "ok" then return {rate = 2500000, backup = false} end
+          if mode == "typo" then return {rat = 1} end
+          if mode == "string" then return "fast" end
+          if mode == "badrate" then return {rate = "fast"} end
+          if mode == "api" then mpsteer.set_subflow(sf.id, {rate = 1, colour = "red"}) end
+        end
+        function on_tick() return 1 end
+    )"),
+             be, small_limits());
+    REQUIRE(s.on_subflow(c.subflows[0]));
+    CHECK(be.writes == std::vector<Write>{{"rate", 5, 2500000}, {"backup", 5, 0}});
+    auto fails_with = [&](const char* mode, const std::string& text) {
+        Script probe(spec(std::string("mode = '") + mode + "'\n" +
+                          "function on_subflow(sf)\n"
+                          "  if mode == 'typo' then return {rat = 1} end\n"
+                          "  if mode == 'string' then return 'fast' end\n"
+                          "  if mode == 'badrate' then return {rate = 'fast'} end\n"
+                          "  if mode == 'api' then mpsteer.set_subflow(sf.id, {rate = 1, colour = 'red'}) end\n"
+                          "  if mode == 'log' then mpsteer.log('loud', 'x') end\n"
+                          "end\n"),
+                     be, small_limits());
+        CHECK_FALSE(probe.on_subflow(c.subflows[0]));
+        INFO(probe.status().last_error);
+        CHECK(probe.status().last_error.find(text) != std::string::npos);
+    };
+    fails_with("typo", "unknown key 'rat'");
+    fails_with("string", "must return nothing or a table");
+    fails_with("badrate", "rate must be a non-negative number");
+    fails_with("api", "unknown key 'colour'");
+    fails_with("log", "unknown level 'loud'");
+    CHECK_FALSE(s.on_tick());
+    CHECK(s.status().last_error.find("on_tick must return nothing (got a number)") !=
+          std::string::npos);
+}
+
+// ---- the sandbox ---------------------------------------------------------------------------
+
+TEST_CASE("lua: the unsafe libraries and functions are absent", "[lua][sandbox]") {
+    FakeBackend be;
+    for (const char* expr :
+         {"io", "os", "package", "debug", "require", "dofile", "loadfile", "collectgarbage",
+          "string.dump", "coroutine", "(\"\").dump", "getmetatable(\"\").__index.dump"}) {
+        Script s(spec(std::string("assert(") + expr + " == nil, '" + expr + " is reachable')"), be);
+        INFO(expr << ": " << s.status().last_error);
+        CHECK(s.status().loaded);
+    }
+    // Using them is a runtime error, contained and reported.
+    Script s(spec("function on_tick() return os.execute('touch /tmp/mpsteer-lua-pwned') end"), be,
+             small_limits());
+    CHECK_FALSE(s.on_tick());
+    CHECK(s.status().last_error.find("attempt to index a nil value (global 'os')") !=
+          std::string::npos);
+    CHECK_FALSE(std::filesystem::exists("/tmp/mpsteer-lua-pwned"));
+}
+
+TEST_CASE("lua: bytecode is refused, by the loader and by load()", "[lua][sandbox]") {
+    FakeBackend be;
+    // A precompiled chunk as the script itself.
+    Script bin(spec(std::string("\x1bLua\x54\x00", 6) + "junk"), be);
+    CHECK(bin.disabled());
+    CHECK(bin.status().last_error.find("attempt to load a binary chunk") != std::string::npos);
+    Script s(spec(R"(
+        local f, err = load("\27Lua\84\0junk")
+        assert(f == nil and err:find("binary chunk"), tostring(err))
+        local ok, e2 = pcall(load, "return 1", "x", "b")
+        assert(not ok and e2:find("not allowed"), tostring(e2))
+        local ok3, e3 = pcall(load, function() return nil end)
+        assert(not ok3 and e3:find("must be a string"), tostring(e3))
+        -- text chunks work, with an environment that has none of the globals
+        assert(load("return 1 + 1")() == 2)
+        local g = load("return print", "x", "t", {})
+        assert(g() == nil)
+    )"),
+             be);
+    INFO(s.status().last_error);
+    CHECK(s.status().loaded);
+}
+
+TEST_CASE("lua: an infinite loop hits the budget, even under pcall; the script is disabled",
+          "[lua][sandbox]") {
+    FakeBackend be;
+    Script s(spec(R"(
+        function on_tick() while true do end end
+        function on_subflow() while true do pcall(function() while true do end end) end end
+    )"),
+             be, small_limits());
+    auto t0 = Clock::now();
+    CHECK_FALSE(s.on_subflow(Subflow{}));
+    CHECK(s.status().last_error.find("instruction budget exceeded") != std::string::npos);
+    CHECK_FALSE(s.on_tick());
+    CHECK_FALSE(s.disabled());
+    CHECK_FALSE(s.on_tick());
+    CHECK(s.disabled());  // three in a row
+    CHECK(Clock::now() - t0 < 2s);
+    CHECK_FALSE(s.on_tick());  // disabled: not called
+    CHECK(s.status().calls == 3);
+    auto j = s.status().to_json();
+    CHECK(j["state"] == "disabled");
+    CHECK(j["failures"] == 3);
+}
+
+TEST_CASE("lua: a memory bomb hits the cap and is contained", "[lua][sandbox]") {
+    FakeBackend be;
+    Script s(spec(R"(
+        function on_tick()
+          local t = {}
+          for i = 1, 1e9 do t[i] = string.rep("x", 1024) .. i end
+        end
+        function on_subflow() local ok = pcall(function() local t = {} for i = 1, 1e9 do t[i] = i end end) end
+        function on_subflow_closed() return #string.rep("x", 1 << 40) end
+        function on_connection() return #string.rep("", 1e18) end
+    )"),
+             be, Limits{50'000'000, 4u << 20, 3});
+    CHECK_FALSE(s.on_tick());
+    INFO(s.status().last_error);
+    CHECK(s.status().last_error.find("memory cap exceeded") != std::string::npos);
+    CHECK_FALSE(s.on_subflow(Subflow{}));  // pcall does not swallow the cap
+    CHECK(s.status().last_error.find("memory cap exceeded") != std::string::npos);
+    CHECK_FALSE(s.on_subflow_closed(Subflow{}));  // refused before allocating
+    CHECK(s.status().last_error.find("string.rep: result beyond the memory cap") != std::string::npos);
+    auto t0 = Clock::now();
+    CHECK_FALSE(s.on_connection(Connection{}));  // returns a number: wrong return type, but quick
+    CHECK(Clock::now() - t0 < 1s);
+}
+
+TEST_CASE("lua: runtime errors come with a traceback; success resets the failure count",
+          "[lua][sandbox]") {
+    FakeBackend be;
+    Script s(spec("n = 0\n"
+                  "local function inner(x) return x.field end\n"
+                  "function on_tick() n = n + 1; if n % 2 == 1 then return inner(nil) end end\n"),
+             be, small_limits());
+    CHECK_FALSE(s.on_tick());
+    const auto& e = s.status().last_error;
+    INFO(e);
+    CHECK(e.find("test.lua:2: attempt to index a nil value") != std::string::npos);
+    CHECK(e.find("stack traceback") != std::string::npos);
+    CHECK(s.on_tick());
+    CHECK(s.status().consecutive_failures == 0);
+    CHECK_FALSE(s.on_tick());
+    CHECK(s.on_tick());
+    CHECK_FALSE(s.disabled());
+    CHECK(s.status().failures == 2);
+}
+
+TEST_CASE("lua: a script that fails to load is disabled at once", "[lua][sandbox]") {
+    FakeBackend be;
+    Script syntax(spec("function on_tick( end"), be);
+    CHECK(syntax.disabled());
+    CHECK(syntax.status().last_error.find("load:") == 0);
+    Script boom(spec("error('no')"), be);
+    CHECK(boom.disabled());
+    Script loop(spec("while true do end"), be, small_limits());
+    CHECK(loop.disabled());
+    CHECK(loop.status().last_error.find("instruction budget") != std::string::npos);
+}
+
+TEST_CASE("lua: a backend exception is a Lua error in the calling script only", "[lua][api]") {
+    struct Throwing : FakeBackend {
+        std::vector<Connection> connections() override { throw std::runtime_error("map gone"); }
+    } be;
+    HookSet set(be, small_limits());
+    set.configure({spec("function on_tick() mpsteer.connections() end", {}, 10, "a"),
+                   spec("n = 0; function on_tick() n = n + 1 end", {}, 10, "b")},
+                  "r1", 1);
+    auto now = Clock::now() + 20ms;
+    for (int i = 0; i < 5; ++i) now = set.tick(now);
+    auto st = set.status();
+    REQUIRE(st.size() == 2);
+    CHECK(st[0].disabled);
+    CHECK(st[0].last_error.find("map gone") != std::string::npos);
+    CHECK_FALSE(st[1].disabled);
+    CHECK(st[1].calls == 5);  // ticks (a missing on_apply is not a call)
+}
+
+// ---- the set -------------------------------------------------------------------------------
+
+TEST_CASE("lua: configure keeps unchanged scripts, reloads changed ones, drops removed ones",
+          "[lua][set]") {
+    FakeBackend be;
+    HookSet set(be);
+    const std::string counter =
+        "n = 0; applied = {}\n"
+        "function on_tick() n = n + 1 end\n"
+        "function on_apply(i) applied[#applied+1] = i.reloaded\n"
+        "  if i.revision == 'r3' then assert(n == 2 and #applied == 3 and applied[1] == true"
+        " and applied[2] == false and applied[3] == false) end end\n";
+    auto loaded = set.configure({spec(counter, {}, 100, "a"), spec(counter, {}, 100, "b")}, "r1", 1);
+    CHECK(loaded.size() == 2);
+    auto t = Clock::now() + 150ms;
+    set.tick(t);
+    t += 100ms;
+    set.tick(t);
+    // r2: a unchanged, b's params changed -> b reloaded (fresh state).
+    loaded = set.configure({spec(counter, {}, 100, "a"), spec(counter, {{"x", 1}}, 100, "b")}, "r2", 2);
+    CHECK(loaded == std::vector<std::string>{"b"});
+    // r3: on_apply asserts the kept state of a (two ticks, applied twice: true then false).
+    set.configure({spec(counter, {}, 100, "a")}, "r3", 3);
+    REQUIRE(set.size() == 1);
+    INFO(set.status()[0].last_error);
+    CHECK(set.status()[0].failures == 0);
+}
+
+TEST_CASE("lua: ticks follow each script's interval", "[lua][set]") {
+    FakeBackend be;
+    HookSet set(be);
+    set.configure({spec("n = 0; function on_tick() n = n + 1 end", {}, 10, "fast"),
+                   spec("n = 0; function on_tick() n = n + 1 end", {}, 100, "slow")},
+                  "r", 1);
+    auto start = Clock::now();
+    for (int ms = 1; ms <= 1000; ++ms) set.tick(start + std::chrono::milliseconds(ms));
+    auto st = set.status();
+    CHECK(st[0].calls >= 99);
+    CHECK(st[0].calls <= 101);
+    CHECK(st[1].calls >= 9);
+    CHECK(st[1].calls <= 11);
+}
