@@ -30,6 +30,7 @@
 #include "compile/compile.h"
 #include "datapath/datapath.h"
 #include "datapath/frames.h"
+#include "lua/datapath_backend.h"
 #include "manifest/manifest.h"
 
 namespace fs = std::filesystem;
@@ -192,6 +193,9 @@ private:
     void remove_stale_datapaths();
     void on_event(const datapath::Event& ev);
     void write_status();
+    // Lua hooks (issue 6): the scripts of the running revision's policies.
+    void configure_hooks(const manifest::Model& model, const std::string& revision);
+    void configure_hooks_from_dir();
 
     Config cfg_;
     datapath::StateMaps state_;
@@ -216,7 +220,42 @@ private:
     std::string attempting_content_;
     std::ofstream events_log_;
     std::unique_ptr<MetricsServer> metrics_;
+    // ---- Lua hooks (issue 6): fed events, ticks and on_apply; their state goes into status.
+    lua::DatapathBackend lua_backend_{state_};
+    lua::HookSet hooks_{lua_backend_};
+    bool hooks_configured_ = false;
+    Clock::time_point next_hook_tick_ = Clock::time_point::max();
 };
+
+void Agent::configure_hooks(const manifest::Model& model, const std::string& revision) {
+    std::vector<lua::ScriptSpec> specs;
+    for (const auto& p : model.policies) {
+        if (!p.lua) continue;
+        try {
+            specs.push_back(lua::read_spec(p.name, p.lua->script, p.lua->path, p.lua->every_ms,
+                                           p.lua->params));
+        } catch (const std::exception& e) {
+            spdlog::error("lua {}: {}", p.name, e.what());
+        }
+    }
+    hooks_.configure(specs, revision, current_ ? current_->number() : 0);
+    hooks_configured_ = true;
+    next_hook_tick_ = hooks_.tick(Clock::now());
+}
+
+// After a restart that adopted the running generation without an apply.
+void Agent::configure_hooks_from_dir() {
+    try {
+        auto rev = snapshot(cfg_.policies_dir);
+        manifest::Options mo;
+        mo.repo_root = rev.root;
+        mo.known_interfaces = present_interfaces();
+        auto res = manifest::load_paths({rev.root}, mo);
+        if (res.ok()) configure_hooks(res.model, applied_id_);
+    } catch (const std::exception& e) {
+        spdlog::warn("lua hooks: {}", e.what());
+    }
+}
 
 void Agent::adopt_previous() {
     std::ifstream in(gen_state_path());
@@ -552,6 +591,7 @@ void Agent::apply(const Revision& rev) {
     spdlog::info("generation {} active on {} hook(s): revision {}, {} policies, {} steps ({:.0f} ms)",
                  n, links_.size(), rev.id, out.chains.policies.size(), chains.steps.size(),
                  last_apply_ms_);
+    configure_hooks(res.model, rev.id);  // Lua hooks follow the revision (issue 6)
 }
 
 void Agent::retire(std::unique_ptr<Generation>& g) {
@@ -627,6 +667,11 @@ void Agent::on_event(const datapath::Event& ev) {
     }
     events_log_ << j.dump() << '\n';
     events_log_.flush();
+    try {
+        lua_backend_.dispatch(hooks_, ev);  // Lua hooks (issue 6)
+    } catch (const std::exception& e) {
+        spdlog::warn("lua hooks: event: {}", e.what());
+    }
 }
 
 void Agent::write_status() {
@@ -669,12 +714,17 @@ void Agent::write_status() {
                                    {"chain_too_long", g.values[MPS_GC_CHAIN_TOO_LONG]},
                                    {"no_meta", g.values[MPS_GC_NO_META]},
                                    {"events_lost", g.values[MPS_GC_EVENTS_LOST]}};
-    bool degraded = missed > 0 || !warnings_.empty();
+    std::string hook_off;  // Lua hooks (issue 6): a disabled script degrades the agent
+    for (const auto& h : hooks_.status())
+        if (h.disabled) hook_off += (hook_off.empty() ? "" : ", ") + h.policy + " (" + h.script + ")";
+    bool degraded = missed > 0 || !warnings_.empty() || !hook_off.empty();
     conds.push_back({{"type", "Degraded"},
                      {"status", degraded},
-                     {"reason", missed ? "MissedTailCalls" : !warnings_.empty() ? "Warnings" : ""},
+                     {"reason", missed ? "MissedTailCalls" : !warnings_.empty() ? "Warnings"
+                                : !hook_off.empty() ? "LuaHookDisabled" : ""},
                      {"message", missed ? std::to_string(missed) + " missed tail calls"
-                                 : !warnings_.empty() ? warnings_.front() : ""}});
+                                 : !warnings_.empty() ? warnings_.front()
+                                 : !hook_off.empty() ? "Lua hook disabled: " + hook_off : ""}});
     nlohmann::json policies = nlohmann::json::array();
     std::set<std::string> active;
     if (current_)
@@ -710,6 +760,7 @@ void Agent::write_status() {
                      {"mp_join", events_[MPS_EV_MP_JOIN]},
                      {"flow_closed", events_[MPS_EV_FLOW_CLOSED]},
                      {"add_addr_blocked", events_[MPS_EV_ADD_ADDR_BLOCKED]}}},
+         {"lua_hooks", hooks_.status_json()},
          {"pid", getpid()},
          {"policies_dir", cfg_.policies_dir},
          {"updated", now_iso()}};
@@ -762,12 +813,13 @@ int Agent::run() {
     spdlog::info("watching {} (state {}, pins {})", cfg_.policies_dir, cfg_.state_dir,
                  cfg_.pin_root);
     reconcile(false);
+    if (!hooks_configured_ && current_) configure_hooks_from_dir();
     write_status();
 
     auto due = Clock::time_point::max();  // debounced reconcile
     auto next_status = Clock::now() + 1s, next_resync = Clock::now() + cfg_.resync;
     for (;;) {
-        auto wake = std::min({due, next_status, next_resync});
+        auto wake = std::min({due, next_status, next_resync, next_hook_tick_});
         int timeout = static_cast<int>(std::max<int64_t>(
             0, std::chrono::duration_cast<std::chrono::milliseconds>(wake - Clock::now()).count()));
         epoll_event evs[8];
@@ -802,6 +854,7 @@ int Agent::run() {
             next_resync = now + cfg_.resync;
             reconcile(false);
         }
+        if (now >= next_hook_tick_) next_hook_tick_ = hooks_.tick(now);  // Lua on_tick
         if (now >= next_status) {
             next_status = now + 1s;
             write_status();
@@ -931,6 +984,21 @@ std::string to_prometheus(const nlohmann::json& s) {
     metric("mpsteer_events_total", "counter", "Datapath events, by type");
     for (const auto& [k, v] : s["events"].items())
         out += "mpsteer_events_total{type=\"" + k + "\"} " + num(v) + "\n";
+    if (s.contains("lua_hooks") && !s["lua_hooks"].empty()) {  // Lua hooks (issue 6)
+        const std::pair<const char*, const char*> lh[] = {
+            {"calls", "Lua hook calls"}, {"failures", "Lua hook calls that failed"},
+            {"writes", "Map writes requested by Lua hooks"}};
+        for (auto [key, help] : lh) {
+            std::string name = std::string("mpsteer_lua_hook_") + key + "_total";
+            metric(name, "counter", help);
+            for (const auto& h : s["lua_hooks"])
+                out += name + "{policy=\"" + esc(h.value("policy", "")) + "\"} " + num(h[key]) + "\n";
+        }
+        metric("mpsteer_lua_hook_disabled", "gauge", "1 when the policy's Lua hook is disabled");
+        for (const auto& h : s["lua_hooks"])
+            out += "mpsteer_lua_hook_disabled{policy=\"" + esc(h.value("policy", "")) + "\"} " +
+                   (h.value("state", "") == "disabled" ? "1" : "0") + "\n";
+    }
     return out;
 }
 

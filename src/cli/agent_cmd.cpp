@@ -56,6 +56,13 @@ int print_status(bool json) {
                         p.value("selected", 0UL), p.value("applied", 0UL), p.value("drops", 0UL),
                         p.value("missed_tail_calls", 0UL));
     }
+    for (const auto& h : s.value("lua_hooks", nlohmann::json::array())) {
+        std::cout << "lua hook:   " << h.value("policy", "") << " " << h.value("script", "") << " "
+                  << h.value("state", "") << ", " << h["calls"] << " calls, " << h["failures"]
+                  << " failures, " << h["writes"] << " writes\n";
+        if (!h.value("last_error", "").empty())
+            std::cout << "            last error: " << h.value("last_error", "") << '\n';
+    }
     for (const auto& e : s["errors"]) std::cout << "error: " << e.get<std::string>() << '\n';
     for (const auto& w : s["warnings"]) std::cout << "warning: " << w.get<std::string>() << '\n';
     return s.value("ready", false) ? 0 : 1;

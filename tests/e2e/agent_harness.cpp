@@ -182,8 +182,9 @@ RevisionSpec PolicyGen::invalid(int seq) {
 
 // ---- the agent process ---------------------------------------------------------------------
 
-AgentHarness::AgentHarness(const lab::Lab& lab, const std::string& what, int debounce_ms)
-    : lab_(lab), debounce_ms_(debounce_ms) {
+AgentHarness::AgentHarness(const lab::Lab& lab, const std::string& what, int debounce_ms,
+                           bool client_side)
+    : lab_(lab), debounce_ms_(debounce_ms), client_side_(client_side) {
     dir_ = "/tmp/mpsteer-" + what + "-" + std::to_string(getpid());
     state_ = dir_ + "/state";
     pins_ = lab::Steering::pin_root_for(what);  // also removes stale roots of dead runs
@@ -219,11 +220,11 @@ pid_t AgentHarness::start() {
                                      "--pin-root",
                                      pins_,
                                      "--netns",
-                                     lab_.server_ns(),
+                                     client_side_ ? lab_.client_ns() : lab_.server_ns(),
                                      "-i",
-                                     lab_.server_if(1),
+                                     client_side_ ? lab_.client_if(1) : lab_.server_if(1),
                                      "-i",
-                                     lab_.server_if(2),
+                                     client_side_ ? lab_.client_if(2) : lab_.server_if(2),
                                      "--metrics-port",
                                      "0",
                                      "--debounce-ms",

@@ -57,7 +57,10 @@ class AgentHarness {
 public:
     // Creates /tmp/mpsteer-<what>-<pid>/ (policies, state, logs) and the pin root
     // /sys/fs/bpf/mpsteer-<what>-<pid>.
-    AgentHarness(const lab::Lab& lab, const std::string& what, int debounce_ms = 10);
+    // The agent runs in the server's namespace on its interfaces, or with client_side in the
+    // client's (policies that act on what the client receives, e.g. the small-flow manager).
+    AgentHarness(const lab::Lab& lab, const std::string& what, int debounce_ms = 10,
+                 bool client_side = false);
     // Stops the agent (SIGTERM, then SIGKILL), `mpsteer reset`, removes the directories.
     ~AgentHarness();
     AgentHarness(const AgentHarness&) = delete;
@@ -97,6 +100,7 @@ private:
     const lab::Lab& lab_;
     std::string dir_, state_, pins_;
     int debounce_ms_;
+    bool client_side_ = false;
     pid_t pid_ = -1;
     int starts_ = 0;
     uint64_t rev_counter_ = 0;

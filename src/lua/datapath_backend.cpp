@@ -1,0 +1,333 @@
+#include "lua/datapath_backend.h"
+
+#include <arpa/inet.h>
+#include <bpf/bpf.h>
+#include <linux/inet_diag.h>
+#include <linux/netlink.h>
+#include <linux/rtnetlink.h>
+#include <linux/sock_diag.h>
+#include <linux/tcp.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+
+namespace mpsteer::lua {
+namespace {
+
+std::string endpoint(const uint32_t* addr, uint16_t port, uint8_t family) {
+    char buf[INET6_ADDRSTRLEN];
+    inet_ntop(family == 6 ? AF_INET6 : AF_INET, addr, buf, sizeof buf);
+    return family == 6 ? "[" + std::string(buf) + "]:" + std::to_string(port)
+                       : std::string(buf) + ":" + std::to_string(port);
+}
+
+std::string key_bytes(const mps_flow_key& k) {
+    return std::string(reinterpret_cast<const char*>(&k), sizeof k);
+}
+
+// (address bytes, port) of both ends, the smaller first.
+std::string pair_key(uint8_t family, const uint32_t* a, uint16_t pa, const uint32_t* b,
+                     uint16_t pb) {
+    auto one = [](const uint32_t* x, uint16_t p) {
+        std::string s(reinterpret_cast<const char*>(x), 16);
+        s.push_back(char(p >> 8));
+        s.push_back(char(p & 0xff));
+        return s;
+    };
+    std::string x = one(a, pa), y = one(b, pb);
+    if (y < x) std::swap(x, y);
+    return std::string(1, char(family)) + x + y;
+}
+
+}  // namespace
+
+std::string canonical_pair(const mps_flow_key& k) {
+    return pair_key(k.family, k.a, k.port_a, k.b, k.port_b);
+}
+
+std::map<std::string, TcpInfo> tcp_sockets() {
+    std::map<std::string, TcpInfo> out;
+    int fd = socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
+    if (fd < 0) throw std::runtime_error(std::string("sock_diag: ") + std::strerror(errno));
+    for (int family : {AF_INET, AF_INET6}) {
+        struct {
+            nlmsghdr nh;
+            inet_diag_req_v2 r;
+        } req{};
+        req.nh.nlmsg_len = sizeof req;
+        req.nh.nlmsg_type = SOCK_DIAG_BY_FAMILY;
+        req.nh.nlmsg_flags = NLM_F_REQUEST | NLM_F_DUMP;
+        req.r.sdiag_family = uint8_t(family);
+        req.r.sdiag_protocol = IPPROTO_TCP;
+        req.r.idiag_ext = 1u << (INET_DIAG_INFO - 1);
+        req.r.idiag_states = 1u << 1 /* TCP_ESTABLISHED */;
+        if (send(fd, &req, sizeof req, 0) < 0) {
+            close(fd);
+            throw std::runtime_error(std::string("sock_diag: ") + std::strerror(errno));
+        }
+        alignas(nlmsghdr) char buf[32768];
+        bool done = false;
+        while (!done) {
+            ssize_t n = recv(fd, buf, sizeof buf, 0);
+            if (n <= 0) break;
+            for (auto* h = reinterpret_cast<nlmsghdr*>(buf); NLMSG_OK(h, size_t(n));
+                 h = NLMSG_NEXT(h, n)) {
+                if (h->nlmsg_type == NLMSG_DONE || h->nlmsg_type == NLMSG_ERROR) {
+                    done = true;
+                    break;
+                }
+                auto* m = static_cast<inet_diag_msg*>(NLMSG_DATA(h));
+                int len = int(h->nlmsg_len - NLMSG_LENGTH(sizeof *m));
+                TcpInfo ti;
+                bool have = false;
+                for (auto* a = reinterpret_cast<rtattr*>(m + 1); RTA_OK(a, len);
+                     a = RTA_NEXT(a, len)) {
+                    if (a->rta_type != INET_DIAG_INFO) continue;
+                    tcp_info t{};
+                    std::memcpy(&t, RTA_DATA(a), std::min<size_t>(RTA_PAYLOAD(a), sizeof t));
+                    ti.srtt_us = t.tcpi_rtt;
+                    ti.rttvar_us = t.tcpi_rttvar;
+                    ti.cwnd_bytes = uint64_t(t.tcpi_snd_cwnd) * t.tcpi_snd_mss;
+                    int64_t pk = int64_t(t.tcpi_unacked) - t.tcpi_sacked - t.tcpi_lost +
+                                 t.tcpi_retrans;
+                    ti.inflight_bytes = uint64_t(std::max<int64_t>(0, pk)) * t.tcpi_snd_mss;
+                    ti.notsent_bytes = t.tcpi_notsent_bytes;
+                    ti.delivery_rate = t.tcpi_delivery_rate;
+                    ti.bytes_acked = t.tcpi_bytes_acked;
+                    ti.bytes_received = t.tcpi_bytes_received;
+                    have = true;
+                }
+                if (!have) continue;
+                uint32_t src[4] = {}, dst[4] = {};
+                std::memcpy(src, m->id.idiag_src, family == AF_INET ? 4 : 16);
+                std::memcpy(dst, m->id.idiag_dst, family == AF_INET ? 4 : 16);
+                out[pair_key(family == AF_INET ? 4 : 6, src, ntohs(m->id.idiag_sport), dst,
+                             ntohs(m->id.idiag_dport))] = ti;
+            }
+        }
+    }
+    close(fd);
+    return out;
+}
+
+DatapathBackend::DatapathBackend(const datapath::StateMaps& state)
+    : state_(state), actors_(datapath::ActorMaps::of(state)) {}
+
+uint64_t DatapathBackend::id_of(const mps_flow_key& k) {
+    auto [it, fresh] = ids_.try_emplace(key_bytes(k), next_id_);
+    if (fresh) keys_[next_id_++] = k;
+    return it->second;
+}
+
+std::optional<mps_flow_key> DatapathBackend::key_of(uint64_t id) const {
+    auto it = keys_.find(id);
+    if (it == keys_.end()) return std::nullopt;
+    return it->second;
+}
+
+Subflow DatapathBackend::make_subflow(const mps_flow_key& k, const mps_flow& f) {
+    Subflow s;
+    s.id = id_of(k);
+    s.token = f.conn_token;
+    s.a = endpoint(k.a, k.port_a, k.family);
+    s.b = endpoint(k.b, k.port_b, k.family);
+    s.bytes_ab = f.dir[0].bytes;
+    s.bytes_ba = f.dir[1].bytes;
+    s.bytes = s.bytes_ab + s.bytes_ba;
+    s.packets = f.dir[0].packets + f.dir[1].packets;
+    s.srtt_us = f.srtt_us;
+    s.rttvar_us = f.rttvar_us;
+    s.rate = f.rate_bps;
+    s.backup = f.backup;
+    s.join = f.role == MPS_ROLE_JOIN;
+    return s;
+}
+
+std::vector<Connection> DatapathBackend::read(std::optional<uint32_t> only) {
+    std::map<uint32_t, Connection> conns;
+    uint32_t key = 0, next = 0;
+    const uint32_t* prev = nullptr;
+    while (bpf_map_get_next_key(state_.conns(), prev, &next) == 0) {
+        mps_conn c{};
+        if (bpf_map_lookup_elem(state_.conns(), &next, &c) == 0 && c.token[0] == next &&
+            (!only || *only == next)) {
+            Connection& cn = conns[next];
+            cn.token = c.token[0];
+            cn.token_b = c.token[1];
+            cn.bytes = c.bytes;
+            cn.packets = c.packets;
+        }
+        key = next;
+        prev = &key;
+    }
+    if (!conns.empty()) {
+        mps_flow_key fk{}, fnext{};
+        const mps_flow_key* fprev = nullptr;
+        while (bpf_map_get_next_key(state_.flows(), fprev, &fnext) == 0) {
+            mps_flow f{};
+            if (bpf_map_lookup_elem(state_.flows(), &fnext, &f) == 0 && f.conn_token) {
+                auto it = conns.find(f.conn_token);
+                if (it != conns.end()) it->second.subflows.push_back(make_subflow(fnext, f));
+            }
+            fk = fnext;
+            fprev = &fk;
+        }
+    }
+    std::vector<Connection> out;
+    for (auto& [t, c] : conns) {
+        std::sort(c.subflows.begin(), c.subflows.end(),
+                  [](const Subflow& x, const Subflow& y) { return x.id < y.id; });
+        out.push_back(std::move(c));
+    }
+    overlay_tcp_info(out);
+    return out;
+}
+
+void DatapathBackend::overlay_tcp_info(std::vector<Connection>& conns) {
+    if (!sock_diag_ || conns.empty()) return;
+    auto socks = tcp_sockets();
+    for (auto& c : conns) {
+        uint64_t notsent = 0;
+        for (auto& s : c.subflows) {
+            auto k = key_of(s.id);
+            if (!k) continue;
+            auto it = socks.find(canonical_pair(*k));
+            if (it == socks.end()) continue;
+            const TcpInfo& t = it->second;
+            s.local = true;
+            s.srtt_us = t.srtt_us;
+            s.rttvar_us = t.rttvar_us;
+            s.cwnd = t.cwnd_bytes;
+            s.inflight = t.inflight_bytes;
+            s.notsent = t.notsent_bytes;
+            s.delivery_rate = t.delivery_rate;
+            notsent += t.notsent_bytes;
+        }
+        c.unsent = notsent;
+    }
+}
+
+std::vector<Connection> DatapathBackend::connections() { return read(std::nullopt); }
+
+std::optional<Connection> DatapathBackend::connection(uint32_t token) {
+    mps_conn c{};
+    if (bpf_map_lookup_elem(state_.conns(), &token, &c) != 0) return std::nullopt;
+    auto v = read(c.token[0]);
+    if (v.empty()) return std::nullopt;
+    return v.front();
+}
+
+std::optional<Subflow> DatapathBackend::subflow(uint64_t id) {
+    auto k = key_of(id);
+    if (!k) return std::nullopt;
+    mps_flow f{};
+    if (bpf_map_lookup_elem(state_.flows(), &*k, &f) != 0) return std::nullopt;
+    return make_subflow(*k, f);
+}
+
+bool DatapathBackend::set_subflow(const std::string&, uint64_t id, const SubflowSettings& s) {
+    auto k = key_of(id);
+    if (!k) return false;
+    if (s.backup)
+        throw std::runtime_error(
+            "backup: per-subflow MP_PRIO from scripts is not wired to the datapath yet "
+            "(use a set_backup action)");
+    if (s.rate) {
+        mps_ctl_flow_req req{};
+        req.key = *k;
+        req.set = MPS_CTL_RATE;
+        req.rate_bps = *s.rate;
+        return state_.update_flow(req);
+    }
+    return true;
+}
+
+namespace {
+template <typename F>
+bool each_announcement(datapath::ActorMaps& actors, const datapath::StateMaps& state,
+                       uint32_t token, uint8_t addr_id, F&& f) {
+    bool any = false;
+    for (const auto& a : actors.announcements()) {
+        if (a.key.addr_id != addr_id) continue;
+        uint32_t t = a.value.conn_token;
+        mps_flow fl{};
+        if (bpf_map_lookup_elem(state.flows(), &a.key.flow, &fl) == 0 && fl.conn_token)
+            t = fl.conn_token;
+        if (t != token) continue;
+        any |= f(a);
+    }
+    return any;
+}
+}  // namespace
+
+bool DatapathBackend::add_subflow(const std::string&, uint32_t token, uint8_t addr_id) {
+    return each_announcement(actors_, state_, token, addr_id, [&](const datapath::Announcement& a) {
+        return actors_.request_add_subflow(a.key);
+    });
+}
+
+bool DatapathBackend::block_address(const std::string&, uint32_t token, uint8_t addr_id) {
+    return each_announcement(actors_, state_, token, addr_id, [&](const datapath::Announcement& a) {
+        actors_.block_again(a.key);
+        return true;
+    });
+}
+
+void DatapathBackend::dispatch(HookSet& hooks, const datapath::Event& ev) {
+    if (hooks.size() == 0) return;
+    const auto& r = ev.raw;
+    mps_flow f{};
+    bool have = bpf_map_lookup_elem(state_.flows(), &r.flow, &f) == 0;
+    switch (r.type) {
+    case MPS_EV_MP_CAPABLE: {
+        if (!ev.token_a || !ev.token_b) return;  // keys incomplete: the later event reports it
+        uint32_t lower = std::min(ev.token_a, ev.token_b);
+        auto c = connection(lower);
+        if (!c) {
+            c = Connection{};
+            c->token = lower;
+            c->token_b = std::max(ev.token_a, ev.token_b);
+            if (have) c->subflows.push_back(make_subflow(r.flow, f));
+        }
+        hooks.on_connection(*c);
+        break;
+    }
+    case MPS_EV_MP_JOIN: {
+        if (!have) return;
+        auto s = make_subflow(r.flow, f);
+        hooks.on_subflow(s);
+        break;
+    }
+    case MPS_EV_FLOW_CLOSED: {
+        Subflow s = have ? make_subflow(r.flow, f) : Subflow{};
+        if (!have) {
+            s.id = id_of(r.flow);
+            s.a = endpoint(r.flow.a, r.flow.port_a, r.flow.family);
+            s.b = endpoint(r.flow.b, r.flow.port_b, r.flow.family);
+        }
+        hooks.on_subflow_closed(s);
+        break;
+    }
+    case MPS_EV_ADD_ADDR_BLOCKED: {
+        AddAddr a;
+        a.token = have ? f.conn_token : 0;
+        char buf[INET6_ADDRSTRLEN];
+        inet_ntop(r.flags == 6 ? AF_INET6 : AF_INET, r.key, buf, sizeof buf);
+        a.address = buf;
+        a.port = uint16_t(r.nonce);
+        a.addr_id = r.addr_id;
+        a.subflow = endpoint(r.flow.a, r.flow.port_a, r.flow.family) + " <-> " +
+                    endpoint(r.flow.b, r.flow.port_b, r.flow.family);
+        hooks.on_add_addr_blocked(a);
+        break;
+    }
+    default:
+        break;
+    }
+}
+
+}  // namespace mpsteer::lua
