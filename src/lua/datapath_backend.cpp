@@ -285,15 +285,18 @@ void DatapathBackend::dispatch(HookSet& hooks, const datapath::Event& ev) {
     switch (r.type) {
     case MPS_EV_MP_CAPABLE: {
         if (!ev.token_a || !ev.token_b) return;  // keys incomplete: the later event reports it
-        uint32_t lower = std::min(ev.token_a, ev.token_b);
-        auto c = connection(lower);
-        if (!c) {
-            c = Connection{};
-            c->token = lower;
-            c->token_b = std::max(ev.token_a, ev.token_b);
-            if (have) c->subflows.push_back(make_subflow(r.flow, f));
+        // From the event's own flow and connection entry only (two lookups): no map scan and
+        // no sock_diag dump on the event path; mpsteer.connection(token) has the full view.
+        Connection c;
+        c.token = std::min(ev.token_a, ev.token_b);
+        c.token_b = std::max(ev.token_a, ev.token_b);
+        mps_conn mc{};
+        if (bpf_map_lookup_elem(state_.conns(), &c.token, &mc) == 0) {
+            c.bytes = mc.bytes;
+            c.packets = mc.packets;
         }
-        hooks.on_connection(*c);
+        if (have) c.subflows.push_back(make_subflow(r.flow, f));
+        hooks.on_connection(c);
         break;
     }
     case MPS_EV_MP_JOIN: {

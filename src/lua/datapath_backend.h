@@ -31,7 +31,9 @@ public:
 
     // Turns a datapath event into hook calls: MP_CAPABLE with both tokens -> on_connection,
     // MP_JOIN -> on_subflow, FLOW_CLOSED -> on_subflow_closed, ADD_ADDR blocked ->
-    // on_add_addr_blocked (with the connection's token from the flow map).
+    // on_add_addr_blocked (with the connection's token from the flow map). The tables passed
+    // are built from the event's flow and connection entries alone (no scan, no sock_diag):
+    // cheap enough for the event path; scripts ask mpsteer.connection() for TCP_INFO.
     void dispatch(HookSet& hooks, const datapath::Event& ev);
 
     // Whether to ask sock_diag (default on); off on a middle host saves the dump.

@@ -1,0 +1,399 @@
+// Lua hooks benchmarks (issue 6); prints figures, not a test. Root, network namespaces.
+//   lua_bench latency [N]   event -> hook -> map update, p50/p99 over N connections, beside the
+//                           kernel's netlink path for the same kind of action (the in-kernel PM's
+//                           MPTCP_PM_CMD_SET_FLAGS backup on an endpoint, request -> ack; and
+//                           `ip mptcp endpoint change ... backup` as a command)
+//   lua_bench smallflow [N] completion time of N 100 KB uploads with and without the
+//                           small-flow policy (agent on the client, paths 10 ms / 10 ms)
+//   lua_bench ecf [RUNS]    100 MB upload, ECF script vs the kernel's default scheduler, two
+//                           paths 20 ms and 50 ms RTT at 50 Mbit/s each, RUNS runs each
+// With no argument: all three with the defaults (200, 20, 5).
+#include <linux/genetlink.h>
+#include <linux/mptcp.h>
+#include <linux/netlink.h>
+#include <sys/socket.h>
+#include <pthread.h>
+#include <sched.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "agent_harness.h"
+#include "datapath/datapath.h"
+#include "lab/lab.h"
+#include "lua/datapath_backend.h"
+
+using namespace mpsteer;
+using namespace mpsteer::lab;
+using namespace mpsteer::agent_e2e;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+
+namespace {
+
+uint64_t mono_ns() {
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return uint64_t(ts.tv_sec) * 1'000'000'000ull + uint64_t(ts.tv_nsec);
+}
+
+std::string source(const std::string& rel) {
+    std::ifstream in(std::string(MPS_SOURCE_DIR) + "/" + rel);
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+}
+
+// The datapath backend, timing each write against the event being handled.
+class TimedBackend : public lua::DatapathBackend {
+public:
+    using DatapathBackend::DatapathBackend;
+    uint64_t event_ns = 0, handler_start_ns = 0;
+    std::vector<double> total_us, agent_us;  // event -> written; handler start -> written
+    std::vector<double> delivery_us;         // event -> handler start (every event)
+    std::vector<double> join_delivery_us;    // the same, MP_JOIN events only
+    bool set_subflow(const std::string& p, uint64_t id, const lua::SubflowSettings& s) override {
+        bool ok = DatapathBackend::set_subflow(p, id, s);
+        uint64_t now = mono_ns();
+        if (ok && event_ns) {
+            total_us.push_back((now - event_ns) / 1e3);
+            agent_us.push_back((now - handler_start_ns) / 1e3);
+        }
+        return ok;
+    }
+};
+
+// ---- generic netlink: MPTCP_PM_CMD_SET_FLAGS -----------------------------------------------
+
+struct Genl {
+    int fd = -1;
+    uint16_t family = 0;
+    uint32_t seq = 1;
+    Genl() {
+        fd = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_GENERIC);
+        if (fd < 0) throw std::runtime_error("genl socket");
+        char buf[256] = {};
+        auto* nh = reinterpret_cast<nlmsghdr*>(buf);
+        auto* gh = static_cast<genlmsghdr*>(NLMSG_DATA(nh));
+        gh->cmd = CTRL_CMD_GETFAMILY;
+        gh->version = 1;
+        auto* a = reinterpret_cast<nlattr*>(reinterpret_cast<char*>(gh) + GENL_HDRLEN);
+        const char* name = MPTCP_PM_NAME;
+        a->nla_type = CTRL_ATTR_FAMILY_NAME;
+        a->nla_len = uint16_t(NLA_HDRLEN + std::strlen(name) + 1);
+        std::memcpy(reinterpret_cast<char*>(a) + NLA_HDRLEN, name, std::strlen(name) + 1);
+        nh->nlmsg_len = NLMSG_LENGTH(GENL_HDRLEN + NLA_ALIGN(a->nla_len));
+        nh->nlmsg_type = GENL_ID_CTRL;
+        nh->nlmsg_flags = NLM_F_REQUEST;
+        nh->nlmsg_seq = seq++;
+        send(fd, buf, nh->nlmsg_len, 0);
+        char rb[8192];
+        ssize_t n = recv(fd, rb, sizeof rb, 0);
+        auto* rh = reinterpret_cast<nlmsghdr*>(rb);
+        if (n <= 0 || rh->nlmsg_type == NLMSG_ERROR) throw std::runtime_error("mptcp_pm family");
+        int len = int(rh->nlmsg_len - NLMSG_LENGTH(GENL_HDRLEN));
+        auto* ra = reinterpret_cast<nlattr*>(static_cast<char*>(NLMSG_DATA(rh)) + GENL_HDRLEN);
+        while (len >= NLA_HDRLEN) {
+            if (ra->nla_type == CTRL_ATTR_FAMILY_ID)
+                std::memcpy(&family, reinterpret_cast<char*>(ra) + NLA_HDRLEN, 2);
+            len -= NLA_ALIGN(ra->nla_len);
+            ra = reinterpret_cast<nlattr*>(reinterpret_cast<char*>(ra) + NLA_ALIGN(ra->nla_len));
+        }
+        if (!family) throw std::runtime_error("mptcp_pm family id");
+    }
+    ~Genl() { close(fd); }
+    // Endpoint `id` backup on/off; returns the kernel's answer (0: ok, -errno).
+    int set_backup(uint8_t id, bool backup) {
+        char buf[256] = {};
+        auto* nh = reinterpret_cast<nlmsghdr*>(buf);
+        auto* gh = static_cast<genlmsghdr*>(NLMSG_DATA(nh));
+        gh->cmd = MPTCP_PM_CMD_SET_FLAGS;
+        gh->version = MPTCP_PM_VER;
+        char* p = reinterpret_cast<char*>(gh) + GENL_HDRLEN;
+        auto* nest = reinterpret_cast<nlattr*>(p);
+        nest->nla_type = MPTCP_PM_ATTR_ADDR | NLA_F_NESTED;
+        char* q = p + NLA_HDRLEN;
+        auto* aid = reinterpret_cast<nlattr*>(q);
+        aid->nla_type = MPTCP_PM_ADDR_ATTR_ID;
+        aid->nla_len = NLA_HDRLEN + 1;
+        q[NLA_HDRLEN] = char(id);
+        q += NLA_ALIGN(aid->nla_len);
+        auto* af = reinterpret_cast<nlattr*>(q);
+        af->nla_type = MPTCP_PM_ADDR_ATTR_FLAGS;
+        af->nla_len = NLA_HDRLEN + 4;
+        uint32_t flags = backup ? MPTCP_PM_ADDR_FLAG_BACKUP : 0;
+        std::memcpy(q + NLA_HDRLEN, &flags, 4);
+        q += NLA_ALIGN(af->nla_len);
+        nest->nla_len = uint16_t(q - p);
+        nh->nlmsg_len = NLMSG_LENGTH(GENL_HDRLEN + (q - p));
+        nh->nlmsg_type = family;
+        nh->nlmsg_flags = NLM_F_REQUEST | NLM_F_ACK;
+        nh->nlmsg_seq = seq++;
+        if (send(fd, buf, nh->nlmsg_len, 0) < 0) return -errno;
+        char rb[4096];
+        ssize_t n = recv(fd, rb, sizeof rb, 0);
+        if (n <= 0) return -EIO;
+        auto* rh = reinterpret_cast<nlmsghdr*>(rb);
+        if (rh->nlmsg_type == NLMSG_ERROR) return static_cast<nlmsgerr*>(NLMSG_DATA(rh))->error;
+        return 0;
+    }
+};
+
+double pct(std::vector<double> v, double p) { return v.empty() ? 0 : percentile(std::move(v), p); }
+
+void print_row(const char* what, const std::vector<double>& v) {
+    std::printf("  %-58s n=%4zu  p50 %8.1f us  p99 %8.1f us  max %8.1f us\n", what, v.size(),
+                pct(v, 50), pct(v, 99), v.empty() ? 0 : *std::max_element(v.begin(), v.end()));
+}
+
+// ---- latency -------------------------------------------------------------------------------
+
+void latency(int n) {
+    datapath::init_libbpf_logging();
+    LabConfig cfg;
+    cfg.tag = "lb" + std::to_string(getpid() % 10000);
+    Lab lab(cfg);
+    Steering steer(server_chains(lab, 0), lab.server_ns(), Steering::pin_root_for("luabench"));
+    TimedBackend backend(steer.state());
+    lua::HookSet hooks(backend);
+    hooks.configure({{"bench", "lua/bench.lua",
+                      "function on_connection(c) return {rate = 2500000} end\n"
+                      "function on_subflow(sf) return {rate = 1250000} end\n",
+                      0, json::object()}},
+                    "bench", 1);
+    // One round of n connections with the event reader woken by epoll, scheduled like the
+    // agent (SCHED_OTHER) or as a SCHED_FIFO thread (wakes ahead of the busy CPUs' tasks).
+    auto round = [&](bool fifo, int base_port) {
+        backend.total_us.clear();
+        backend.agent_us.clear();
+        backend.delivery_us.clear();
+        backend.join_delivery_us.clear();
+        std::atomic<bool> stop{false};
+        std::thread reader([&] {
+            NetnsGuard in(lab.server_ns());  // sock_diag and ifindexes of the server
+            if (fifo) {
+                sched_param sp{};
+                sp.sched_priority = 10;
+                if (pthread_setschedparam(pthread_self(), SCHED_FIFO, &sp))
+                    std::printf("  (SCHED_FIFO refused)\n");
+            }
+            datapath::EventReader events(steer.state(), [&](const datapath::Event& ev) {
+                backend.handler_start_ns = mono_ns();
+                backend.delivery_us.push_back((backend.handler_start_ns - ev.raw.ts_ns) / 1e3);
+                if (ev.raw.type == MPS_EV_MP_JOIN)
+                    backend.join_delivery_us.push_back((backend.handler_start_ns - ev.raw.ts_ns) / 1e3);
+                backend.event_ns = ev.raw.ts_ns;
+                backend.dispatch(hooks, ev);
+                backend.event_ns = 0;
+            });
+            while (!stop) events.poll(50ms);
+        });
+        for (int i = 0; i < n; ++i) {
+            uint16_t port = uint16_t(base_port + i % 1000);
+            Sink sink(lab.server_ns(), port);
+            send_stream(lab.client_ns(), Lab::server_addr(1), port, SendOptions::of_bytes(20000));
+            sink.wait(10s);
+        }
+        std::this_thread::sleep_for(300ms);
+        stop = true;
+        reader.join();
+    };
+    round(false, 6000);
+    auto ep_total = backend.total_us, ep_agent = backend.agent_us, ep_deliv = backend.delivery_us;
+    auto ep_join = backend.join_delivery_us;
+    round(true, 9000);
+    // The kernel's own path for a comparable action, same run, while a connection uses the
+    // endpoint (so the kernel sends MP_PRIO on it).
+    std::vector<double> nl_us, ip_us;
+    {
+        Sink sink(lab.server_ns(), 7999);
+        std::atomic<bool> stop_tx{false};
+        std::thread tx([&] {
+            send_stream(lab.client_ns(), Lab::server_addr(1), 7999,
+                        SendOptions::of_time(60s, &stop_tx));
+        });
+        std::this_thread::sleep_for(500ms);
+        {
+            NetnsGuard in(lab.server_ns());
+            Genl g;
+            for (int i = 0; i < n; ++i) {
+                auto t0 = Clock::now();
+                int rc = g.set_backup(1, i % 2 == 0);
+                double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+                if (rc != 0) {
+                    std::printf("  netlink SET_FLAGS failed: %s\n", std::strerror(-rc));
+                    break;
+                }
+                nl_us.push_back(us);
+            }
+            g.set_backup(1, false);
+        }
+        for (int i = 0; i < 20; ++i) {
+            auto t0 = Clock::now();
+            run_in(lab.server_ns(), {"ip", "mptcp", "endpoint", "change", "id", "1",
+                                     i % 2 ? "nobackup" : "backup"});
+            ip_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+        }
+        run_in(lab.server_ns(), {"ip", "mptcp", "endpoint", "change", "id", "1", "nobackup"});
+        stop_tx = true;
+        tx.join();
+        sink.wait(10s);
+    }
+    auto st = hooks.status();
+    std::printf("latency: %d connections (MP_CAPABLE keys -> on_connection, MP_JOIN -> on_subflow; "
+                "each returns a rate written with MPS_CTL_RATE)\n", n);
+    std::printf(" reader woken by epoll (as in the agent):\n");
+    print_row("mpsteer event (bpf_ktime) -> Lua hook -> map updated", ep_total);
+    print_row("  event -> handler start (ring wakeup + token derivation)", ep_deliv);
+    print_row("  event -> handler start, MP_JOIN events only", ep_join);
+    print_row("  handler start -> Lua -> map updated", ep_agent);
+    std::printf(" reader woken by epoll, SCHED_FIFO priority 10:\n");
+    print_row("mpsteer event (bpf_ktime) -> Lua hook -> map updated", backend.total_us);
+    print_row("  event -> handler start (ring wakeup + token derivation)", backend.delivery_us);
+    print_row("  event -> handler start, MP_JOIN events only", backend.join_delivery_us);
+    print_row("  handler start -> Lua -> map updated", backend.agent_us);
+    {  // the map write alone: one MPS_CTL_RATE request through the control program
+        std::vector<double> w;
+        auto flows = steer.flows();
+        for (int i = 0; i < 2000 && !flows.empty(); ++i) {
+            mps_ctl_flow_req req{};
+            req.key = flows.front().first;
+            req.set = MPS_CTL_RATE;
+            req.rate_bps = 1000000 + i;
+            uint64_t t0 = mono_ns();
+            steer.state().update_flow(req);
+            w.push_back((mono_ns() - t0) / 1e3);
+        }
+        print_row("map write alone (ctl_flow_update, BPF_PROG_TEST_RUN)", w);
+    }
+    std::printf("  %-58s %.1f us (max %.1f us)\n", "Lua call (last)", st[0].last_call_us,
+                st[0].max_call_us);
+    print_row("kernel netlink MPTCP_PM_CMD_SET_FLAGS backup (request -> ack)", nl_us);
+    print_row("`ip mptcp endpoint change id 1 backup` (fork+exec+netlink)", ip_us);
+    std::printf("  target p99 <= 50 us (event -> map update): epoll %s, busy-poll %s\n",
+                pct(ep_total, 99) <= 50 ? "met" : "NOT met",
+                pct(backend.total_us, 99) <= 50 ? "met" : "NOT met");
+}
+
+// ---- small-flow completion time ------------------------------------------------------------
+
+// One upload of `bytes`; seconds from the start of the connect to the sink's last byte, and
+// the extra subflows the sender saw.
+std::pair<double, unsigned> upload(const Lab& lab, uint16_t port, uint64_t bytes) {
+    Sink sink(lab.server_ns(), port);
+    auto t0 = Clock::now();
+    TrafficStats sent =
+        send_stream(lab.client_ns(), Lab::server_addr(1), port, SendOptions::of_bytes(bytes));
+    TrafficStats got = sink.wait(120s);
+    double sec = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (got.bytes != bytes || got.checksum != sent.checksum)
+        throw std::runtime_error("transfer incomplete or corrupted");
+    return {sec, sent.subflows};
+}
+
+void summary(const char* what, const std::vector<double>& ms, unsigned joined) {
+    double mean = 0;
+    for (double v : ms) mean += v / double(ms.size());
+    std::printf("  %-34s n=%3zu  p50 %7.1f ms  p90 %7.1f ms  mean %7.1f ms  (%u with a 2nd subflow)\n",
+                what, ms.size(), pct(ms, 50), pct(ms, 90), mean, joined);
+}
+
+void smallflow(int n) {
+    datapath::init_libbpf_logging();
+    LabConfig cfg;
+    cfg.tag = "ls" + std::to_string(getpid() % 10000);
+    cfg.path[0] = cfg.path[1] = PathShape{10, 50000};  // RTT 20 ms, 50 Mbit/s each
+    Lab lab(cfg);
+    std::vector<double> plain, policy;
+    unsigned plain_j = 0, policy_j = 0;
+    for (int i = 0; i < n; ++i) {
+        auto [sec, sf] = upload(lab, uint16_t(5300 + i), 100000);
+        plain.push_back(sec * 1e3);
+        plain_j += sf > 0;
+    }
+    {
+        AgentHarness agent(lab, "luasf", 10, /*client_side=*/true);
+        agent.publish({{"policies/small-flow-pm.yaml", source("policies/small-flow-pm.yaml")},
+                       {"lua/small_flow_pm.lua", source("lua/small_flow_pm.lua")}});
+        agent.start();
+        if (!agent.wait_status([](const json& s) { return s.value("ready", false); }, 90s, 20ms))
+            throw std::runtime_error("agent not ready: " + agent.log_tail());
+        for (int i = 0; i < n; ++i) {
+            auto [sec, sf] = upload(lab, uint16_t(5400 + i), 100000);
+            policy.push_back(sec * 1e3);
+            policy_j += sf > 0;
+        }
+    }
+    std::printf("small-flow completion time: 100 KB uploads, two paths RTT 20 ms, 50 Mbit/s each\n");
+    summary("kernel default (ADD_ADDR honoured)", plain, plain_j);
+    summary("small-flow policy (agent + Lua)", policy, policy_j);
+}
+
+// ---- ECF vs the default scheduler ---------------------------------------------------------
+
+void ecf(int runs) {
+    datapath::init_libbpf_logging();
+    const char* mb_env = getenv("LUA_BENCH_ECF_MB");
+    const uint64_t bytes = uint64_t(mb_env ? std::atoi(mb_env) : 100) * 1'000'000;
+    LabConfig cfg;
+    cfg.tag = "le" + std::to_string(getpid() % 10000);
+    cfg.path[0] = PathShape{10, 50000};  // RTT 20 ms (10 ms each way), 50 Mbit/s
+    cfg.path[1] = PathShape{25, 50000};  // RTT 50 ms
+    Lab lab(cfg);
+    auto series = [&](const char* what, int port0) {
+        std::vector<double> mbit;
+        for (int r = 0; r < runs; ++r) {
+            auto [sec, sf] = upload(lab, uint16_t(port0 + r), bytes);
+            mbit.push_back(double(bytes) * 8 / sec / 1e6);
+            std::printf("  %-26s run %d: %6.1f Mbit/s (%.1f s, %u extra subflows)\n", what, r + 1,
+                        mbit.back(), sec, sf);
+            std::fflush(stdout);
+        }
+        double mean = 0;
+        for (double v : mbit) mean += v / double(mbit.size());
+        return std::make_pair(mean, mbit);
+    };
+    std::printf("ECF vs default: %llu MB uploads, paths RTT 20 ms / 50 ms, 50 Mbit/s each, %d runs\n",
+                static_cast<unsigned long long>(bytes / 1'000'000), runs);
+    auto def = series("kernel default scheduler", 5600);
+    std::pair<double, std::vector<double>> with;
+    {
+        AgentHarness agent(lab, "luaecf", 10, /*client_side=*/true);
+        agent.publish({{"policies/ecf-scheduler.yaml", source("policies/ecf-scheduler.yaml")},
+                       {"lua/ecf.lua", source("lua/ecf.lua")}});
+        agent.start();
+        if (!agent.wait_status([](const json& s) { return s.value("ready", false); }, 90s, 20ms))
+            throw std::runtime_error("agent not ready: " + agent.log_tail());
+        with = series("ECF script (rate_limit)", 5700);
+        json s = agent.status();
+        for (const auto& h : s.value("lua_hooks", json::array()))
+            std::printf("  ECF hook: %s, %s calls, %s failures, %s rate writes\n",
+                        h.value("state", "").c_str(), h["calls"].dump().c_str(),
+                        h["failures"].dump().c_str(), h["writes"].dump().c_str());
+    }
+    std::printf("  mean: default %.1f Mbit/s, ECF %.1f Mbit/s\n", def.first, with.first);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    std::string mode = argc > 1 ? argv[1] : "all";
+    int arg = argc > 2 ? std::atoi(argv[2]) : 0;
+    try {
+        if (mode == "latency" || mode == "all") latency(arg > 0 ? arg : 200);
+        if (mode == "smallflow" || mode == "all") smallflow(arg > 0 ? arg : 20);
+        if (mode == "ecf" || mode == "all") ecf(arg > 0 ? arg : 5);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "lua_bench: %s\n", e.what());
+        return 1;
+    }
+    return 0;
+}
