@@ -46,7 +46,7 @@ struct Subflow {
     uint64_t delivery_rate = 0;  // bytes/s (TCP_INFO); local sockets only
     uint64_t rate = 0;        // rate_limit override in bytes/s (0: the step's own rate)
     bool backup = false;      // MP_JOIN B flag / MP_PRIO seen
-    bool local = false;       // the host owns the socket (TCP_INFO available)
+    bool local = false;       // the host owns the socket (TCP_INFO); "local_socket" in Lua
     bool join = false;        // an MP_JOIN subflow (false: the initial one, or unknown)
 };
 
