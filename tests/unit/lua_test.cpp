@@ -448,3 +448,58 @@ TEST_CASE("lua: ticks follow each script's interval", "[lua][set]") {
     CHECK(st[1].calls >= 9);
     CHECK(st[1].calls <= 11);
 }
+
+// ---- telemetry: TCP_INFO by sock_diag, matched to flow keys --------------------------------
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "lua/datapath_backend.h"
+
+TEST_CASE("lua: sock_diag finds a local TCP connection under its flow key, either order",
+          "[lua][telemetry]") {
+    int ls = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(bind(ls, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0);
+    REQUIRE(listen(ls, 1) == 0);
+    socklen_t len = sizeof sa;
+    getsockname(ls, reinterpret_cast<sockaddr*>(&sa), &len);
+    int c = socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(connect(c, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0);
+    int a = accept(ls, nullptr, nullptr);
+    REQUIRE(a >= 0);
+    char buf[4096] = {};
+    REQUIRE(send(c, buf, sizeof buf, 0) == sizeof buf);
+    REQUIRE(recv(a, buf, sizeof buf, MSG_WAITALL) == sizeof buf);
+    sockaddr_in local{};
+    len = sizeof local;
+    getsockname(c, reinterpret_cast<sockaddr*>(&local), &len);
+
+    mps_flow_key k{};
+    k.family = 4;
+    k.a[0] = local.sin_addr.s_addr;
+    k.port_a = ntohs(local.sin_port);
+    k.b[0] = sa.sin_addr.s_addr;
+    k.port_b = ntohs(sa.sin_port);
+    mps_flow_key swapped{};
+    swapped.family = 4;
+    swapped.a[0] = k.b[0];
+    swapped.port_a = k.port_b;
+    swapped.b[0] = k.a[0];
+    swapped.port_b = k.port_a;
+    CHECK(canonical_pair(k) == canonical_pair(swapped));
+
+    auto socks = tcp_sockets();
+    auto it = socks.find(canonical_pair(k));
+    REQUIRE(it != socks.end());  // one of the two sockets (both ends share the pair)
+    CHECK(it->second.srtt_us > 0);
+    CHECK(it->second.cwnd_bytes > 0);
+    CHECK(it->second.bytes_acked + it->second.bytes_received >= sizeof buf);
+    close(a);
+    close(c);
+    close(ls);
+}
