@@ -313,6 +313,12 @@ void DatapathBackend::dispatch(HookSet& hooks, const datapath::Event& ev) {
             s.b = endpoint(r.flow.b, r.flow.port_b, r.flow.family);
         }
         hooks.on_subflow_closed(s);
+        // Forget the handle (the id map would otherwise grow with every flow ever seen); a
+        // later packet of the same 4-tuple gets a new id.
+        if (auto it = ids_.find(key_bytes(r.flow)); it != ids_.end()) {
+            keys_.erase(it->second);
+            ids_.erase(it);
+        }
         break;
     }
     case MPS_EV_ADD_ADDR_BLOCKED: {

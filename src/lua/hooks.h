@@ -33,7 +33,7 @@ struct Limits {
 
 // What a script sees of one subflow. Fields the host cannot know are 0.
 struct Subflow {
-    uint64_t id = 0;          // handle for set_rate/set_subflow, stable while the flow exists
+    uint64_t id = 0;          // handle for set_rate/set_subflow, stable until the flow closes
     uint32_t token = 0;       // the connection (lower of the two MPTCP tokens; 0: unknown)
     std::string a, b;         // endpoints "addr:port" (flow key order: a is the lower one)
     uint64_t bytes = 0, packets = 0;          // payload bytes / packets, both directions
