@@ -2,7 +2,9 @@
 // small-flow policy (policies/small-flow-pm.yaml + lua/small_flow_pm.lua), against the
 // kernel's MPTCP. A 100 KB upload completes on its one subflow (the server's ADD_ADDR stays
 // hidden); a 50 MB upload gets its second subflow once it has passed the 220 KB threshold
-// (the hook asks add_subflow to re-inject the stored announcement).
+// (the hook asks add_subflow to re-inject the stored announcement). Then a revision whose
+// script loops forever: the hook is disabled and shown in `mpsteer status` (Degraded:
+// LuaHookDisabled) while the generation keeps working; the next revision's fixed script runs.
 #include <catch2/catch.hpp>
 
 #include <linux/mptcp.h>
@@ -140,4 +142,48 @@ TEST_CASE("lua: small-flow policy keeps 100 KB on one subflow, opens the second 
     CHECK((*h)["writes"] >= 1);
     CHECK((*h)["failures"] == 0);
     CHECK((*h)["state"] == "running");
+
+    // A revision whose script loops forever: it is disabled after three budget overruns and
+    // shown in `mpsteer status`; the generation keeps running and a transfer still works.
+    std::string looping = source("lua/small_flow_pm.lua") + "\nfunction on_tick() while true do end end\n";
+    agent.publish({{"policies/small-flow-pm.yaml", source("policies/small-flow-pm.yaml")},
+                   {"lua/small_flow_pm.lua", looping}});
+    bool disabled = agent.wait_status(
+        [](const json& st) {
+            const json* h = hook_of(st, "small-flow-single-path");
+            return h && (*h)["state"] == "disabled";
+        },
+        10s, 50ms);
+    s = agent.status();
+    INFO(s.dump(1));
+    REQUIRE(disabled);
+    CHECK(s.value("ready", false));
+    bool degraded = false;
+    for (const auto& c : s["conditions"])
+        degraded |= c.value("type", "") == "Degraded" && c.value("status", false) &&
+                    c.value("reason", "") == "LuaHookDisabled";
+    CHECK(degraded);
+    CHECK(hook_of(s, "small-flow-single-path")->value("last_error", "").find(
+              "instruction budget exceeded") != std::string::npos);
+    auto text = run({mpsteer_bin(), "status", "--state-dir", agent.state_dir()});
+    INFO(text.out);
+    CHECK(text.out.find("small-flow-single-path lua/small_flow_pm.lua disabled") != std::string::npos);
+    CHECK(agent.alive());
+    {
+        Sink sink(lab.server_ns(), 5203);
+        TrafficStats sent =
+            send_stream(lab.client_ns(), Lab::server_addr(1), 5203, SendOptions::of_bytes(100000));
+        CHECK(sink.wait(15s).checksum == sent.checksum);
+        CHECK(sent.subflows == 0);  // blk_subflow still hides the announcement
+    }
+    // The fixed script in the next revision is loaded afresh and runs.
+    agent.publish({{"policies/small-flow-pm.yaml", source("policies/small-flow-pm.yaml")},
+                   {"lua/small_flow_pm.lua", source("lua/small_flow_pm.lua")}});
+    CHECK(agent.wait_status(
+        [](const json& st) {
+            const json* h = hook_of(st, "small-flow-single-path");
+            return h && (*h)["state"] == "running" && (*h)["failures"] == 0 &&
+                   (*h)["calls"].get<uint64_t>() > 0;
+        },
+        10s, 50ms));
 }
