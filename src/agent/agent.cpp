@@ -238,6 +238,7 @@ void Agent::configure_hooks(const manifest::Model& model, const std::string& rev
             spdlog::error("lua {}: {}", p.name, e.what());
         }
     }
+    lua_backend_.set_generation(current_.get());
     hooks_.configure(specs, revision, current_ ? current_->number() : 0);
     hooks_configured_ = true;
     next_hook_tick_ = hooks_.tick(Clock::now());

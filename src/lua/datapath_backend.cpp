@@ -11,6 +11,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
@@ -275,6 +277,31 @@ bool DatapathBackend::block_address(const std::string&, uint32_t token, uint8_t 
         actors_.block_again(a.key);
         return true;
     });
+}
+
+int DatapathBackend::set_policy_backup(const std::string& policy, bool backup) {
+    if (!gen_) throw std::runtime_error("set_policy_backup: no generation is running");
+    const auto& c = gen_->chains();
+    auto it = std::find(c.policies.begin(), c.policies.end(), policy);
+    if (it == c.policies.end()) throw std::runtime_error("set_policy_backup: policy not running");
+    const auto idx = uint16_t(it - c.policies.begin());
+    int n = 0;
+    for (uint32_t pc = 0; pc < c.steps.size(); ++pc) {
+        if (c.steps[pc].prog != MPS_ACT_SET_BACKUP || c.steps[pc].policy != idx) continue;
+        mps_step st = c.steps[pc];
+        st.p.backup.backup = backup;
+        gen_->write_step(pc, st);
+        ++n;
+        // Subflows quiet for 200 ms carry no pure ACK the actor could grow: send the MP_PRIO
+        // from the actor's template (bpf/ACTORS.md); busy ones get it from the datapath.
+        try {
+            datapath::ActorMaps::of(*gen_).signal_prio(uint16_t(pc), backup, 200'000'000);
+        } catch (const std::exception& e) {
+            spdlog::warn("set_policy_backup: signalling idle subflows: {}", e.what());
+        }
+    }
+    if (!n) throw std::runtime_error("set_policy_backup: policy " + policy + " has no set_backup action");
+    return n;
 }
 
 void DatapathBackend::dispatch(HookSet& hooks, const datapath::Event& ev) {

@@ -28,6 +28,9 @@ public:
     bool set_subflow(const std::string& policy, uint64_t id, const SubflowSettings& s) override;
     bool add_subflow(const std::string& policy, uint32_t token, uint8_t addr_id) override;
     bool block_address(const std::string& policy, uint32_t token, uint8_t addr_id) override;
+    int set_policy_backup(const std::string& policy, bool backup) override;
+    // The running generation (set_policy_backup writes its steps); null: none.
+    void set_generation(datapath::Generation* g) { gen_ = g; }
 
     // Turns a datapath event into hook calls: MP_CAPABLE with both tokens -> on_connection,
     // MP_JOIN -> on_subflow, FLOW_CLOSED -> on_subflow_closed, ADD_ADDR blocked ->
@@ -52,6 +55,7 @@ private:
     std::map<uint64_t, mps_flow_key> keys_;
     uint64_t next_id_ = 1;
     bool sock_diag_ = true;
+    datapath::Generation* gen_ = nullptr;
 };
 
 // TCP_INFO of this network namespace's TCP sockets, keyed by their unordered 4-tuple

@@ -415,6 +415,15 @@ int addr_call(lua_State* L, bool add) {
     lua_pushboolean(L, ok);
     return 1;
 }
+int api_set_policy_backup(lua_State* L) {
+    Impl* im = impl_of(L);
+    luaL_checktype(L, 1, LUA_TBOOLEAN);
+    bool b = lua_toboolean(L, 1);
+    int n = guarded(L, [&] { return im->backend->set_policy_backup(im->owner->spec().policy, b); });
+    const_cast<ScriptStatus&>(im->owner->status()).writes += uint64_t(n);
+    lua_pushinteger(L, n);
+    return 1;
+}
 int api_add_subflow(lua_State* L) { return addr_call(L, true); }
 int api_block_address(lua_State* L) { return addr_call(L, false); }
 
@@ -480,6 +489,7 @@ int setup(lua_State* L) {
                             {"subflow", api_subflow},         {"set_subflow", api_set_subflow},
                             {"set_rate", api_set_rate},       {"set_backup", api_set_backup},
                             {"add_subflow", api_add_subflow}, {"block_address", api_block_address},
+                            {"set_policy_backup", api_set_policy_backup},
                             {"log", api_log},                 {"time", api_time},
                             {"rate", api_rate},               {nullptr, nullptr}};
     luaL_newlib(L, api);

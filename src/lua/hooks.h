@@ -86,6 +86,10 @@ public:
     virtual bool add_subflow(const std::string& policy, uint32_t token, uint8_t addr_id) = 0;
     // Hide it again (blk_subflow keeps hiding its retransmissions).
     virtual bool block_address(const std::string& policy, uint32_t token, uint8_t addr_id) = 0;
+    // The B flag of `policy`'s set_backup actions, in place (and MP_PRIO sent on subflows
+    // that are idle, so the peer hears it). Returns the number of actions changed; throws when
+    // the policy has none.
+    virtual int set_policy_backup(const std::string& policy, bool backup) = 0;
 };
 
 // One script: its own state, its failures, its statistics.

@@ -5,6 +5,7 @@
 // (the hook asks add_subflow to re-inject the stored announcement). Then a revision whose
 // script loops forever: the hook is disabled and shown in `mpsteer status` (Degraded:
 // LuaHookDisabled) while the generation keeps working; the next revision's fixed script runs.
+// And a hook that flips a set_backup action's B in place (agent on the server).
 #include <catch2/catch.hpp>
 
 #include <linux/mptcp.h>
@@ -186,4 +187,92 @@ TEST_CASE("lua: small-flow policy keeps 100 KB on one subflow, opens the second 
                    (*h)["calls"].get<uint64_t>() > 0;
         },
         10s, 50ms));
+}
+
+// A hook changes an actor's parameter in place: the server marks its path-2 subflow backup
+// (set_backup B=1 on its ACKs), and after 4 s the script calls mpsteer.set_policy_backup(false):
+// the step's B changes in the running generation and the now idle subflow gets MP_PRIO B=0
+// from the actor's template, so the client moves data back onto it. No new generation.
+TEST_CASE("lua: a hook flips set_backup in place and the client uses the path again",
+          "[e2e][lua]") {
+    datapath::init_libbpf_logging();
+    Lab::cleanup_stale();
+    LabConfig cfg;
+    cfg.tag = "lp" + std::to_string(getpid() % 10000);
+    cfg.path[0] = cfg.path[1] = PathShape{0, 20000};
+    Lab lab(cfg);
+    AgentHarness agent(lab, "luap", 10);  // on the server
+    const std::string policy =
+        "apiVersion: mpsteer.dev/v1\nkind: Policy\nmetadata: {name: path2-backup}\nspec:\n"
+        "  attach: {hooks: [tc_egress]}\n  priority: 100\n  select:\n    - dst: " +
+        Lab::client_addr(2) +
+        "\n  actions:\n    - set_backup: {backup: true}\n  hooks:\n    script: lua/restore.lua\n"
+        "    every: 100ms\n    params: {after_ticks: 40}\n";
+    const std::string script =
+        "local n = 0\n"
+        "function on_apply(i) n = 0 end\n"
+        "function on_tick()\n"
+        "  n = n + 1\n"
+        "  if n == params.after_ticks then\n"
+        "    mpsteer.log('info', 'restoring: ' .. mpsteer.set_policy_backup(false) .. ' step(s)')\n"
+        "  end\n"
+        "end\n";
+    MptcpMonitor mon(lab.client_ns());
+    agent.publish({{"policies/p.yaml", policy}, {"lua/restore.lua", script}});
+    agent.start();
+    REQUIRE(agent.wait_status([](const json& s) { return s.value("ready", false); }, 90s, 20ms));
+    const auto t_ready = Clock::now();
+    Sink sink(lab.server_ns(), 5201);
+    TrafficStats sent;
+    std::thread tx([&] {
+        sent = send_stream(lab.client_ns(), Lab::server_addr(1), 5201,
+                           SendOptions::of_time(std::chrono::milliseconds(9000)));
+    });
+    auto share2 = [&](std::chrono::milliseconds over) {
+        auto acked = [&](int path) {
+            uint64_t n = 0;
+            for (const auto& s : tcp_subflows(lab.client_ns()))
+                if (s.local.rfind(Lab::client_addr(path) + ":", 0) == 0) n += s.bytes_acked;
+            return n;
+        };
+        uint64_t a1 = acked(1), a2 = acked(2);
+        std::this_thread::sleep_for(over);
+        uint64_t d1 = acked(1) - a1, d2 = acked(2) - a2;
+        return d1 + d2 ? double(d2) / double(d1 + d2) : 0.0;
+    };
+    std::vector<Clock::time_point> prio;
+    auto wait_prio = [&](std::chrono::milliseconds timeout) {
+        auto end = Clock::now() + timeout;
+        while (Clock::now() < end)
+            for (const auto& e : mon.poll(20ms))
+                if (e.type == MPTCP_EVENT_SUB_PRIORITY && e.saddr == Lab::client_addr(2)) {
+                    prio.push_back(Clock::now());
+                    return true;
+                }
+        return false;
+    };
+    bool b1 = wait_prio(3s);
+    double backup_share = b1 ? share2(1500ms) : 1.0;
+    bool b0 = b1 && wait_prio(6s);
+    double restored = b0 ? (std::this_thread::sleep_for(300ms), share2(1500ms)) : 0.0;
+    tx.join();
+    TrafficStats got = sink.wait(30s);
+    if (b0)
+        std::printf("lua set_policy_backup e2e: path-2 share %.1f %% as backup, %.1f %% after the "
+                    "hook's B=0 (%.1f s after Ready)\n",
+                    100 * backup_share, 100 * restored,
+                    std::chrono::duration<double>(prio[1] - t_ready).count());
+    INFO(agent.log_tail());
+    REQUIRE(b1);
+    CHECK(backup_share < 0.05);
+    REQUIRE(b0);
+    CHECK(restored > 0.2);
+    CHECK(got.checksum == sent.checksum);
+    CHECK_FALSE(sent.fallback);
+    json s = agent.status();
+    CHECK(s.value("generation", 0) == 1);  // in place: no new generation
+    const json* h = hook_of(s, "path2-backup");
+    REQUIRE(h);
+    CHECK((*h)["failures"] == 0);
+    CHECK((*h)["writes"] == 1);
 }

@@ -50,6 +50,10 @@ public:
         writes.push_back({"block", token, id});
         return true;
     }
+    int set_policy_backup(const std::string&, bool b) override {
+        writes.push_back({"policy_backup", 0, b});
+        return 1;
+    }
     uint64_t rate_of(uint64_t id) const {
         for (auto it = writes.rbegin(); it != writes.rend(); ++it)
             if (it->what == "rate" && it->target == id) return it->value;
@@ -198,6 +202,7 @@ TEST_CASE("lua: events reach their hooks with the documented fields", "[lua][api
           assert(mpsteer.set_rate(7, 1000) == true and mpsteer.set_rate(8, 1) == false)
           assert(mpsteer.set_subflow(7, {backup = true}) == true)
           assert(mpsteer.add_subflow(42, 1) and mpsteer.block_address(42, 2))
+          assert(mpsteer.set_policy_backup(true) == 1)
           assert(mpsteer.rate("8Mbit") == 1000000)
           assert(params.n == 3 and params.list[2] == "b" and mpsteer.policy == "p")
         end
@@ -217,8 +222,9 @@ TEST_CASE("lua: events reach their hooks with the documented fields", "[lua][api
     INFO(s.status().last_error);
     CHECK(s.status().failures == 0);
     CHECK(be.writes == std::vector<Write>{{"rate", 7, 1000}, {"backup", 7, 1}, {"add", 42, 1},
-                                          {"block", 42, 2}});
-    CHECK(s.status().writes == 4);
+                                          {"block", 42, 2},
+                                          {"policy_backup", 0, 1}});
+    CHECK(s.status().writes == 5);
 }
 
 TEST_CASE("lua: a hook's returned table sets its subflow; unknown keys are errors",
