@@ -1,6 +1,8 @@
 #!/bin/sh
-# The whole test suite: build, then every ctest label (unit, bpf, e2e). Needs root for the bpf
-# and e2e labels. Extra arguments go to ctest (for example: -L unit).
+# The whole test suite: build, then every ctest label (unit, bpf, e2e, cross, package). Needs root
+# for the bpf, e2e and package labels; cross installs the arm64 cross tools (Debian multiarch)
+# and runs the unit tests cross-built for arm64 under qemu. Extra arguments go to ctest (for
+# example: -L unit).
 set -eu
 cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "tests: run as root (BPF and network namespaces)" >&2; exit 1; }

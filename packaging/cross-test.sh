@@ -1,0 +1,16 @@
+#!/bin/sh
+# The unit tests for a foreign ARCH (default arm64): installs the cross dependencies, cross-builds
+# the binary and the unit test programs into build-ARCH (what packaging/package.sh ARCH also
+# uses) and runs ctest -L unit there; every test program runs under qemu-user.
+set -eu
+cd "$(dirname "$0")/.."
+ARCH=${1:-arm64}
+packaging/setup-cross.sh "$ARCH" >/dev/null
+dir=build-$ARCH
+cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      -DCMAKE_SKIP_INSTALL_ALL_DEPENDENCY=ON -Wno-dev \
+      -DCMAKE_TOOLCHAIN_FILE="$PWD/packaging/toolchain-$ARCH.cmake" >/dev/null
+# Only what the unit label runs (tests/unit/CMakeLists.txt), not the bpf/e2e programs.
+ninja -C "$dir" -j"${JOBS:-2}" mpsteer manifest_unit_tests chain_unit_tests
+readelf -h "$dir/src/cli/mpsteer" | sed -n "s/^ *Machine: */cross: mpsteer built for /p"
+ctest --test-dir "$dir" -L unit --output-on-failure --timeout 600

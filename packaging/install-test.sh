@@ -1,0 +1,134 @@
+#!/bin/sh
+# Install test for a built package (default: build/packages/mpsteer_*_amd64.deb), in a clean
+# Debian 12 root made by debootstrap (minbase) from Debian's mirror:
+#   1. apt-get install ./mpsteer_*.deb pulls the dependencies dpkg-shlibdeps derived;
+#   2. mpsteer validate /usr/share/mpsteer/policies passes, --help and the man page work;
+#   3. every file is where it belongs, root-owned, 0755 (binary, directories) or 0644, the
+#      conffile is registered;
+#   4. apt-get remove keeps the operator's /etc/mpsteer/policies (and the conffile, as dpkg
+#      does); apt-get purge --autoremove leaves exactly the operator's policies behind: the
+#      whole file tree is compared with the one before the install.
+# The debootstrap result is cached as a tarball in /var/cache/mpsteer-install-test, so only
+# the first run downloads the base system. Needs root.
+set -eu
+cd "$(dirname "$0")/.."
+[ "$(id -u)" = 0 ] || { echo "install-test: run as root (debootstrap, chroot)" >&2; exit 1; }
+DEB=${1:-$(ls build/packages/mpsteer_*_amd64.deb 2>/dev/null | tail -n 1)}
+[ -f "$DEB" ] || { echo "install-test: no package; build it with packaging/package.sh" >&2; exit 1; }
+MIRROR=${MPS_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+CACHE=/var/cache/mpsteer-install-test
+BASE=$CACHE/bookworm-minbase.tar.gz
+
+for p in debootstrap; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$p"
+done
+
+if [ ! -f "$BASE" ]; then
+    echo "install-test: debootstrap bookworm (minbase) from $MIRROR, cached in $BASE"
+    mkdir -p "$CACHE"
+    tmp=$(mktemp -d "$CACHE/root.XXXXXX")
+    debootstrap --variant=minbase bookworm "$tmp" "$MIRROR" >"$CACHE/debootstrap.log" 2>&1 ||
+        { tail -20 "$CACHE/debootstrap.log"; rm -rf "$tmp"; exit 1; }
+    cat >"$tmp/etc/apt/sources.list" <<EOF
+deb $MIRROR bookworm main
+deb $MIRROR bookworm-updates main
+deb ${MIRROR%/debian}/debian-security bookworm-security main
+EOF
+    rm -rf "$tmp"/var/cache/apt/archives/*.deb
+    tar -C "$tmp" -czf "$BASE.part" . && mv "$BASE.part" "$BASE"
+    rm -rf "$tmp"
+fi
+
+ROOT=$(mktemp -d /tmp/mpsteer-install-root.XXXXXX)
+cleanup() {
+    umount "$ROOT/proc" 2>/dev/null || true
+    rm -rf --one-file-system "$ROOT" "$ROOT".before "$ROOT".after "$ROOT".apt.log
+}
+trap cleanup EXIT INT TERM
+tar -C "$ROOT" -xzf "$BASE"
+mount -t proc proc "$ROOT/proc"
+cp /etc/resolv.conf "$ROOT/etc/resolv.conf"
+in_root() { chroot "$ROOT" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin DEBIAN_FRONTEND=noninteractive LC_ALL=C "$@"; }
+fail=0
+check() {  # desc=...; check COMMAND...: one line per check
+    if "$@" >/dev/null 2>&1; then :; else echo "FAIL: $desc"; fail=1; return 0; fi
+    echo "ok:   $desc"
+}
+
+in_root apt-get update -q >/dev/null
+# The tree before, without what apt and dpkg keep about themselves.
+snapshot() {
+    (cd "$ROOT" && find . -xdev \( -path ./proc -o -path ./tmp -o -path ./var/lib/apt \
+        -o -path ./var/lib/dpkg -o -path ./var/cache -o -path ./var/log \) -prune -o -print |
+        sort)
+}
+snapshot >"$ROOT.before"
+cp "$DEB" "$ROOT/tmp/"
+pkg=$(basename "$DEB")
+echo "install-test: apt-get install ./$pkg in a clean bookworm root"
+if ! in_root sh -c "cd /tmp && apt-get install -y -q ./$pkg" >"$ROOT.apt.log" 2>&1; then
+    cat "$ROOT.apt.log"; echo "FAIL: apt-get install"; exit 1
+fi
+grep -E "^(Setting up|Unpacking) " "$ROOT.apt.log" | sed 's/^/      /' | grep -i mpsteer || true
+
+desc="mpsteer validate /usr/share/mpsteer/policies exits 0"
+check in_root mpsteer validate /usr/share/mpsteer/policies
+desc="mpsteer --help and every subcommand's --help"
+check in_root sh -c 'mpsteer --help && for c in validate plan run status suspend resume reset events demo bench; do mpsteer $c --help || exit 1; done'
+desc="man page /usr/share/man/man8/mpsteer.8.gz is gzip'd roff naming the commands"
+check in_root sh -c 'zcat /usr/share/man/man8/mpsteer.8.gz | grep -q "^.SH COMMANDS"'
+for f in /usr/bin/mpsteer /usr/share/mpsteer/bpf/mps_dp.bpf.o /usr/share/mpsteer/bpf/mps_ctl.bpf.o \
+         /usr/share/mpsteer/schemas/policy.schema.json /usr/share/mpsteer/lua/ecf.lua \
+         /usr/share/mpsteer/policies/small-flow-pm.yaml /lib/systemd/system/mpsteer.service \
+         /etc/default/mpsteer; do
+    desc="$f installed"
+    check test -f "$ROOT$f"
+done
+desc="/etc/mpsteer/policies exists and is empty"
+check sh -c "[ -d '$ROOT/etc/mpsteer/policies' ] && [ -z \"\$(ls -A '$ROOT/etc/mpsteer/policies')\" ]"
+desc="the BPF objects are BPF ELF files"
+check sh -c "od -An -tx1 -j18 -N2 '$ROOT/usr/share/mpsteer/bpf/mps_dp.bpf.o' | grep -q 'f7 00'"
+desc="/etc/default/mpsteer is a conffile"
+check in_root sh -c 'dpkg-query -W -f="\${Conffiles}" mpsteer | grep -q "/etc/default/mpsteer "'
+# Owners and modes of everything the package installed.
+bad=$(in_root sh -c 'dpkg -L mpsteer | while read -r f; do
+        [ -e "$f" ] && [ ! -L "$f" ] || continue  # /lib is a usrmerge symlink
+        stat -c "%U:%G %a %n" "$f"; done' |
+      awk -v root="$ROOT" '$1 != "root:root" { print; next }
+           $3 == "/usr/bin/mpsteer" { if ($2 != "755") print; next }
+           { cmd = "test -d \"" root $3 "\""; isdir = (system(cmd) == 0) }
+           isdir && $2 != "755" { print; next }
+           !isdir && $2 != "644" { print }')
+desc="owners root:root, modes 0755 (binary, directories) and 0644 (the rest)${bad:+: $bad}"
+check test -z "$bad"
+desc="the unit runs the agent on /etc/mpsteer/policies with /etc/default/mpsteer"
+check sh -c "grep -q '^ExecStart=/usr/bin/mpsteer run --policies \${MPSTEER_POLICIES} \$MPSTEER_OPTS' '$ROOT/lib/systemd/system/mpsteer.service' &&
+             grep -q '^MPSTEER_POLICIES=/etc/mpsteer/policies' '$ROOT/etc/default/mpsteer'"
+
+# The operator's policy: a shipped one, copied with its script the way an operator would.
+mkdir -p "$ROOT/etc/mpsteer/policies/lua"
+cp "$ROOT/usr/share/mpsteer/policies/small-flow-pm.yaml" "$ROOT/etc/mpsteer/policies/"
+cp "$ROOT/usr/share/mpsteer/lua/small_flow_pm.lua" "$ROOT/etc/mpsteer/policies/lua/"
+desc="mpsteer validate /etc/mpsteer/policies (an operator's policy with its Lua script)"
+check in_root mpsteer validate /etc/mpsteer/policies
+
+in_root apt-get remove -y -q mpsteer >"$ROOT.apt.log" 2>&1 || { cat "$ROOT.apt.log"; fail=1; }
+desc="after remove: binary, data, unit gone; operator's policies and the conffile kept"
+check sh -c "[ ! -e '$ROOT/usr/bin/mpsteer' ] && [ ! -e '$ROOT/usr/share/mpsteer' ] &&
+             [ ! -e '$ROOT/lib/systemd/system/mpsteer.service' ] &&
+             [ -f '$ROOT/etc/mpsteer/policies/small-flow-pm.yaml' ] &&
+             [ -f '$ROOT/etc/mpsteer/policies/lua/small_flow_pm.lua' ] &&
+             [ -f '$ROOT/etc/default/mpsteer' ]"
+in_root apt-get purge -y -q --autoremove mpsteer >"$ROOT.apt.log" 2>&1 || { cat "$ROOT.apt.log"; fail=1; }
+desc="after purge --autoremove: dpkg knows no mpsteer"
+check sh -c "! chroot '$ROOT' dpkg-query -W -f='\${Status}' mpsteer"
+snapshot >"$ROOT.after"
+left=$(comm -13 "$ROOT.before" "$ROOT.after" | tr '\n' ' ')
+gone=$(comm -23 "$ROOT.before" "$ROOT.after" | tr '\n' ' ')
+want="./etc/mpsteer ./etc/mpsteer/policies ./etc/mpsteer/policies/lua ./etc/mpsteer/policies/lua/small_flow_pm.lua ./etc/mpsteer/policies/small-flow-pm.yaml "
+desc="after purge the tree is as before plus the operator's /etc/mpsteer/policies (left: $left${gone:+; missing: $gone})"
+check test "$left" = "$want" -a -z "$gone"
+
+if [ "$fail" = 0 ]; then echo "install-test: passed ($pkg)"; else echo "install-test: FAILED ($pkg)"; fi
+exit "$fail"

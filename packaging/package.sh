@@ -1,0 +1,30 @@
+#!/bin/sh
+# Builds the Debian package for ARCH (default: this machine's, amd64 here) with CPack:
+#   packaging/package.sh           -> build/packages/mpsteer_<version>_amd64.deb
+#   packaging/package.sh arm64     -> build-arm64/packages/mpsteer_<version>_arm64.deb
+#   packaging/package.sh armhf     -> build-armhf/packages/mpsteer_<version>_armhf.deb
+# A foreign ARCH is cross-built (packaging/toolchain-ARCH.cmake) after packaging/setup-cross.sh
+# installs its dependencies. Only the binary and the man page are built, not the tests.
+set -eu
+cd "$(dirname "$0")/.."
+native=$(dpkg --print-architecture)
+ARCH=${1:-$native}
+if [ "$ARCH" = "$native" ]; then
+    packaging/setup-deps.sh
+    dir=build
+    set --
+else
+    packaging/setup-cross.sh "$ARCH"
+    dir=build-$ARCH
+    set -- -DCMAKE_TOOLCHAIN_FILE="$PWD/packaging/toolchain-$ARCH.cmake"
+    # dpkg-shlibdeps: look the binary's libraries up for the target architecture.
+    export DEB_HOST_ARCH="$ARCH"
+fi
+# The package needs only the binary and the man page: skip building everything else first.
+cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      -DCMAKE_SKIP_INSTALL_ALL_DEPENDENCY=ON -Wno-dev "$@" >/dev/null
+ninja -C "$dir" -j"${JOBS:-2}" mpsteer mpsteer_man
+(cd "$dir" && cpack -G DEB >/dev/null)
+deb=$(ls "$dir"/packages/mpsteer_*_"$ARCH".deb)
+echo "package: $deb"
+dpkg-deb --field "$deb" Package Version Architecture Depends

@@ -1,0 +1,58 @@
+#!/bin/sh
+# Installs what cross-building mpsteer for ARCH (arm64 or armhf) needs, with Debian multiarch:
+# the cross compiler, qemu-user to run the tests, and the foreign-architecture -dev packages.
+# Idempotent: apt-get runs only when something is missing.
+#
+# libyaml-cpp-dev has no Multi-Arch field, so the arm64 one cannot be installed beside the
+# amd64 one the native build uses. Its files (and the runtime library it links to) are unpacked
+# with `dpkg -x` into /opt/mpsteer-cross/ARCH, which the toolchain file adds to the search root.
+# The runtime package libyaml-cpp0.7 is Multi-Arch: same and is installed normally (qemu runs
+# the tests against it, dpkg-shlibdeps maps it to a dependency).
+set -eu
+ARCH=${1:?usage: packaging/setup-cross.sh arm64|armhf}
+case "$ARCH" in
+    arm64) QEMU=qemu-user ;;
+    armhf) QEMU=qemu-user ;;
+    *) echo "setup-cross: unknown architecture $ARCH (arm64 or armhf)" >&2; exit 2 ;;
+esac
+cd "$(dirname "$0")/.."
+packaging/setup-deps.sh
+
+FOREIGN="libbpf-dev libelf-dev zlib1g-dev libssl-dev libspdlog-dev libfmt-dev liblua5.4-dev
+libyaml-cpp0.7 libc6-dev"
+PKGS="crossbuild-essential-$ARCH $QEMU dpkg-dev"
+for p in $FOREIGN; do PKGS="$PKGS $p:$ARCH"; done
+
+if ! dpkg --print-foreign-architectures | grep -qx "$ARCH"; then
+    echo "setup-cross: adding the $ARCH architecture to dpkg"
+    dpkg --add-architecture "$ARCH"
+    updated=no
+else
+    updated=yes
+fi
+missing=""
+for p in $PKGS; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+    echo "setup-cross: installing:$missing"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q || [ "$updated" = yes ]
+    # shellcheck disable=SC2086
+    apt-get install -y -q --no-install-recommends $missing
+fi
+
+# libyaml-cpp-dev for ARCH, unpacked (same version as the runtime library installed above).
+PREFIX=/opt/mpsteer-cross/$ARCH
+ver=$(dpkg-query -W -f='${Version}' "libyaml-cpp0.7:$ARCH")
+stamp="$PREFIX/.libyaml-cpp-dev-$ver"
+if [ ! -e "$stamp" ]; then
+    echo "setup-cross: unpacking libyaml-cpp-dev:$ARCH $ver into $PREFIX"
+    tmp=$(mktemp -d); chmod 755 "$tmp"  # apt-get download runs as _apt
+    (cd "$tmp" && apt-get download -q "libyaml-cpp-dev:$ARCH=$ver" "libyaml-cpp0.7:$ARCH=$ver")
+    rm -rf "$PREFIX"
+    mkdir -p "$PREFIX"
+    for deb in "$tmp"/*.deb; do dpkg -x "$deb" "$PREFIX"; done
+    rm -rf "$tmp"
+    touch "$stamp"
+fi
