@@ -26,9 +26,6 @@ for p in $FOREIGN; do PKGS="$PKGS $p:$ARCH"; done
 if ! dpkg --print-foreign-architectures | grep -qx "$ARCH"; then
     echo "setup-cross: adding the $ARCH architecture to dpkg"
     dpkg --add-architecture "$ARCH"
-    updated=no
-else
-    updated=yes
 fi
 missing=""
 for p in $PKGS; do
@@ -37,7 +34,12 @@ done
 if [ -n "$missing" ]; then
     echo "setup-cross: installing:$missing"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -q || [ "$updated" = yes ]
+    # A mirror caught mid-sync fails one index now and then: retry; a list that stays stale
+    # matters only if the install below then misses something.
+    for try in 1 2 3; do
+        apt-get update -q && break
+        echo "setup-cross: apt-get update failed (try $try)"; sleep 10
+    done
     # shellcheck disable=SC2086
     apt-get install -y -q --no-install-recommends $missing
 fi
