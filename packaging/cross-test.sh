@@ -10,7 +10,8 @@ dir=build-$ARCH
 cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
       -DCMAKE_SKIP_INSTALL_ALL_DEPENDENCY=ON -Wno-dev \
       -DCMAKE_TOOLCHAIN_FILE="$PWD/packaging/toolchain-$ARCH.cmake" >/dev/null
-# Only what the unit label runs (tests/unit/CMakeLists.txt), not the bpf/e2e programs.
-ninja -C "$dir" -j"${JOBS:-2}" mpsteer manifest_unit_tests chain_unit_tests
+# Only the programs the unit label runs (tests/unit, and the packet builder's tests in tests/bpf),
+# not the bpf/e2e programs. A new unit test program belongs in this list.
+ninja -C "$dir" -j"${JOBS:-2}" mpsteer manifest_unit_tests chain_unit_tests bpf_packet_unit_tests
 readelf -h "$dir/src/cli/mpsteer" | sed -n "s/^ *Machine: */cross: mpsteer built for /p"
 ctest --test-dir "$dir" -L unit --output-on-failure --timeout 600
