@@ -12,6 +12,7 @@
 #   /etc/mpsteer/policies/                the operator's policies (shipped empty, never removed
 #                                         while it holds files)
 #   /usr/share/man/man8/mpsteer.8.gz      the manual page
+#   /usr/share/lintian/overrides/mpsteer  the BPF objects are EM_BPF ELF files in /usr/share
 
 get_property(_mps_bpf_objects GLOBAL PROPERTY MPSTEER_BPF_OBJECTS)
 install(FILES ${_mps_bpf_objects} DESTINATION share/mpsteer/bpf)
@@ -22,6 +23,8 @@ install(DIRECTORY ${CMAKE_SOURCE_DIR}/lua/ DESTINATION share/mpsteer/lua
 install(DIRECTORY ${CMAKE_SOURCE_DIR}/policies/ DESTINATION share/mpsteer/policies
         FILES_MATCHING PATTERN "*.yaml")
 install(FILES ${CMAKE_SOURCE_DIR}/README.md DESTINATION share/doc/mpsteer)
+install(FILES ${CMAKE_SOURCE_DIR}/packaging/debian/lintian-overrides
+        DESTINATION share/lintian/overrides RENAME mpsteer)
 
 # Absolute destinations: outside CPACK_PACKAGING_INSTALL_PREFIX (/usr).
 install(FILES ${CMAKE_SOURCE_DIR}/packaging/debian/mpsteer.service
@@ -45,11 +48,12 @@ set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
 set(CPACK_PACKAGE_CONTACT "mpsteer developers <dev@mpsteer.dev>")
 set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "declarative, eBPF-enforced Multipath TCP policies")
 set(CPACK_PACKAGE_DESCRIPTION "\
-mpsteer lets an operator extend Multipath TCP without touching the kernel: policies are
-YAML manifests in a (git-synced) directory; the agent validates them against JSON Schemas,
-compiles each into a chain of small eBPF programs at XDP ingress and TC egress/ingress,
-and steers the kernel's MPTCP: hide or re-inject ADD_ADDR, insert MP_PRIO, cap a
-subflow's rate, report MP_CAPABLE / MP_JOIN. Lua hooks make decisions on events and timers.")
+mpsteer lets an operator extend Multipath TCP without touching the kernel:
+policies are YAML manifests in a (git-synced) directory; the agent validates
+them against JSON Schemas, compiles each into a chain of small eBPF programs at
+XDP ingress and TC egress/ingress, and steers the kernel's MPTCP: hide or
+re-inject ADD_ADDR, insert MP_PRIO, cap a subflow's rate, report MP_CAPABLE
+and MP_JOIN. Lua hooks make decisions on events and timers.")
 set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
 set(CPACK_PACKAGE_DIRECTORY ${CMAKE_BINARY_DIR}/packages)
 set(CPACK_STRIP_FILES ON)  # install(TARGETS) only: the BPF objects keep their BTF

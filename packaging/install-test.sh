@@ -56,7 +56,7 @@ check() {  # desc=...; check COMMAND...: one line per check
     echo "ok:   $desc"
 }
 
-in_root apt-get update -q >/dev/null
+in_root apt-get -o APT::Sandbox::User=root update -q >/dev/null  # no _apt user in the way
 # The tree before, without what apt and dpkg keep about themselves.
 snapshot() {
     (cd "$ROOT" && find . -xdev \( -path ./proc -o -path ./tmp -o -path ./var/lib/apt \
