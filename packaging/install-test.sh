@@ -5,8 +5,10 @@
 #   2. mpsteer validate /usr/share/mpsteer/policies passes, --help and the man page work;
 #   3. every file is where it belongs, root-owned, 0755 (binary, directories) or 0644, the
 #      conffile is registered;
-#   4. apt-get remove keeps the operator's /etc/mpsteer/policies (and the conffile, as dpkg
-#      does); apt-get purge --autoremove leaves exactly the operator's policies behind: the
+#   4. the installed agent applies an operator's policy in a network namespace and leaves the
+#      datapath attached when it stops;
+#   5. apt-get remove detaches it and keeps the operator's /etc/mpsteer/policies (and the
+#      conffile, as dpkg does); apt-get purge --autoremove leaves exactly the operator's policies behind: the
 #      whole file tree is compared with the one before the install.
 # The debootstrap result is cached as a tarball in /var/cache/mpsteer-install-test, so only
 # the first run downloads the base system. Needs root.
@@ -41,13 +43,22 @@ EOF
 fi
 
 ROOT=$(mktemp -d /tmp/mpsteer-install-root.XXXXXX)
+NS=mps-install-$$
 cleanup() {
+    [ -z "${agent:-}" ] || kill "$agent" 2>/dev/null || true
+    ip netns del "$NS" 2>/dev/null || true
+    umount "$ROOT/sys/fs/bpf" 2>/dev/null || true
+    umount "$ROOT/sys" 2>/dev/null || true
     umount "$ROOT/proc" 2>/dev/null || true
-    rm -rf --one-file-system "$ROOT" "$ROOT".before "$ROOT".after "$ROOT".apt.log
+    rm -rf --one-file-system "$ROOT" "$ROOT".before "$ROOT".after "$ROOT".apt.log "$ROOT".agent.log
 }
 trap cleanup EXIT INT TERM
 tar -C "$ROOT" -xzf "$BASE"
 mount -t proc proc "$ROOT/proc"
+# sysfs (libbpf reads the possible CPUs there) and a bpffs of the root's own, so the agent's
+# pins are the root's (and outlive a network namespace's mount namespace).
+mount -t sysfs -o ro sysfs "$ROOT/sys"
+mount -t bpf -o mode=0700 bpf "$ROOT/sys/fs/bpf"
 cp /etc/resolv.conf "$ROOT/etc/resolv.conf"
 in_root() { chroot "$ROOT" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin DEBIAN_FRONTEND=noninteractive LC_ALL=C "$@"; }
 fail=0
@@ -113,7 +124,32 @@ cp "$ROOT/usr/share/mpsteer/lua/small_flow_pm.lua" "$ROOT/etc/mpsteer/policies/l
 desc="mpsteer validate /etc/mpsteer/policies (an operator's policy with its Lua script)"
 check in_root mpsteer validate /etc/mpsteer/policies
 
+# The installed agent on that policy, in a network namespace with one veth pair (it attaches
+# to every interface but lo); stopping it leaves the datapath attached, removing the package
+# detaches it (prerm: mpsteer reset).
+ip netns add "$NS"
+ip -n "$NS" link add mpsi0 type veth peer name mpsi1
+for l in lo mpsi0 mpsi1; do ip -n "$NS" link set "$l" up; done
+ip netns exec "$NS" chroot "$ROOT" env -i PATH=/usr/bin:/bin \
+    mpsteer run --policies /etc/mpsteer/policies >"$ROOT.agent.log" 2>&1 &
+agent=$!
+for i in $(seq 60); do
+    in_root mpsteer status >/dev/null 2>&1 && break
+    sleep 0.5
+done
+desc="the installed agent applies /etc/mpsteer/policies (mpsteer status: ready)"
+check in_root mpsteer status
+desc="XDP attached to the namespace's veth, links pinned in the root's bpffs"
+check sh -c "ip -n '$NS' link show mpsi0 | grep -q xdp && [ -n \"\$(ls -A '$ROOT/sys/fs/bpf/mpsteer/links')\" ]"
+kill "$agent"; wait "$agent" 2>/dev/null || true; agent=""
+desc="after the agent stopped, the datapath is still attached"
+check sh -c "ip -n '$NS' link show mpsi0 | grep -q xdp"
+[ "$fail" = 0 ] || sed 's/^/      agent: /' "$ROOT.agent.log" | tail -20
+
 in_root apt-get remove -y -q mpsteer >"$ROOT.apt.log" 2>&1 || { cat "$ROOT.apt.log"; fail=1; }
+desc="after remove: the datapath is detached and its pins are gone"
+check sh -c "! ip -n '$NS' link show mpsi0 | grep -q xdp && [ ! -e '$ROOT/sys/fs/bpf/mpsteer' ]"
+ip netns del "$NS"
 desc="after remove: binary, data, unit gone; operator's policies and the conffile kept"
 check sh -c "[ ! -e '$ROOT/usr/bin/mpsteer' ] && [ ! -e '$ROOT/usr/share/mpsteer' ] &&
              [ ! -e '$ROOT/lib/systemd/system/mpsteer.service' ] &&
