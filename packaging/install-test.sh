@@ -6,7 +6,7 @@
 #   3. every file is where it belongs, root-owned, 0755 (binary, directories) or 0644, the
 #      conffile is registered;
 #   4. the installed agent applies an operator's policy in a network namespace and leaves the
-#      datapath attached when it stops;
+#      datapath attached when it stops and when the package is upgraded (reinstalled);
 #   5. apt-get remove detaches it and keeps the operator's /etc/mpsteer/policies (and the
 #      conffile, as dpkg does); apt-get purge --autoremove leaves exactly the operator's policies behind: the
 #      whole file tree is compared with the one before the install.
@@ -145,6 +145,10 @@ kill "$agent"; wait "$agent" 2>/dev/null || true; agent=""
 desc="after the agent stopped, the datapath is still attached"
 check sh -c "ip -n '$NS' link show mpsi0 | grep -q xdp"
 [ "$fail" = 0 ] || sed 's/^/      agent: /' "$ROOT.agent.log" | tail -20
+in_root sh -c "cd /tmp && apt-get install -y -q --reinstall ./$pkg" >"$ROOT.apt.log" 2>&1 ||
+    { cat "$ROOT.apt.log"; fail=1; }
+desc="an upgrade (reinstall: prerm upgrade, postinst configure) keeps the datapath attached"
+check sh -c "ip -n '$NS' link show mpsi0 | grep -q xdp && [ -d '$ROOT/sys/fs/bpf/mpsteer/links' ]"
 
 in_root apt-get remove -y -q mpsteer >"$ROOT.apt.log" 2>&1 || { cat "$ROOT.apt.log"; fail=1; }
 desc="after remove: the datapath is detached and its pins are gone"
