@@ -7,9 +7,10 @@ cd "$(dirname "$0")/.."
 ARCH=${1:-arm64}
 packaging/setup-cross.sh "$ARCH" >/dev/null
 dir=build-$ARCH
-cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-      -DCMAKE_SKIP_INSTALL_ALL_DEPENDENCY=ON -Wno-dev \
-      -DCMAKE_TOOLCHAIN_FILE="$PWD/packaging/toolchain-$ARCH.cmake" >/dev/null
+# The configuration packaging/package.sh ARCH uses: -O2 like build/, no -g (stripped anyway).
+cmake -S . -B "$dir" -G Ninja -DCMAKE_SKIP_INSTALL_ALL_DEPENDENCY=ON -Wno-dev \
+      -DCMAKE_TOOLCHAIN_FILE="$PWD/packaging/toolchain-$ARCH.cmake" -DCMAKE_BUILD_TYPE=Release \
+      -DCMAKE_C_FLAGS_RELEASE="-O2 -DNDEBUG" -DCMAKE_CXX_FLAGS_RELEASE="-O2 -DNDEBUG" >/dev/null
 # Only the programs the unit label runs (tests/unit, and the packet builder's tests in tests/bpf),
 # not the bpf/e2e programs. A new unit test program belongs in this list.
 ninja -C "$dir" -j"${JOBS:-2}" mpsteer manifest_unit_tests chain_unit_tests bpf_packet_unit_tests

@@ -12,17 +12,18 @@ ARCH=${1:-$native}
 if [ "$ARCH" = "$native" ]; then
     packaging/setup-deps.sh
     dir=build
-    set --
+    set -- -DCMAKE_BUILD_TYPE=RelWithDebInfo  # shares build/ with tests/run.sh
 else
     packaging/setup-cross.sh "$ARCH"
     dir=build-$ARCH
-    set -- -DCMAKE_TOOLCHAIN_FILE="$PWD/packaging/toolchain-$ARCH.cmake"
+    # The package is stripped: the same -O2 as build/, without -g (a third less compile time).
+    set -- -DCMAKE_TOOLCHAIN_FILE="$PWD/packaging/toolchain-$ARCH.cmake" -DCMAKE_BUILD_TYPE=Release \
+           -DCMAKE_C_FLAGS_RELEASE="-O2 -DNDEBUG" -DCMAKE_CXX_FLAGS_RELEASE="-O2 -DNDEBUG"
     # dpkg-shlibdeps: look the binary's libraries up for the target architecture.
     export DEB_HOST_ARCH="$ARCH"
 fi
 # The package needs only the binary and the man page: skip building everything else first.
-cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-      -DCMAKE_SKIP_INSTALL_ALL_DEPENDENCY=ON -Wno-dev "$@" >/dev/null
+cmake -S . -B "$dir" -G Ninja -DCMAKE_SKIP_INSTALL_ALL_DEPENDENCY=ON -Wno-dev "$@" >/dev/null
 ninja -C "$dir" -j"${JOBS:-2}" mpsteer mpsteer_man
 (cd "$dir" && cpack -G DEB >/dev/null)
 deb=$(ls "$dir"/packages/mpsteer_*_"$ARCH".deb)
