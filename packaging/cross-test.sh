@@ -11,8 +11,14 @@ dir=build-$ARCH
 cmake -S . -B "$dir" -G Ninja -DCMAKE_SKIP_INSTALL_ALL_DEPENDENCY=ON -Wno-dev \
       -DCMAKE_TOOLCHAIN_FILE="$PWD/packaging/toolchain-$ARCH.cmake" -DCMAKE_BUILD_TYPE=Release \
       -DCMAKE_C_FLAGS_RELEASE="-O2 -DNDEBUG" -DCMAKE_CXX_FLAGS_RELEASE="-O2 -DNDEBUG" >/dev/null
-# Only the programs the unit label runs (tests/unit, and the packet builder's tests in tests/bpf),
-# not the bpf/e2e programs. A new unit test program belongs in this list.
-ninja -C "$dir" -j"${JOBS:-2}" mpsteer manifest_unit_tests chain_unit_tests bpf_packet_unit_tests
+# Only the programs the unit label runs, not the bpf/e2e ones: every catch_discover_tests(...)
+# labelled unit, and mpsteer itself (cli_validate).
+targets=$(sed -n 's/^catch_discover_tests(\([A-Za-z0-9_]*\) .*LABELS unit.*/\1/p' tests/*/CMakeLists.txt)
+# shellcheck disable=SC2086
+ninja -C "$dir" -j"${JOBS:-2}" mpsteer $targets
 readelf -h "$dir/src/cli/mpsteer" | sed -n "s/^ *Machine: */cross: mpsteer built for /p"
-ctest --test-dir "$dir" -L unit --output-on-failure --timeout 600
+# qemu-user (7.2) emulates netlink only for NETLINK_ROUTE, NETLINK_AUDIT and
+# NETLINK_KOBJECT_UEVENT: a NETLINK_SOCK_DIAG socket fails with EPROTONOSUPPORT under it, so the
+# unit test that reads TCP_INFO through sock_diag cannot run here (it runs natively).
+echo "cross: not under qemu (no NETLINK_SOCK_DIAG in qemu-user): the sock_diag unit test"
+ctest --test-dir "$dir" -L unit -E "sock_diag" --output-on-failure --timeout 600
