@@ -12,6 +12,7 @@
 #   /etc/mpsteer/policies/                the operator's policies (shipped empty, never removed
 #                                         while it holds files)
 #   /usr/share/man/man8/mpsteer.8.gz      the manual page
+#   /usr/share/doc/mpsteer/               README.md, manifests.md (schemas/), lua-hooks.md (lua/)
 #   /usr/share/lintian/overrides/mpsteer  the BPF objects are EM_BPF ELF files in /usr/share
 
 get_property(_mps_bpf_objects GLOBAL PROPERTY MPSTEER_BPF_OBJECTS)
@@ -23,6 +24,10 @@ install(DIRECTORY ${CMAKE_SOURCE_DIR}/lua/ DESTINATION share/mpsteer/lua
 install(DIRECTORY ${CMAKE_SOURCE_DIR}/policies/ DESTINATION share/mpsteer/policies
         FILES_MATCHING PATTERN "*.yaml")
 install(FILES ${CMAKE_SOURCE_DIR}/README.md DESTINATION share/doc/mpsteer)
+# The manifest format and the Lua hook API, for operators writing policies.
+install(FILES ${CMAKE_SOURCE_DIR}/schemas/README.md DESTINATION share/doc/mpsteer
+        RENAME manifests.md)
+install(FILES ${CMAKE_SOURCE_DIR}/lua/README.md DESTINATION share/doc/mpsteer RENAME lua-hooks.md)
 install(FILES ${CMAKE_SOURCE_DIR}/packaging/debian/lintian-overrides
         DESTINATION share/lintian/overrides RENAME mpsteer)
 
