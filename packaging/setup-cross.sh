@@ -27,22 +27,8 @@ if ! dpkg --print-foreign-architectures | grep -qx "$ARCH"; then
     echo "setup-cross: adding the $ARCH architecture to dpkg"
     dpkg --add-architecture "$ARCH"
 fi
-missing=""
-for p in $PKGS; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
-done
-if [ -n "$missing" ]; then
-    echo "setup-cross: installing:$missing"
-    export DEBIAN_FRONTEND=noninteractive
-    # A mirror caught mid-sync fails one index now and then: retry; a list that stays stale
-    # matters only if the install below then misses something.
-    for try in 1 2 3; do
-        apt-get update -q && break
-        echo "setup-cross: apt-get update failed (try $try)"; sleep 10
-    done
-    # shellcheck disable=SC2086
-    apt-get install -y -q --no-install-recommends $missing
-fi
+# shellcheck disable=SC2086
+packaging/apt-ensure.sh setup-cross $PKGS
 
 # libyaml-cpp-dev for ARCH, unpacked (same version as the runtime library installed above).
 PREFIX=/opt/mpsteer-cross/$ARCH

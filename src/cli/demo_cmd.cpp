@@ -68,22 +68,30 @@ std::string mbit(double bytes_per_sec) {
     return b;
 }
 
+// The demos' lab: RTT 20 ms and 40 Mbit/s on each path; `tag` names everything it creates.
+LabConfig lab_config(const std::string& tag) {
+    LabConfig cfg;
+    cfg.tag = tag + std::to_string(getpid() % 1000000);
+    cfg.path[0] = cfg.path[1] = PathShape{10, 40000};
+    std::printf("mpsteer demo: building the lab (two namespaces, two paths)...\n");
+    return cfg;
+}
+
+void print_lab(const Lab& lab) {
+    std::printf("  client  %-16s %s (path 1), %s (path 2)\n", lab.client_ns().c_str(),
+                Lab::client_addr(1).c_str(), Lab::client_addr(2).c_str());
+    std::printf("  server  %-16s %s (path 1), %s (path 2, announced with ADD_ADDR)\n",
+                lab.server_ns().c_str(), Lab::server_addr(1).c_str(), Lab::server_addr(2).c_str());
+    std::printf("  paths   RTT 20 ms and 40 Mbit/s each; kernel MPTCP, 2 subflows allowed\n");
+}
+
 class Demo {
 public:
     explicit Demo(int seconds) : seconds_(seconds) {}
 
     int run() {
-        LabConfig cfg;
-        cfg.tag = "d" + std::to_string(getpid() % 1000000);
-        cfg.path[0] = cfg.path[1] = PathShape{10, 40000};  // RTT 20 ms, 40 Mbit/s
-        std::printf("mpsteer demo: building the lab (two namespaces, two paths)...\n");
-        Lab lab(cfg);
-        std::printf("  client  %-16s %s (path 1), %s (path 2)\n", lab.client_ns().c_str(),
-                    Lab::client_addr(1).c_str(), Lab::client_addr(2).c_str());
-        std::printf("  server  %-16s %s (path 1), %s (path 2, announced with ADD_ADDR)\n",
-                    lab.server_ns().c_str(), Lab::server_addr(1).c_str(),
-                    Lab::server_addr(2).c_str());
-        std::printf("  paths   RTT 20 ms and 40 Mbit/s each; kernel MPTCP, 2 subflows allowed\n");
+        Lab lab(lab_config("d"));
+        print_lab(lab);
 
         datapath::init_libbpf_logging();
         Steering steer(server_chains(lab, kLimit), lab.server_ns(),
@@ -273,16 +281,10 @@ private:
 };
 
 int agent_demo(const std::string& share, int seconds) {
-    LabConfig cfg;
-    cfg.tag = "a" + std::to_string(getpid() % 1000000);
-    cfg.path[0] = cfg.path[1] = PathShape{10, 40000};  // RTT 20 ms, 40 Mbit/s
-    std::printf("mpsteer demo: building the lab (two namespaces, two paths)...\n");
+    const LabConfig cfg = lab_config("a");
     Lab lab(cfg);
-    std::printf("  client  %-16s %s (path 1), %s (path 2)\n", lab.client_ns().c_str(),
-                Lab::client_addr(1).c_str(), Lab::client_addr(2).c_str());
-    std::printf("  server  %-16s %s (path 1), %s (path 2, announced with ADD_ADDR)\n",
-                lab.server_ns().c_str(), Lab::server_addr(1).c_str(), Lab::server_addr(2).c_str());
-    std::printf("  paths   RTT 20 ms and 40 Mbit/s each; kernel MPTCP, 2 subflows allowed\n\n");
+    print_lab(lab);
+    std::printf("\n");
 
     const std::string state = "/run/mpsteer-demo-" + cfg.tag;
     const std::string pins = "/sys/fs/bpf/mpsteer-demo-" + cfg.tag;

@@ -196,13 +196,16 @@ void zero_percpu(int fd, uint32_t first, uint32_t n, size_t value_size) {
 }  // namespace
 
 std::string Datapath::object_id() {
-    size_t size = 0;
-    const void* bytes = mps_dp__elf_bytes(&size);
-    unsigned char h[SHA256_DIGEST_LENGTH];
-    SHA256(static_cast<const unsigned char*>(bytes), size, h);
-    char hex[13];
-    for (int i = 0; i < 6; ++i) std::snprintf(hex + 2 * i, 3, "%02x", h[i]);
-    return hex;
+    static const std::string id = [] {  // the object is part of the binary: hash it once
+        size_t size = 0;
+        const void* bytes = mps_dp__elf_bytes(&size);
+        unsigned char h[SHA256_DIGEST_LENGTH];
+        SHA256(static_cast<const unsigned char*>(bytes), size, h);
+        char hex[13];
+        for (int i = 0; i < 6; ++i) std::snprintf(hex + 2 * i, 3, "%02x", h[i]);
+        return std::string(hex);
+    }();
+    return id;
 }
 
 std::shared_ptr<Datapath> Datapath::load(const StateMaps& state,
@@ -366,18 +369,30 @@ void Datapath::quiesce(bool always) {
 
 // ---- Generation --------------------------------------------------------------------------
 
-std::unique_ptr<Generation> Generation::build(const ChainSet& chains, uint32_t number,
-                                              const StateMaps& state,
-                                              const std::vector<std::string>& also_load) {
+namespace {
+void check_or_throw(const ChainSet& chains) {
     if (auto problems = chains.check(); !problems.empty()) {
         std::string msg = "invalid chain set:";
         for (const auto& p : problems) msg += "\n  " + p;
         throw Error(msg);
     }
+}
+
+// The programs (XDP and TC variants) a step runs in; none for the inline ones.
+std::vector<std::string> programs_of(const mps_step& st) {
+    auto p = static_cast<mps_prog>(st.prog);
+    if (!has_program(p)) return {};
+    return {prog_for(p, true), prog_for(p, false)};
+}
+}  // namespace
+
+std::unique_ptr<Generation> Generation::build(const ChainSet& chains, uint32_t number,
+                                              const StateMaps& state,
+                                              const std::vector<std::string>& also_load) {
+    check_or_throw(chains);  // before the load: an invalid chain set costs no verification
     std::vector<std::string> only = also_load;
     for (const auto& st : chains.steps)
-        if (has_program(static_cast<mps_prog>(st.prog)))
-            for (bool xdp : {true, false}) only.push_back(prog_for(static_cast<mps_prog>(st.prog), xdp));
+        for (auto& name : programs_of(st)) only.push_back(std::move(name));
     only.push_back(kAlways[0]);  // never empty: empty means every program
     auto g = stage(Datapath::load(state, only), chains, number);
     if (!g->missing_interfaces().empty())
@@ -388,16 +403,11 @@ std::unique_ptr<Generation> Generation::build(const ChainSet& chains, uint32_t n
 
 std::unique_ptr<Generation> Generation::stage(std::shared_ptr<Datapath> dp, const ChainSet& chains,
                                               uint32_t number) {
-    if (auto problems = chains.check(); !problems.empty()) {
-        std::string msg = "invalid chain set:";
-        for (const auto& p : problems) msg += "\n  " + p;
-        throw Error(msg);
-    }
+    check_or_throw(chains);
     // Every step's program must be loaded (a missing one is an error here, not a missed tail
     // call later).
     for (const auto& st : chains.steps)
-        if (has_program(static_cast<mps_prog>(st.prog)))
-            for (bool xdp : {true, false}) dp->prog_fd(prog_for(static_cast<mps_prog>(st.prog), xdp));
+        for (const auto& name : programs_of(st)) dp->prog_fd(name);
     // Resolve interface names now. A redirect target that does not exist (yet) leaves the
     // step inert (ifindex 0: the packet goes on) and is reported; the agent stages again when
     // the interface appears.
@@ -471,8 +481,7 @@ void Generation::activate() { dp_->activate(slot_); }
 
 void Generation::write_step(uint32_t pc, const mps_step& step) {
     if (pc >= chains_.steps.size()) throw Error("no step " + std::to_string(pc));
-    if (has_program(static_cast<mps_prog>(step.prog)))
-        for (bool xdp : {true, false}) dp_->prog_fd(prog_for(static_cast<mps_prog>(step.prog), xdp));
+    for (const auto& name : programs_of(step)) dp_->prog_fd(name);
     auto& dst = dp_->table(slot_).steps[pc];
     // Parameters first, the program byte last: a packet sees the old step or the new one
     // for the fields that decide what runs.

@@ -70,17 +70,14 @@ double since(Clock::time_point t0) {
     return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-}  // namespace
-
-// ---- sink ----------------------------------------------------------------------------------
-
-Sink::Sink(const std::string& netns, uint16_t port, bool ipv6) {
+// An MPTCP listener on `port` (any address) inside `netns`; `who` names it in errors.
+int listen_mptcp(const std::string& netns, uint16_t port, bool ipv6, const std::string& who) {
     NetnsGuard in(netns);
     int family = ipv6 ? AF_INET6 : AF_INET;
-    listen_fd_ = socket(family, SOCK_STREAM | SOCK_CLOEXEC, IPPROTO_MPTCP);
-    if (listen_fd_ < 0) throw Error(errstr("sink: MPTCP socket (net.mptcp.enabled?)"));
+    int fd = socket(family, SOCK_STREAM | SOCK_CLOEXEC, IPPROTO_MPTCP);
+    if (fd < 0) throw Error(errstr(who + ": MPTCP socket (net.mptcp.enabled?)"));
     int one = 1;
-    setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     sockaddr_storage ss{};
     socklen_t sl;
     if (ipv6) {
@@ -96,11 +93,30 @@ Sink::Sink(const std::string& netns, uint16_t port, bool ipv6) {
         a->sin_addr.s_addr = htonl(INADDR_ANY);
         sl = sizeof *a;
     }
-    if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&ss), sl) != 0 || listen(listen_fd_, 4)) {
-        std::string e = errstr("sink: bind/listen port " + std::to_string(port));
-        close(listen_fd_);
+    if (bind(fd, reinterpret_cast<sockaddr*>(&ss), sl) != 0 || listen(fd, 4)) {
+        std::string e = errstr(who + ": bind/listen port " + std::to_string(port));
+        close(fd);
         throw Error(e);
     }
+    return fd;
+}
+
+// The one connection a listener takes, polling so that `stop` ends the wait; -1 when stopped
+// or on error (errno set).
+int accept_one(int listen_fd, const std::atomic<bool>& stop) {
+    while (!stop) {
+        pollfd p{listen_fd, POLLIN, 0};
+        if (::poll(&p, 1, 100) > 0) return accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+    }
+    return -1;
+}
+
+}  // namespace
+
+// ---- sink ----------------------------------------------------------------------------------
+
+Sink::Sink(const std::string& netns, uint16_t port, bool ipv6)
+    : listen_fd_(listen_mptcp(netns, port, ipv6, "sink")) {
     thread_ = std::thread([this] { serve(); });
 }
 
@@ -111,15 +127,8 @@ Sink::~Sink() {
 }
 
 void Sink::serve() {
-    int fd = -1;
-    // Poll so the destructor can stop a sink that never got its connection.
-    while (!stop_) {
-        pollfd p{listen_fd_, POLLIN, 0};
-        if (::poll(&p, 1, 100) > 0) {
-            fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-            break;
-        }
-    }
+    // Polled, so the destructor can stop a sink that never got its connection.
+    int fd = accept_one(listen_fd_, stop_);
     if (fd < 0) {
         error_ = stop_ ? "sink: stopped before a connection" : errstr("sink: accept");
         done_ = true;
@@ -276,33 +285,10 @@ TrafficStats receive_stream(const std::string& netns, const std::string& addr, u
 
 // ---- source --------------------------------------------------------------------------------
 
-Source::Source(const std::string& netns, uint16_t port, const SendOptions& opt) {
-    {
-        NetnsGuard in(netns);
-        listen_fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, IPPROTO_MPTCP);
-    }
-    if (listen_fd_ < 0) throw Error(errstr("source: MPTCP socket (net.mptcp.enabled?)"));
-    int one = 1;
-    setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(port);
-    a.sin_addr.s_addr = htonl(INADDR_ANY);
-    if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-        listen(listen_fd_, 4)) {
-        std::string e = errstr("source: bind/listen port " + std::to_string(port));
-        close(listen_fd_);
-        throw Error(e);
-    }
+Source::Source(const std::string& netns, uint16_t port, const SendOptions& opt)
+    : listen_fd_(listen_mptcp(netns, port, false, "source")) {
     thread_ = std::thread([this, opt] {
-        int fd = -1;
-        while (!stop_) {
-            pollfd p{listen_fd_, POLLIN, 0};
-            if (::poll(&p, 1, 100) > 0) {
-                fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-                break;
-            }
-        }
+        int fd = accept_one(listen_fd_, stop_);
         if (fd < 0) {
             error_ = stop_ ? "source: stopped before a connection" : errstr("source: accept");
         } else {
