@@ -441,8 +441,7 @@ void Agent::preflight(const Generation& g) {
     spec.daddr = 0xc0000202;
     auto frame = datapath::mptcp_data_frame(spec);
     const auto before = g.gen_counters().values[MPS_GC_MISSED_TAIL_CALL];
-    for (Hook h : {Hook::xdp, Hook::tc_egress, Hook::tc_ingress}) {
-        auto r = datapath::test_run(g.preflight_fd(h), frame, h == Hook::xdp);
+    for (const auto& [h, r] : g.preflight(frame)) {
         bool ok = h == Hook::xdp ? (r.retval <= 4) : (r.retval == uint32_t(-1) || r.retval <= 7);
         if (!ok)
             throw datapath::Error("pre-flight: " + std::string(datapath::to_string(h)) +
@@ -525,7 +524,7 @@ void Agent::apply(const Revision& rev) {
     std::vector<LinkKey> added;
     try {
         for (const auto& key : desired) {
-            int fd = gen->entry_fd(key.hook);
+            int fd = gen->entry_fd(key.hook, key.ifname);
             if (auto it = links_.find(key); it != links_.end()) {
                 if (it->second->prog_fd() == fd) continue;
                 int old = it->second->prog_fd();

@@ -94,7 +94,16 @@ int run_bench(bool json, uint32_t repeat, int rounds) {
                                 std::tuple{"chain8_match_ns", 8, false},
                                 std::tuple{"chain4_nomatch_ns", 4, true}}) {
         auto g = Generation::build(chain(n, miss), 2, state);
+        if (!g->compiled(Hook::xdp)) throw Error(std::string(key) + ": chain not compiled");
         int fd = g->entry_fd(Hook::xdp);
+        cases.push_back({key, std::move(g), fd, {}});
+    }
+    // The same chains through the entry program's interpreter (what runs chains that are
+    // not compiled, and every packet a compiled entry hands on).
+    for (auto [key, n, miss] : {std::tuple{"chain4_match_interp_ns", 4, false},
+                                std::tuple{"chain4_nomatch_interp_ns", 4, true}}) {
+        auto g = Generation::build(chain(n, miss), 3, state);
+        int fd = g->datapath()->entry_fd(Hook::xdp);
         cases.push_back({key, std::move(g), fd, {}});
     }
     // Sanity: every chain must actually run to its verdict (pass) on this frame.

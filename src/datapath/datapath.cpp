@@ -16,12 +16,15 @@
 
 #include <cerrno>
 #include <cstdarg>
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <set>
 
 #include "mps_ctl.skel.h"
 #include "mps_dp.skel.h"
+#include "mps_fast.skel.h"
 
 namespace fs = std::filesystem;
 
@@ -251,6 +254,18 @@ std::shared_ptr<Datapath> Datapath::load(const StateMaps& state,
             if (bpf_map_update_elem(jmp, &slot, &fd, BPF_ANY))
                 fail("filling the prog array slot " + std::to_string(slot), errno);
         }
+        // Where compiled entries hand packets they do not take (bpf/fastpath.bpf.c).
+        for (Hook h : {Hook::xdp, Hook::tc_egress, Hook::tc_ingress}) {
+            if ((h == Hook::xdp) != xdp) continue;
+            for (bool preflight : {false, true}) {
+                auto* prog = bpf_object__find_program_by_name(s->obj, entry_name(h, preflight));
+                if (!prog || bpf_program__fd(prog) < 0) continue;
+                int fd = bpf_program__fd(prog);
+                uint32_t slot = (preflight ? MPS_JMP_PREFLIGHT : MPS_JMP_ENTRY) + uint32_t(h);
+                if (bpf_map_update_elem(jmp, &slot, &fd, BPF_ANY))
+                    fail("filling the prog array slot " + std::to_string(slot), errno);
+            }
+        }
     }
     return dp;
 }
@@ -340,19 +355,30 @@ int Datapath::map_fd(std::string_view name) const {
 
 mps_table& Datapath::table(uint32_t slot) { return slots_->tables[slot & 1]; }
 
-uint32_t Datapath::active_slot() const {
-    return __atomic_load_n(&slots_->active, __ATOMIC_ACQUIRE) & 1;
+uint32_t Datapath::live_word() const { return __atomic_load_n(&slots_->active, __ATOMIC_ACQUIRE); }
+
+uint32_t Datapath::active_slot() const { return live_word() & 1; }
+
+uint32_t Datapath::next_live(uint32_t slot) {
+    // Epochs only grow, also across agents adopting this datapath (they start from the word).
+    epoch_ = std::max(epoch_, live_word() >> 1) + 1;
+    return (slot & 1) | epoch_ << 1;
+}
+
+void Datapath::set_testing(uint32_t live) {
+    __atomic_store_n(&slots_->testing, live, __ATOMIC_RELEASE);
 }
 
 void Datapath::set_staged(uint32_t slot) {
     __atomic_store_n(&slots_->staged, slot & 1, __ATOMIC_RELEASE);
 }
 
-void Datapath::activate(uint32_t slot) {
-    if (active_slot() == (slot & 1)) return;
+void Datapath::activate(uint32_t live) {
+    const uint32_t before = live_word();
+    if (before == live) return;
     // Release: the slot's contents are visible before any packet can read the new index.
-    __atomic_store_n(&slots_->active, slot & 1, __ATOMIC_RELEASE);
-    flipped_ = true;
+    __atomic_store_n(&slots_->active, live, __ATOMIC_RELEASE);
+    if ((before ^ live) & 1) flipped_ = true;  // the other slot: packets may still run this one
 }
 
 void Datapath::quiesce(bool always) {
@@ -459,17 +485,23 @@ std::unique_ptr<Generation> Generation::stage(std::shared_ptr<Datapath> dp, cons
     dp->set_staged(slot);
 
     std::unique_ptr<Generation> g(new Generation());
+    g->live_ = dp->next_live(slot);
     g->dp_ = std::move(dp);
     g->slot_ = slot;
     g->number_ = number;
     g->chains_ = chains;
     g->missing_ = std::move(missing);
+    g->compile();
     return g;
 }
 
 std::unique_ptr<Generation> Generation::adopt(std::shared_ptr<Datapath> dp, uint32_t slot,
                                               const ChainSet& chains, uint32_t number) {
     std::unique_ptr<Generation> g(new Generation());
+    // Running already: keep its word, so the entries the links hold stay live. Otherwise (the
+    // flip back after a kill) a new one: entries compiled for the other run must not run.
+    const uint32_t live = dp->live_word();
+    g->live_ = (live & 1) == (slot & 1) ? live : dp->next_live(slot);
     g->dp_ = std::move(dp);
     g->slot_ = slot & 1;
     g->number_ = number;
@@ -477,11 +509,25 @@ std::unique_ptr<Generation> Generation::adopt(std::shared_ptr<Datapath> dp, uint
     return g;
 }
 
-void Generation::activate() { dp_->activate(slot_); }
+Generation::~Generation() = default;
+
+void Generation::activate() { dp_->activate(live_); }
 
 void Generation::write_step(uint32_t pc, const mps_step& step) {
     if (pc >= chains_.steps.size()) throw Error("no step " + std::to_string(pc));
     for (const auto& name : programs_of(step)) dp_->prog_fd(name);
+    // Compiled entries hold inline steps whole, and of program steps what runs next.
+    const mps_step& old = chains_.steps[pc];
+    const bool recompile =
+        !compiled_.empty() &&
+        (old.prog != step.prog || old.on_match != step.on_match || old.on_miss != step.on_miss ||
+         old.flags != step.flags ||
+         (!has_program(static_cast<mps_prog>(step.prog)) && std::memcmp(&old.p, &step.p, sizeof step.p)));
+    if (recompile) {
+        const bool was_active = dp_->live_word() == live_;
+        live_ = dp_->next_live(slot_);
+        if (was_active) dp_->activate(live_);  // the old entries hand everything on from now
+    }
     auto& dst = dp_->table(slot_).steps[pc];
     // Parameters first, the program byte last: a packet sees the old step or the new one
     // for the fields that decide what runs.
@@ -492,6 +538,184 @@ void Generation::write_step(uint32_t pc, const mps_step& step) {
     dst.flags = step.flags;
     __atomic_store_n(&dst.prog, step.prog, __ATOMIC_RELEASE);
     chains_.steps[pc] = step;
+    if (recompile) compile();
+}
+
+// ---- compiled entries (bpf/fastpath.bpf.c) -----------------------------------------------
+
+struct Generation::Compiled {
+    struct Deleter {
+        void operator()(mps_fast* f) const { mps_fast__destroy(f); }
+    };
+    Hook hook;
+    uint16_t first;  // the chain's first pc in the table
+    std::unique_ptr<mps_fast, Deleter> skel;
+    int fd() const {
+        return bpf_program__fd(hook == Hook::xdp ? skel->progs.fast_xdp : skel->progs.fast_tc);
+    }
+};
+
+namespace {
+constexpr bool inline_step(uint8_t prog) {
+    switch (prog) {
+    case MPS_SEL_SUBFLOW: case MPS_SEL_IP_PAIR: case MPS_SEL_SRC: case MPS_SEL_DST:
+    case MPS_SEL_PORT: case MPS_SEL_PACKET_TYPE: case MPS_ACT_PASS: case MPS_ACT_DROP:
+        return true;
+    default:
+        return false;
+    }
+}
+
+// The chain from `first` as a compiled entry sees it: inline steps with their successors, and
+// the program steps where it hands over (their successors are the interpreter's business),
+// numbered so that every jump goes forward. Empty when it does not fit or holds a step
+// neither kind (the entry program then keeps the hook).
+std::optional<mps_fast_cfg> fast_config(const std::vector<mps_step>& steps, uint16_t first,
+                                        Hook hook, uint32_t live) {
+    std::vector<uint16_t> order, stack{first};
+    std::map<uint16_t, int> indegree;  // of the reachable steps, from reachable inline steps
+    std::set<uint16_t> seen{first};
+    auto successors = [&](uint16_t pc) {
+        const auto& st = steps[pc];
+        std::vector<uint16_t> out;
+        if (!inline_step(st.prog) || st.prog == MPS_ACT_PASS || st.prog == MPS_ACT_DROP) return out;
+        for (uint16_t n : {st.on_match, st.on_miss})
+            if (n != MPS_PC_END && std::find(out.begin(), out.end(), n) == out.end()) out.push_back(n);
+        return out;
+    };
+    while (!stack.empty()) {
+        uint16_t pc = stack.back();
+        stack.pop_back();
+        if (pc >= steps.size()) return std::nullopt;
+        const uint8_t prog = steps[pc].prog;
+        if (!inline_step(prog) && !has_program(static_cast<mps_prog>(prog))) return std::nullopt;
+        indegree.try_emplace(pc, 0);
+        for (uint16_t n : successors(pc)) {
+            ++indegree[n];
+            if (seen.insert(n).second) stack.push_back(n);
+        }
+    }
+    if (seen.size() > MPS_FAST_STEPS) return std::nullopt;
+    // Topological order (the loader rejected cycles), lowest pc first among the ready ones.
+    std::set<uint16_t> ready;
+    for (auto [pc, d] : indegree)
+        if (d == 0) ready.insert(pc);
+    while (!ready.empty()) {
+        uint16_t pc = *ready.begin();
+        ready.erase(ready.begin());
+        order.push_back(pc);
+        for (uint16_t n : successors(pc))
+            if (--indegree[n] == 0) ready.insert(n);
+    }
+    if (order.size() != seen.size()) return std::nullopt;
+    std::map<uint16_t, uint8_t> index;
+    for (size_t i = 0; i < order.size(); ++i) index[order[i]] = uint8_t(i);
+    auto local = [&](uint16_t pc) { return pc == MPS_PC_END ? uint8_t(MPS_FAST_END) : index.at(pc); };
+    mps_fast_cfg cfg{};
+    cfg.live = live;
+    cfg.hook = uint8_t(hook);
+    cfg.first = local(first);
+    cfg.nsteps = uint8_t(order.size());
+    for (size_t i = 0; i < order.size(); ++i) {
+        const auto& st = steps[order[i]];
+        auto& f = cfg.steps[i];
+        f.prog = st.prog;
+        f.flags = st.flags;
+        f.pc = order[i];
+        f.p = st.p;
+        // Address selectors that cannot match IPv4 (the only packets compiled entries take)
+        // become "never matches".
+        const bool v4 = st.prog == MPS_SEL_SRC || st.prog == MPS_SEL_DST
+                            ? st.p.cidr.family == 4 && !(st.p.cidr.addr[1] | st.p.cidr.addr[2] |
+                                                         st.p.cidr.addr[3])
+                        : st.prog == MPS_SEL_SUBFLOW || st.prog == MPS_SEL_IP_PAIR
+                            ? st.p.pair.family == 4 &&
+                                  !(st.p.pair.a[1] | st.p.pair.a[2] | st.p.pair.a[3] |
+                                    st.p.pair.b[1] | st.p.pair.b[2] | st.p.pair.b[3])
+                            : true;
+        if (!v4) f.prog = MPS_PROG_NONE;
+        const bool branches = inline_step(st.prog) && st.prog != MPS_ACT_PASS && st.prog != MPS_ACT_DROP;
+        f.on_match = branches ? local(st.on_match) : MPS_FAST_END;
+        f.on_miss = branches ? local(st.on_miss) : MPS_FAST_END;
+    }
+    return cfg;
+}
+}  // namespace
+
+uint16_t Generation::first_pc(Hook h, const std::string& ifname) const {
+    uint16_t pc = MPS_PC_END;
+    for (const auto& e : chains_.entries) {
+        if (e.hook != h) continue;
+        if (!ifname.empty() && e.ifname == ifname) return e.pc;
+        if (e.ifname.empty()) pc = e.pc;
+    }
+    return pc;
+}
+
+void Generation::compile() {
+    std::vector<std::unique_ptr<Compiled>> out;
+    std::set<std::pair<Hook, uint16_t>> chains;
+    for (const auto& e : chains_.entries)
+        if (e.pc != MPS_PC_END) chains.insert({e.hook, e.pc});
+    for (auto [hook, first] : chains) {
+        auto cfg = fast_config(chains_.steps, first, hook, live_);
+        if (!cfg) {
+            spdlog::debug("{} chain at pc {}: not compiled (the entry program runs it)",
+                          to_string(hook), first);
+            continue;
+        }
+        auto c = std::make_unique<Compiled>();
+        c->hook = hook;
+        c->first = first;
+        c->skel.reset(mps_fast__open());
+        if (!c->skel) fail("opening the compiled entry object", errno);
+        auto* sk = c->skel.get();
+        // Its .bss is the datapath's: the same single struct mps_slots (same size, or the
+        // skeleton's mapping of it would not fit).
+        if (bpf_map__value_size(sk->maps.bss) != sizeof(mps_slots))
+            throw Error("compiled entry: its .bss is not struct mps_slots");
+        for (auto [map, name] : {std::pair{sk->maps.bss, "bss"},
+                                 std::pair{sk->maps.jmp_xdp, "jmp_xdp"},
+                                 std::pair{sk->maps.jmp_tc, "jmp_tc"},
+                                 std::pair{sk->maps.step_counters, "step_counters"},
+                                 std::pair{sk->maps.gen_counters, "gen_counters"}})
+            if (int err = bpf_map__reuse_fd(map, dp_->map_fd(name)))
+                fail(std::string("compiled entry: reusing ") + name, err);
+        bpf_program__set_autoload(hook == Hook::xdp ? sk->progs.fast_tc : sk->progs.fast_xdp,
+                                  false);
+        std::memcpy(const_cast<mps_fast_cfg*>(&sk->rodata->cfg), &*cfg, sizeof *cfg);
+        if (int err = mps_fast__load(sk))
+            fail("loading the compiled entry for the " + std::string(to_string(hook)) +
+                     " chain at pc " + std::to_string(first) + " (the verifier's log is above)",
+                 err);
+        out.push_back(std::move(c));
+    }
+    compiled_ = std::move(out);
+}
+
+int Generation::entry_fd(Hook h, const std::string& ifname) const {
+    const uint16_t first = first_pc(h, ifname);
+    for (const auto& c : compiled_)
+        if (c->hook == h && c->first == first) return c->fd();
+    return dp_->entry_fd(h);
+}
+
+bool Generation::compiled(Hook h, const std::string& ifname) const {
+    return entry_fd(h, ifname) != dp_->entry_fd(h);
+}
+
+std::vector<std::pair<Hook, RunResult>> Generation::preflight(std::span<const uint8_t> frame) const {
+    std::vector<std::pair<Hook, RunResult>> out;
+    for (Hook h : {Hook::xdp, Hook::tc_egress, Hook::tc_ingress})
+        out.emplace_back(h, test_run(dp_->preflight_fd(h), frame, h == Hook::xdp));
+    struct Testing {  // compiled entries run their chain while testing holds their word
+        Datapath& dp;
+        ~Testing() { dp.set_testing(0); }
+    } testing{*dp_};
+    dp_->set_testing(live_);
+    for (const auto& c : compiled_)
+        out.emplace_back(c->hook, test_run(c->fd(), frame, c->hook == Hook::xdp));
+    return out;
 }
 
 std::vector<StepCounters> Generation::step_counters() const {

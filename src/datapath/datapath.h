@@ -107,6 +107,7 @@ public:
     int map_fd(std::string_view name) const;   // e.g. "jmp_xdp", "prio_tmpl", "step_counters"
 
     uint32_t active_slot() const;
+    uint32_t live_word() const;  // mps_slots.active: the slot and its compiled entries' epoch
     // Waits, when a flip happened since the last wait (or `always`), until no packet can still
     // be running what was active before (an RCU grace period: membarrier(GLOBAL)).
     void quiesce(bool always = false);
@@ -116,7 +117,10 @@ private:
     Datapath() = default;
     mps_table& table(uint32_t slot);
     void set_staged(uint32_t slot);
-    void activate(uint32_t slot);
+    void activate(uint32_t live);
+    uint32_t next_live(uint32_t slot);  // a live word no compiled entry has had
+    void set_testing(uint32_t live);
+    uint32_t epoch_ = 0;
     struct mps_dp* skel_ = nullptr;             // loaded here
     std::vector<std::pair<std::string, Fd>> adopted_;  // adopted: pins by name
     mps_slots* slots_ = nullptr;  // in .bss: the skeleton's mmap, or ours when adopted
@@ -124,7 +128,19 @@ private:
     bool flipped_ = false;                      // a flip since the last quiesce()
 };
 
-// One generation: a chain set written into a slot of a Datapath.
+// BPF_PROG_TEST_RUN on one frame.
+struct RunResult {
+    uint32_t retval = 0;
+    std::vector<uint8_t> out;
+    uint32_t duration_ns = 0;  // mean per run, from the kernel
+};
+// For TC programs, `ifindex` becomes skb->ifindex (0 leaves the kernel's default).
+RunResult test_run(int prog_fd, std::span<const uint8_t> frame, bool xdp, uint32_t repeat = 1,
+                   uint32_t ifindex = 0);
+
+// One generation: a chain set written into a slot of a Datapath, and its compiled entries:
+// each hook's chain specialised into a small program of its own (bpf/fastpath.bpf.c), which
+// runs while the generation is active and hands other packets to the entry program.
 class Generation {
 public:
     // Standalone (tests, bench, demo): a Datapath of its own that loads only the programs the
@@ -145,6 +161,7 @@ public:
                                              const ChainSet& chains, uint32_t number);
     Generation(const Generation&) = delete;
     Generation& operator=(const Generation&) = delete;
+    ~Generation();
 
     // Every packet that enters from now on runs this generation (one store).
     void activate();
@@ -154,35 +171,40 @@ public:
     uint32_t slot() const { return slot_; }
     const ChainSet& chains() const { return chains_; }
     const std::shared_ptr<Datapath>& datapath() const { return dp_; }
-    int entry_fd(Hook h) const { return dp_->entry_fd(h); }
+    // What to attach to `ifname` on hook h: the compiled entry of the chain that starts there,
+    // or the datapath's entry program when the chain was not compiled (more than
+    // MPS_FAST_STEPS inline steps, or an adopted generation).
+    int entry_fd(Hook h, const std::string& ifname = {}) const;
+    bool compiled(Hook h, const std::string& ifname = {}) const;
     int preflight_fd(Hook h) const { return dp_->preflight_fd(h); }
+    // Runs a frame through everything packets of this generation will enter, before
+    // activate(): each hook's preflight entry and every compiled entry (in test mode).
+    std::vector<std::pair<Hook, RunResult>> preflight(std::span<const uint8_t> frame) const;
     int prog_fd(std::string_view name) const { return dp_->prog_fd(name); }
     int map_fd(std::string_view name) const { return dp_->map_fd(name); }
     // Redirect targets that did not exist when the generation was staged (those steps pass).
     const std::vector<std::string>& missing_interfaces() const { return missing_; }
     // Changes one step's parameters in place (running packets see the old or the new step).
+    // A change compiled entries depend on (an inline step, or a step's program or targets)
+    // builds them again under a new live word: entries attached before then hand every packet
+    // to the entry program until they are replaced (the agent's writes never need that).
     void write_step(uint32_t pc, const mps_step& step);
 
     std::vector<StepCounters> step_counters() const;  // summed over CPUs, index = pc
     GenCounters gen_counters() const;
 private:
+    struct Compiled;  // one loaded bpf/fastpath.bpf.c program
     Generation() = default;
+    uint16_t first_pc(Hook h, const std::string& ifname) const;
+    void compile();
     std::shared_ptr<Datapath> dp_;
+    std::vector<std::unique_ptr<Compiled>> compiled_;
+    uint32_t live_ = 0;
     uint32_t slot_ = 0;
     uint32_t number_ = 0;
     ChainSet chains_;
     std::vector<std::string> missing_;
 };
-
-// BPF_PROG_TEST_RUN on one frame.
-struct RunResult {
-    uint32_t retval = 0;
-    std::vector<uint8_t> out;
-    uint32_t duration_ns = 0;  // mean per run, from the kernel
-};
-// For TC programs, `ifindex` becomes skb->ifindex (0 leaves the kernel's default).
-RunResult test_run(int prog_fd, std::span<const uint8_t> frame, bool xdp, uint32_t repeat = 1,
-                   uint32_t ifindex = 0);
 
 // An attachment of a generation's entry program to one interface and hook. XDP through a
 // bpf_link (native, generic as fallback), TC through a TCX link where the kernel has it and a

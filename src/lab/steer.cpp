@@ -106,7 +106,7 @@ Steering::Steering(const ChainSet& chains, const std::string& netns, const std::
         NetnsGuard in(netns_);
         gen_ = Generation::build(chains, 1, state_);
         for (const auto& a : chains.attachments)
-            links_.push_back(HookLink::attach(a.ifname, a.hook, gen_->entry_fd(a.hook)));
+            links_.push_back(HookLink::attach(a.ifname, a.hook, gen_->entry_fd(a.hook, a.ifname)));
     } catch (...) {
         links_.clear();
         gen_.reset();

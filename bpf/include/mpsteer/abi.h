@@ -203,10 +203,13 @@ struct mps_table {
 	struct mps_step steps[MPS_MAX_STEPS];
 };
 /* The global `mps_slots` (.bss, mmapped by the agent): which slot packets run, which one the
- * preflight entries run, and the slots. */
+ * preflight entries run, and the slots. `active` is the live word: bit 0 the slot, the rest an
+ * epoch that changes whenever compiled entries of that slot are rebuilt (see below). */
 struct mps_slots {
 	__u32 active;
 	__u32 staged;
+	__u32 testing;       /* live word a compiled entry runs under during its pre-flight (0: none) */
+	__u32 pad;
 	struct mps_table tables[MPS_SLOTS];
 };
 
@@ -382,6 +385,36 @@ struct mps_ctl_flow_req {
 	__u32 token[2];
 	__u64 idsn[2];
 	__u64 rate_bps;
+};
+
+
+/* ---- compiled entries (bpf/fastpath.bpf.c; userspace side Generation in src/datapath) ------
+ * A hook's inline steps (cheap selectors, pass, drop) specialised into a program of its own,
+ * attached instead of the entry: its configuration is read-only data the verifier knows, so
+ * only the code of the steps it has is left. It runs while mps_slots.active equals its live
+ * word and hands everything else (another generation, SYNs, IPv6, VLAN, IP options, anything
+ * malformed) to the entry program through jmp_*[MPS_JMP_ENTRY + hook], and program steps to
+ * their programs as the interpreter does. */
+#define MPS_FAST_STEPS 16      /* inline steps reachable from the entry, at most */
+#define MPS_FAST_END 0xff      /* on_match / on_miss: the chain ends, the packet passes */
+#define MPS_JMP_ENTRY 48       /* jmp_*[MPS_JMP_ENTRY + hook]: entry_* */
+#define MPS_JMP_PREFLIGHT 52   /* jmp_*[MPS_JMP_PREFLIGHT + hook]: preflight_* */
+struct mps_fast_step {
+	__u8 prog;           /* enum mps_prog */
+	__u8 flags;          /* MPS_STEPF_* */
+	__u8 on_match;       /* index into mps_fast_cfg.steps (always a later one) or END */
+	__u8 on_miss;
+	__u16 pc;            /* the step's pc in the table (counters; where programs resume) */
+	__u8 pad[2];
+	union mps_param p;   /* a copy of the table's: inline steps are compiled in */
+};
+struct mps_fast_cfg {
+	__u32 live;          /* runs while mps_slots.active == live (or testing == live) */
+	__u8 hook;           /* enum mps_hook */
+	__u8 first;          /* index of the first step, or END */
+	__u8 nsteps;
+	__u8 pad;
+	struct mps_fast_step steps[MPS_FAST_STEPS];
 };
 
 #endif

@@ -1,0 +1,209 @@
+// Compiled entries (bpf/fastpath.bpf.c): each one must do exactly what the entry program's
+// interpreter does with the same generation — verdict, output bytes, counters — for the packets
+// it takes and for the ones it hands on; it runs only while its generation is active, in test
+// mode during pre-flight, and steps aside when a step it holds is rewritten.
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include "bpf_env.h"
+
+using namespace mpsteer::test;
+namespace mt = mptcp;
+
+namespace {
+
+const std::vector<Hook> kAllHooks = {Hook::xdp, Hook::tc_egress, Hook::tc_ingress};
+
+// Frames of every shape the fast path takes or hands on.
+std::vector<std::pair<std::string, Packet>> frames()
+{
+    auto data = [] {
+        return Packet::v4("10.1.0.1", 40000, "10.2.0.1", 5201)
+            .option(opt::nop())
+            .option(opt::nop())
+            .option(opt::timestamps(1, 2))
+            .option(mt::dss(mt::Dss().ack(7).map(100, 1, 64)))
+            .payload(64);
+    };
+    std::vector<std::pair<std::string, Packet>> v;
+    v.emplace_back("IPv4 DSS data", data());
+    v.emplace_back("IPv4 reverse, plain ACK", Packet::v4("10.2.0.1", 5201, "10.1.0.1", 40000));
+    v.emplace_back("IPv4 other addresses", Packet::v4("192.0.2.1", 1000, "192.0.2.2", 80).payload(8));
+    v.emplace_back("IPv4 ADD_ADDR",
+                   Packet::v4("10.2.0.1", 5201, "10.1.0.1", 40000)
+                       .option(mt::add_addr(ip4("10.3.0.1"), 2, std::nullopt, false, 0x1122)));
+    v.emplace_back("IPv4 MP_CAPABLE SYN", Packet::v4("10.1.0.1", 40001, "10.2.0.1", 5201)
+                                              .flags(tcpf::SYN)
+                                              .option(mt::capable_syn()));
+    auto opts = data();
+    opts.v4h().options = {1, 1, 1, 0};  // NOP NOP NOP EOL: ihl 6
+    v.emplace_back("IPv4 with IP options", opts);
+    v.emplace_back("802.1Q", data().vlan(0x8100, 7));
+    v.emplace_back("IPv6 DSS data", Packet::v6("fd00::1", 40000, "fd00::2", 5201)
+                                        .option(mt::dss(mt::Dss().ack(7)))
+                                        .payload(16));
+    auto frag = data();
+    frag.v4h().frag = 0x2000;  // MF
+    v.emplace_back("IPv4 fragment", frag);
+    auto bad_opt = Packet::v4("10.1.0.1", 40000, "10.2.0.1", 5201).option(opt::raw(30, {0x20}, 1));
+    v.emplace_back("option length 1", bad_opt);
+    auto doff = data();
+    doff.tcp.doff = 15;
+    v.emplace_back("doff past the IP length", doff);
+    auto tot = data();
+    tot.v4h().tot_len = 1400;
+    v.emplace_back("IP length past the frame", tot);
+    auto cut = data();
+    cut.truncate = 40;
+    v.emplace_back("truncated", cut);
+    return v;
+}
+
+// Chains covering every inline selector, the compositions and a program step.
+std::vector<std::pair<std::string, std::vector<mps_step>>> chains()
+{
+    return {
+        {"dst, port, packet_type, drop",
+         {sel_dst("10.2.0.0/16", 1, END), sel_port(MPS_DIR_DST, 5201, 5201, 2, END),
+          sel_kinds(MPS_K_DSS, 3, END), step(MPS_ACT_DROP)}},
+        {"(src and not port) or pair, then record, then drop",
+         {sel_src("10.1.0.0/16", 1, 2), sel_port(MPS_DIR_EITHER, 80, 80, 2, 3),
+          sel_ip_pair("10.2.0.1", "10.1.0.1", 3, END), step(MPS_ACT_RECORD, 4),
+          step(MPS_ACT_DROP)}},
+        {"subflow either way, else kinds ADD_ADDR drop, else pass",
+         {sel_subflow("10.1.0.1", 40000, "10.2.0.1", 5201, 3, 1),
+          sel_kinds(MPS_K_ADD_ADDR, 2, END), step(MPS_ACT_DROP), step(MPS_ACT_PASS)}},
+        {"IPv6 CIDR (never an IPv4 packet), else drop",
+         {sel_dst("fd00::/8", END, 1), step(MPS_ACT_DROP)}},
+    };
+}
+
+}  // namespace
+
+TEST_CASE("compiled entries: same verdict, bytes and counters as the interpreter", "[bpf][compiled]")
+{
+    for (const auto& [cname, steps] : chains()) {
+        Env env(chain_of(steps));
+        const auto& g = env.generation();
+        for (Hook h : kAllHooks) {
+            INFO(cname << " via " << name_of(h));
+            REQUIRE(g.compiled(h));
+            const int fast = g.entry_fd(h), interp = g.datapath()->entry_fd(h);
+            REQUIRE(fast != interp);
+            for (const auto& [fname, pkt] : frames()) {
+                INFO(fname);
+                Bytes in = pkt.build();
+                auto run = [&](int fd) {
+                    Snap before = Snap::of(env);
+                    Run r = raw_run(fd, in, is_xdp(h));
+                    Snap after = Snap::of(env);
+                    return std::tuple{r, before, after};
+                };
+                auto [rf, bf, af] = run(fast);
+                auto [ri, bi, ai] = run(interp);
+                CHECK(rf.retval == ri.retval);
+                if (rf.out != ri.out) FAIL_CHECK("output differs\n" << describe_frame(rf.out, ri.out));
+                for (size_t pc = 0; pc < steps.size(); ++pc) {
+                    CAPTURE(pc);
+                    CHECK(step_delta(bf, af, pc).runs == step_delta(bi, ai, pc).runs);
+                    CHECK(step_delta(bf, af, pc).drops == step_delta(bi, ai, pc).drops);
+                }
+                for (int c = 0; c < MPS_GC_MAX; ++c) {
+                    CAPTURE(c);
+                    CHECK(gen_delta(bf, af, mps_gen_counter(c)) == gen_delta(bi, ai, mps_gen_counter(c)));
+                }
+                CHECK(gen_delta(bf, af, MPS_GC_MISSED_TAIL_CALL) == 0);
+            }
+        }
+    }
+}
+
+TEST_CASE("compiled entries: only while their generation is active, and staged in pre-flight",
+          "[bpf][compiled]")
+{
+    CpuPin cpu;
+    PinRoot root;
+    auto state = dp::StateMaps::open(root.path());
+    auto g1 = dp::Generation::build(chain_of({sel_dst("10.2.0.0/16", 1, END), step(MPS_ACT_PASS)}),
+                                    1, state,
+                                    {"preflight_xdp", "preflight_tc_egress", "preflight_tc_ingress"});
+    auto g2 = dp::Generation::stage(g1->datapath(),
+                                    chain_of({sel_dst("10.2.0.0/16", 1, END), step(MPS_ACT_DROP)}), 2);
+    Bytes data = Packet::v4("10.1.0.1", 40000, "10.2.0.1", 80).payload(4).build();
+    Bytes syn = Packet::v4("10.1.0.1", 40000, "10.2.0.1", 80).flags(tcpf::SYN).build();
+    for (Hook h : kAllHooks) {
+        INFO(name_of(h));
+        REQUIRE(g1->compiled(h));
+        REQUIRE(g2->compiled(h));
+        // g2 is staged: its entry (what a link would already hold) runs g1, the live one.
+        for (const Bytes& f : {data, syn})
+            CHECK(raw_run(g2->entry_fd(h), f, is_xdp(h)).retval == retval_of(Verdict::pass, h));
+    }
+    // Pre-flight: g2's own chain, through the compiled entries too (a SYN through the
+    // preflight entry they hand it to).
+    for (const auto& [h, r] : g2->preflight(data))
+        CHECK(r.retval == retval_of(Verdict::drop, h));
+    for (const auto& [h, r] : g2->preflight(syn))
+        CHECK(r.retval == retval_of(Verdict::drop, h));
+    CHECK(g2->step_counters()[1].drops == 12);  // 2 frames x (3 preflight + 3 compiled)
+    // ...and test mode is over: the live path still runs g1.
+    for (Hook h : kAllHooks)
+        CHECK(raw_run(g2->entry_fd(h), data, is_xdp(h)).retval == retval_of(Verdict::pass, h));
+    g2->activate();
+    for (Hook h : kAllHooks) {
+        CHECK(raw_run(g1->entry_fd(h), data, is_xdp(h)).retval == retval_of(Verdict::drop, h));
+        CHECK(raw_run(g2->entry_fd(h), data, is_xdp(h)).retval == retval_of(Verdict::drop, h));
+    }
+    g1->activate();  // rollback: g1's entries run their own chain again
+    for (Hook h : kAllHooks) {
+        CHECK(raw_run(g1->entry_fd(h), data, is_xdp(h)).retval == retval_of(Verdict::pass, h));
+        CHECK(raw_run(g2->entry_fd(h), syn, is_xdp(h)).retval == retval_of(Verdict::pass, h));
+    }
+}
+
+TEST_CASE("compiled entries: a rewritten inline step retires the old entries", "[bpf][compiled]")
+{
+    Env env(chain_of({sel_dst("10.2.0.0/16", 1, END), step(MPS_ACT_DROP)}));
+    Bytes in = Packet::v4("10.1.0.1", 40000, "10.2.0.1", 80).payload(4).build();
+    std::vector<dp::Fd> old;  // as a link would: holding the programs
+    for (Hook h : kAllHooks) {
+        old.emplace_back(dup(env.generation().entry_fd(h)));
+        CHECK(env.run(h, in).retval == retval_of(Verdict::drop, h));
+    }
+    env.set_step(0, sel_dst("10.9.0.0/16", 1, END));
+    for (size_t i = 0; i < kAllHooks.size(); ++i) {
+        Hook h = kAllHooks[i];
+        INFO(name_of(h));
+        CHECK(env.run(h, in).retval == retval_of(Verdict::pass, h));
+        // The old entry steps aside (hands every packet to the entry program).
+        CHECK(raw_run(old[i].get(), in, is_xdp(h)).retval == retval_of(Verdict::pass, h));
+    }
+    // A program step's parameters are read from the table: no new entries for those.
+    Env rate(chain_of({step(MPS_ACT_RATE_LIMIT)}));
+    int before = rate.generation().entry_fd(Hook::tc_egress);
+    rate.set_step(0, act_rate(1000, 1000, 2000));
+    CHECK(rate.generation().entry_fd(Hook::tc_egress) == before);
+}
+
+TEST_CASE("compiled entries: chains with more inline steps than fit stay with the interpreter",
+          "[bpf][compiled]")
+{
+    auto selectors_then_drop = [](uint16_t n) {
+        std::vector<mps_step> s;
+        for (uint16_t i = 0; i < n; ++i) s.push_back(sel_port(MPS_DIR_EITHER, 0, 65535, i + 1, END));
+        s.push_back(step(MPS_ACT_DROP));
+        return chain_of(s);
+    };
+    Env env(selectors_then_drop(MPS_FAST_STEPS));
+    Bytes in = Packet::v4("10.1.0.1", 40000, "10.2.0.1", 80).payload(4).build();
+    for (Hook h : kAllHooks) {
+        CHECK_FALSE(env.generation().compiled(h));
+        CHECK(env.run(h, in).retval == retval_of(Verdict::drop, h));
+    }
+    Env fits(selectors_then_drop(MPS_FAST_STEPS - 1));  // 16 steps
+    for (Hook h : kAllHooks) {
+        CHECK(fits.generation().compiled(h));
+        CHECK(fits.run(h, in).retval == retval_of(Verdict::drop, h));
+    }
+}
