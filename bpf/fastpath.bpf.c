@@ -154,8 +154,21 @@ static __always_inline __u32 parse_fast(void *data, void *end, __u32 pkt_len)
 }
 
 /* The selectors on an IPv4 packet. The loader turned steps that cannot match IPv4 (another
- * family, IPv6 words) into MPS_PROG_NONE, which never matches here. */
-/* `ports`: the TCP header's first word as loaded (source port in the low half here). */
+ * family, IPv6 words) into MPS_PROG_NONE, which never matches here. Branch-free, like the
+ * interpreter's: a comparison that branched would teach the verifier something about the
+ * packet on each side, so every path through the selectors would reach the option walk in a
+ * state of its own and be verified again (hundreds of milliseconds per load). */
+static __always_inline __u64 is_zero(__u64 d)
+{
+	return 1 ^ ((d | -d) >> 63);
+}
+
+static __always_inline __u64 in_range(__u64 v, __u64 lo, __u64 hi) /* lo <= v <= hi */
+{
+	return 1 ^ ((((__s64)v - (__s64)lo) | ((__s64)hi - (__s64)v)) >> 63 & 1);
+}
+
+/* `ports`: the TCP header's first word as loaded. */
 static __always_inline __u16 sport_of(__u32 ports)
 {
 	return bpf_ntohs((__u16)ports);
@@ -166,31 +179,47 @@ static __always_inline __u16 dport_of(__u32 ports)
 	return bpf_ntohs((__u16)(ports >> 16));
 }
 
-static __always_inline bool m_pair(const struct mps_p_pair *p, bool with_ports, __u32 s, __u32 d,
-				   __u32 ports)
+static __always_inline __u64 m_cidr(const struct mps_p_cidr *p, __u32 addr)
 {
-	bool fwd = s == p->a[0] && d == p->b[0];
-	bool rev = s == p->b[0] && d == p->a[0];
-	if (with_ports) {
-		fwd = fwd && sport_of(ports) == p->port_a && dport_of(ports) == p->port_b;
-		rev = rev && sport_of(ports) == p->port_b && dport_of(ports) == p->port_a;
-	}
-	return fwd || rev;
+	return is_zero((addr & p->mask[0]) ^ p->addr[0]);
 }
 
-static __always_inline bool m_port(const struct mps_p_port *p, __u32 ports)
+static __always_inline __u64 m_pair(const struct mps_p_pair *p, bool with_ports, __u32 s, __u32 d,
+				    __u32 ports)
 {
-	__u16 sp = sport_of(ports), dp = dport_of(ports);
-	return ((p->dir & MPS_DIR_SRC) && sp >= p->lo && sp <= p->hi) ||
-	       ((p->dir & MPS_DIR_DST) && dp >= p->lo && dp <= p->hi);
+	__u64 fwd = (s ^ p->a[0]) | (d ^ p->b[0]);
+	__u64 rev = (s ^ p->b[0]) | (d ^ p->a[0]);
+	if (with_ports) {
+		fwd |= (sport_of(ports) ^ p->port_a) | (dport_of(ports) ^ p->port_b);
+		rev |= (sport_of(ports) ^ p->port_b) | (dport_of(ports) ^ p->port_a);
+	}
+	return is_zero(fwd) | is_zero(rev);
+}
+
+static __always_inline __u64 m_port(const struct mps_p_port *p, __u32 ports)
+{
+	return (in_range(sport_of(ports), p->lo, p->hi) & (p->dir & MPS_DIR_SRC)) |
+	       (in_range(dport_of(ports), p->lo, p->hi) & ((p->dir & MPS_DIR_DST) >> 1));
+}
+
+/* v through a stack slot the verifier does not track (see opaque_u16() in parse.h): after the
+ * option walk every way out of it carries different known bits in `kinds`; forgotten here,
+ * they meet in one state instead of each verifying the rest of the chain again. */
+static __always_inline __u32 opaque_u32(__u32 v)
+{
+	__u64 slot[2];
+	asm volatile("*(u32 *)(%1 + 4) = %0; %0 = *(u32 *)(%1 + 4)"
+		     : "+r"(v)
+		     : "r"(slot)
+		     : "memory");
+	return v;
 }
 
 /* A program step: the context the interpreter would hand over, then its program. Returns
  * only when that fails (counted, answered with the step's failure mode). */
 static __always_inline int hand_over(void *ctx, bool xdp, const struct mps_fast_step *st,
-				     __u32 l4_len, __u32 kinds)
+				     __u32 l4_len, __u32 kinds, bool scanned)
 {
-	bool scanned = kinds != 0;
 	gen_count(MPS_GC_PACKETS);
 	struct mps_pkt_ctx pc = {
 		.pc = st->pc,
@@ -243,7 +272,10 @@ static __always_inline int fast(void *ctx, bool xdp, __u32 pkt_len)
 	if ((void *)(tcp + 1) > end) /* parse_fast() checked; the verifier forgot */
 		return PASS(xdp);
 	__u32 saddr = ip->saddr, daddr = ip->daddr, ports = *tcp;
-	__u32 kinds = 0; /* 0: options not walked yet (a walk always finds some kind) */
+	/* Whether the options were walked is a flag of its own: a test of `kinds` would make the
+	 * verifier track it exactly, and every way through the walk would become a state. */
+	__u32 kinds = 0;
+	bool scanned = false;
 
 	/* Steps are numbered so that every jump goes forward: one pass over them runs a chain.
 	 * The packet is counted where it leaves (helpers clobber the registers parsing filled). */
@@ -255,23 +287,27 @@ static __always_inline int fast(void *ctx, bool xdp, __u32 pkt_len)
 		if (at != i)
 			continue;
 		const struct mps_fast_step *st = &c->steps[i];
-		bool m;
+		__u64 m;
 		switch (st->prog) {
-		case MPS_PROG_NONE: m = false; break;
+		case MPS_PROG_NONE: m = 0; break;
 		case MPS_SEL_SUBFLOW: m = m_pair(&st->p.pair, true, saddr, daddr, ports); break;
 		case MPS_SEL_IP_PAIR: m = m_pair(&st->p.pair, false, saddr, daddr, ports); break;
-		case MPS_SEL_SRC: m = (saddr & st->p.cidr.mask[0]) == st->p.cidr.addr[0]; break;
-		case MPS_SEL_DST: m = (daddr & st->p.cidr.mask[0]) == st->p.cidr.addr[0]; break;
+		case MPS_SEL_SRC: m = m_cidr(&st->p.cidr, saddr); break;
+		case MPS_SEL_DST: m = m_cidr(&st->p.cidr, daddr); break;
 		case MPS_SEL_PORT: m = m_port(&st->p.port, ports); break;
 		case MPS_SEL_PACKET_TYPE:
-			if (!kinds &&
-			    scan_kinds(ctx_data(ctx, xdp), ctx_end(ctx, xdp),
-				       sizeof(struct ethhdr) + sizeof(struct iphdr), l4_len, &kinds)) {
-				gen_count(MPS_GC_PACKETS);
-				gen_count(MPS_GC_MALFORMED);
-				return PASS(xdp);
+			if (!scanned) {
+				if (scan_kinds(ctx_data(ctx, xdp), ctx_end(ctx, xdp),
+					       sizeof(struct ethhdr) + sizeof(struct iphdr), l4_len,
+					       &kinds)) {
+					gen_count(MPS_GC_PACKETS);
+					gen_count(MPS_GC_MALFORMED);
+					return PASS(xdp);
+				}
+				kinds = opaque_u32(kinds);
+				scanned = true;
 			}
-			m = kinds & st->p.kinds.any_of;
+			m = is_zero(kinds & st->p.kinds.any_of) ^ 1;
 			break;
 		case MPS_ACT_PASS:
 			gen_count(MPS_GC_PACKETS);
@@ -282,7 +318,7 @@ static __always_inline int fast(void *ctx, bool xdp, __u32 pkt_len)
 			step_count(st->pc, true, false);
 			return DROP(xdp);
 		default:
-			return hand_over(ctx, xdp, st, l4_len, kinds);
+			return hand_over(ctx, xdp, st, l4_len, kinds, scanned);
 		}
 		at = m ? st->on_match : st->on_miss;
 		if (at == MPS_FAST_END)
