@@ -1,5 +1,8 @@
-// The reconcile loop. One thread owns everything below; the metrics server only reads a
-// rendered text under a mutex.
+// The reconcile loop. One thread owns everything below but the Lua hooks; the metrics server
+// only reads a rendered text under a mutex. The hooks (their Lua states and DatapathBackend)
+// belong to the event thread (lua/event_thread.h): datapath events and on_tick run there, and
+// this thread reaches them only through EventThread::call() (configure, status), so an event
+// never waits for an apply, a status write or the event log.
 #include "agent/agent.h"
 
 #include <arpa/inet.h>
@@ -26,11 +29,13 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include "compile/compile.h"
 #include "datapath/datapath.h"
 #include "datapath/frames.h"
 #include "lua/datapath_backend.h"
+#include "lua/event_thread.h"
 #include "manifest/manifest.h"
 
 namespace fs = std::filesystem;
@@ -191,7 +196,7 @@ private:
     std::map<std::string, PolicyCounters> policy_counters(const Generation& g) const;
     void retire(std::unique_ptr<Generation>& g);
     void remove_stale_datapaths();
-    void on_event(const datapath::Event& ev);
+    void log_event(const datapath::Event& ev);  // after the hooks saw it (event thread)
     void write_status();
     // Lua hooks (issue 6): the scripts of the running revision's policies.
     void configure_hooks(const manifest::Model& model, const std::string& revision);
@@ -221,10 +226,12 @@ private:
     std::ofstream events_log_;
     std::unique_ptr<MetricsServer> metrics_;
     // ---- Lua hooks (issue 6): fed events, ticks and on_apply; their state goes into status.
+    // Touched only by events_ (EventThread::call() from here), which goes first when the
+    // agent is destroyed.
     lua::DatapathBackend lua_backend_{state_};
     lua::HookSet hooks_{lua_backend_};
     bool hooks_configured_ = false;
-    Clock::time_point next_hook_tick_ = Clock::time_point::max();
+    std::unique_ptr<lua::EventThread> event_thread_;
 };
 
 void Agent::configure_hooks(const manifest::Model& model, const std::string& revision) {
@@ -238,10 +245,14 @@ void Agent::configure_hooks(const manifest::Model& model, const std::string& rev
             spdlog::error("lua {}: {}", p.name, e.what());
         }
     }
-    lua_backend_.set_generation(current_.get());
-    hooks_.configure(specs, revision, current_ ? current_->number() : 0);
+    // Synchronous: the backend points at current_ before the next apply can retire the
+    // generation it pointed at before.
+    Generation* gen = current_.get();
+    event_thread_->call([&] {
+        lua_backend_.set_generation(gen);
+        hooks_.configure(specs, revision, gen ? gen->number() : 0);
+    });
     hooks_configured_ = true;
-    next_hook_tick_ = hooks_.tick(Clock::now());
 }
 
 // After a restart that adopted the running generation without an apply.
@@ -640,7 +651,7 @@ std::map<std::string, PolicyCounters> Agent::policy_counters(const Generation& g
     return out;
 }
 
-void Agent::on_event(const datapath::Event& ev) {
+void Agent::log_event(const datapath::Event& ev) {
     const auto& r = ev.raw;
     nlohmann::json j = {{"time", now_iso()}, {"flow", flow_text(r.flow)},
                         {"hook", std::string(datapath::to_string(static_cast<Hook>(r.hook)))}};
@@ -666,12 +677,6 @@ void Agent::on_event(const datapath::Event& ev) {
         j["type"] = "flow_closed";
     }
     events_log_ << j.dump() << '\n';
-    events_log_.flush();
-    try {
-        lua_backend_.dispatch(hooks_, ev);  // Lua hooks (issue 6)
-    } catch (const std::exception& e) {
-        spdlog::warn("lua hooks: event: {}", e.what());
-    }
 }
 
 void Agent::write_status() {
@@ -714,8 +719,12 @@ void Agent::write_status() {
                                    {"chain_too_long", g.values[MPS_GC_CHAIN_TOO_LONG]},
                                    {"no_meta", g.values[MPS_GC_NO_META]},
                                    {"events_lost", g.values[MPS_GC_EVENTS_LOST]}};
-    std::string hook_off;  // Lua hooks (issue 6): a disabled script degrades the agent
-    for (const auto& h : hooks_.status())
+    // Lua hooks (issue 6), read on their thread.
+    auto [hook_status, hook_json, thread_stats] = event_thread_->call([this] {
+        return std::make_tuple(hooks_.status(), hooks_.status_json(), event_thread_->stats());
+    });
+    std::string hook_off;  // a disabled script degrades the agent
+    for (const auto& h : hook_status)
         if (h.disabled) hook_off += (hook_off.empty() ? "" : ", ") + h.policy + " (" + h.script + ")";
     bool degraded = missed > 0 || !warnings_.empty() || !hook_off.empty();
     conds.push_back({{"type", "Degraded"},
@@ -760,7 +769,8 @@ void Agent::write_status() {
                      {"mp_join", events_[MPS_EV_MP_JOIN]},
                      {"flow_closed", events_[MPS_EV_FLOW_CLOSED]},
                      {"add_addr_blocked", events_[MPS_EV_ADD_ADDR_BLOCKED]}}},
-         {"lua_hooks", hooks_.status_json()},
+         {"lua_hooks", hook_json},
+         {"event_thread", thread_stats.to_json()},
          {"pid", getpid()},
          {"policies_dir", cfg_.policies_dir},
          {"updated", now_iso()}};
@@ -802,10 +812,16 @@ int Agent::run() {
     snl.nl_family = AF_NETLINK;
     snl.nl_groups = RTMGRP_LINK;
     bind(nl, reinterpret_cast<sockaddr*>(&snl), sizeof snl);
-    datapath::EventReader events(state_, [this](const datapath::Event& e) { on_event(e); });
+    lua::EventThreadOptions eo;
+    eo.mode = *lua::poll_mode_from_string(cfg_.events_mode);  // checked by the CLI
+    eo.spin = cfg_.events_spin;
+    eo.rt_priority = cfg_.events_rt_priority;
+    eo.cpu = cfg_.events_cpu;
+    event_thread_ = std::make_unique<lua::EventThread>(state_, lua_backend_, hooks_, eo);
+    const int events_fd = event_thread_->notify_fd();
 
     epoll_ = epoll_create1(EPOLL_CLOEXEC);
-    for (int fd : {sigfd, nl, events.fd()}) {
+    for (int fd : {sigfd, nl, events_fd}) {
         epoll_event ev{EPOLLIN, {.fd = fd}};
         epoll_ctl(epoll_, EPOLL_CTL_ADD, fd, &ev);
     }
@@ -819,7 +835,7 @@ int Agent::run() {
     auto due = Clock::time_point::max();  // debounced reconcile
     auto next_status = Clock::now() + 1s, next_resync = Clock::now() + cfg_.resync;
     for (;;) {
-        auto wake = std::min({due, next_status, next_resync, next_hook_tick_});
+        auto wake = std::min({due, next_status, next_resync});
         int timeout = static_cast<int>(std::max<int64_t>(
             0, std::chrono::duration_cast<std::chrono::milliseconds>(wake - Clock::now()).count()));
         epoll_event evs[8];
@@ -829,8 +845,9 @@ int Agent::run() {
             int fd = evs[i].data.fd;
             if (fd == sigfd) {
                 stop = true;
-            } else if (fd == events.fd()) {
-                events.poll(0ms);
+            } else if (fd == events_fd) {
+                for (const auto& e : event_thread_->take_events()) log_event(e);
+                events_log_.flush();
             } else if (fd == inotify_) {
                 if (relevant_inotify()) due = Clock::now() + cfg_.debounce;
             } else {
@@ -854,13 +871,15 @@ int Agent::run() {
             next_resync = now + cfg_.resync;
             reconcile(false);
         }
-        if (now >= next_hook_tick_) next_hook_tick_ = hooks_.tick(now);  // Lua on_tick
         if (now >= next_status) {
             next_status = now + 1s;
             write_status();
         }
     }
     spdlog::info("stopping");
+    event_thread_->stop();  // the hooks' last event runs to its end
+    for (const auto& e : event_thread_->take_events()) log_event(e);
+    events_log_.flush();
     if (cfg_.detach_on_exit) {
         for (auto& [k, l] : links_) l->detach();
         links_.clear();
@@ -998,6 +1017,27 @@ std::string to_prometheus(const nlohmann::json& s) {
         for (const auto& h : s["lua_hooks"])
             out += "mpsteer_lua_hook_disabled{policy=\"" + esc(h.value("policy", "")) + "\"} " +
                    (h.value("state", "") == "disabled" ? "1" : "0") + "\n";
+    }
+    if (s.contains("event_thread") && s["event_thread"].contains("latency_us")) {
+        const auto& e = s["event_thread"];
+        const auto& l = e["latency_us"];
+        auto sec = [&](const char* k) { return std::to_string(l.value(k, 0.0) / 1e6); };
+        metric("mpsteer_lua_event_latency_seconds", "summary",
+               "Datapath event (its BPF timestamp) to the end of the Lua hooks it reached");
+        out += "mpsteer_lua_event_latency_seconds{quantile=\"0.5\"} " + sec("p50") + "\n";
+        out += "mpsteer_lua_event_latency_seconds{quantile=\"0.99\"} " + sec("p99") + "\n";
+        out += "mpsteer_lua_event_latency_seconds_sum " + sec("sum") + "\n";
+        out += "mpsteer_lua_event_latency_seconds_count " + num(l["count"]) + "\n";
+        metric("mpsteer_event_thread_events_total", "counter",
+               "Datapath events taken by the event thread, by how it found them");
+        const uint64_t all = e.value("events", uint64_t(0)),
+                       polled = e.value("events_while_polling", uint64_t(0));
+        out += "mpsteer_event_thread_events_total{found=\"polling\"} " + std::to_string(polled) + "\n";
+        out += "mpsteer_event_thread_events_total{found=\"after_wakeup\"} " +
+               std::to_string(all - std::min(all, polled)) + "\n";
+        metric("mpsteer_event_thread_wakeups_total", "counter",
+               "Times the event thread slept in epoll and was woken");
+        out += "mpsteer_event_thread_wakeups_total " + num(e["wakeups"]) + "\n";
     }
     return out;
 }

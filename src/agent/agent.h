@@ -27,6 +27,13 @@ struct Config {
     // Run in this named network namespace (/run/netns/NAME) but keep the host's mount
     // namespace, so pins on the host's bpffs outlive the agent (ip netns exec would not).
     std::string netns;
+    // The Lua hooks' event thread (lua/README.md, "Event latency"): how it waits for datapath
+    // events. "wait" sleeps in epoll (every event pays a wake-up), "spin" polls the ring on
+    // one CPU all the time, "adaptive" polls for events_spin after each event, then sleeps.
+    std::string events_mode = "adaptive";
+    std::chrono::microseconds events_spin{1000};
+    int events_rt_priority = 0;  // SCHED_FIFO priority of the event thread; 0: SCHED_OTHER
+    int events_cpu = -1;         // pin the event thread to this CPU; -1: any
 };
 
 // What a directory holds right now. `id` names it for people (a commit hash from a git-sync

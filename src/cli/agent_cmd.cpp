@@ -111,8 +111,28 @@ void add_agent_commands(CLI::App& app) {
                     "run in this named network namespace (keeps the host's bpffs for pins)");
     run->add_flag("--detach-on-exit", cfg.detach_on_exit,
                   "detach from every interface when stopping (default: the datapath keeps running)");
+    // The Lua hooks' event thread (lua/README.md, "Event latency").
+    run->add_option("--events", cfg.events_mode,
+                    "how the Lua hooks' event thread waits for datapath events: wait (sleeps; "
+                    "each event pays a thread wake-up), spin (polls; one CPU always busy), "
+                    "adaptive (polls --events-spin-us after each event, then sleeps)")
+        ->check(CLI::IsMember({"wait", "spin", "adaptive"}))
+        ->capture_default_str();
+    static int spin_us = 1000;
+    run->add_option("--events-spin-us", spin_us,
+                    "adaptive: how long to poll after an event (the CPU it may cost per event)")
+        ->check(CLI::Range(0, 1000000))
+        ->capture_default_str();
+    run->add_option("--events-rt-priority", cfg.events_rt_priority,
+                    "run the event thread SCHED_FIFO at this priority (1-99; 0: SCHED_OTHER)")
+        ->check(CLI::Range(0, 99))
+        ->capture_default_str();
+    run->add_option("--events-cpu", cfg.events_cpu, "pin the event thread to this CPU (-1: any)")
+        ->check(CLI::Range(-1, 4095))
+        ->capture_default_str();
     run->callback([] {
         cfg.state_dir = g_state_dir;
+        cfg.events_spin = std::chrono::microseconds(spin_us);
         cfg.debounce = std::chrono::milliseconds(debounce_ms);
         set_exit_code(agent::run(cfg));
     });

@@ -924,6 +924,12 @@ int EventReader::poll(std::chrono::milliseconds timeout) {
     return n < 0 ? 0 : n;
 }
 
+int EventReader::consume() {
+    int n = ring_buffer__consume(rb_);
+    if (n < 0) fail("consuming events", n);
+    return n;
+}
+
 // Tokens from keys: write them where the datapath looks (flow fields through the control
 // program, a connection entry created once), never rewriting what the datapath counts.
 int EventReader::on_sample(void* self_ptr, void* data, size_t size) {

@@ -253,6 +253,9 @@ public:
     EventReader(const StateMaps& state, Handler handler);
     ~EventReader();
     int poll(std::chrono::milliseconds timeout);  // events handled, or throws
+    // Handles what the ring holds now without a system call (for a polling reader); events
+    // handled, or throws.
+    int consume();
     int fd() const;                               // epoll-able
 private:
     static int on_sample(void* self, void* data, size_t size);

@@ -312,11 +312,16 @@ void DatapathBackend::dispatch(HookSet& hooks, const datapath::Event& ev) {
     switch (r.type) {
     case MPS_EV_MP_CAPABLE: {
         if (!ev.token_a || !ev.token_b) return;  // keys incomplete: the later event reports it
-        // From the event's own flow and connection entry only (two lookups): no map scan and
-        // no sock_diag dump on the event path; mpsteer.connection(token) has the full view.
         Connection c;
         c.token = std::min(ev.token_a, ev.token_b);
         c.token_b = std::max(ev.token_a, ev.token_b);
+        // Once per connection: the SYN/ACK, the third ACK and the first data packet all carry
+        // keys (v1), so up to three events follow one another with both tokens known.
+        auto [seen, fresh] = connected_.try_emplace(key_bytes(r.flow), c.token);
+        if (!fresh && seen->second == c.token) return;
+        seen->second = c.token;  // the 4-tuple of a new connection (its close went unseen)
+        // From the event's own flow and connection entry only (two lookups): no map scan and
+        // no sock_diag dump on the event path; mpsteer.connection(token) has the full view.
         mps_conn mc{};
         if (bpf_map_lookup_elem(state_.conns(), &c.token, &mc) == 0) {
             c.bytes = mc.bytes;
@@ -346,6 +351,7 @@ void DatapathBackend::dispatch(HookSet& hooks, const datapath::Event& ev) {
             keys_.erase(it->second);
             ids_.erase(it);
         }
+        connected_.erase(key_bytes(r.flow));
         break;
     }
     case MPS_EV_ADD_ADDR_BLOCKED: {

@@ -32,7 +32,8 @@ public:
     // The running generation (set_policy_backup writes its steps); null: none.
     void set_generation(datapath::Generation* g) { gen_ = g; }
 
-    // Turns a datapath event into hook calls: MP_CAPABLE with both tokens -> on_connection,
+    // Turns a datapath event into hook calls: MP_CAPABLE with both tokens -> on_connection
+    // (once per connection: the later events that repeat the keys are not passed on),
     // MP_JOIN -> on_subflow, FLOW_CLOSED -> on_subflow_closed, ADD_ADDR blocked ->
     // on_add_addr_blocked (with the connection's token from the flow map). The tables passed
     // are built from the event's flow and connection entries alone (no scan, no sock_diag):
@@ -53,6 +54,7 @@ private:
     datapath::ActorMaps actors_;
     std::map<std::string, uint64_t> ids_;  // flow key bytes -> id
     std::map<uint64_t, mps_flow_key> keys_;
+    std::map<std::string, uint32_t> connected_;  // flow key bytes -> token on_connection saw
     uint64_t next_id_ = 1;
     bool sock_diag_ = true;
     datapath::Generation* gen_ = nullptr;

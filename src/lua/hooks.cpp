@@ -43,6 +43,8 @@ struct Script::Impl {
     std::optional<Subflow> sf;
     std::string tmp;
     char err[512] = {};
+    size_t gc_base = 0;     // bytes in use after the last full cycle collect_step finished
+    bool gc_cycle = false;  // collect_step is in a cycle
 
     ~Impl() {
         if (L) {
@@ -573,7 +575,8 @@ bool protected_run(Impl& im, ScriptStatus& st, lua_CFunction fn, const char* wha
     }
     lua_settop(L, 0);
     im.headroom = false;
-    lua_gc(L, LUA_GCSTEP, 0);
+    // No collection step here: that is collect_step's, between events (Lua's own incremental
+    // collector still runs when a call allocates past its threshold).
     return ok;
 }
 }  // namespace
@@ -630,6 +633,25 @@ bool Script::has(const char* hook) const {
     bool f = lua_getglobal(impl_->L, hook) == LUA_TFUNCTION;
     lua_pop(impl_->L, 1);
     return f;
+}
+
+bool Script::collect_step() {
+    Impl& im = *impl_;
+    if (!im.L) return false;
+    if (!im.gc_cycle) {
+        const size_t grown = im.used > im.gc_base ? im.used - im.gc_base : 0;
+        if (grown < std::max<size_t>(32u << 10, im.gc_base / 4)) return false;
+        im.gc_cycle = true;
+    }
+    // Finalizers (__gc) may run inside: give them a call's budget (their errors become
+    // warnings inside lua_gc, which raises nothing).
+    im.oom = im.over_budget = im.headroom = false;
+    im.budget_left = std::max<uint64_t>(1, im.limits.instructions / 1000);
+    if (lua_gc(im.L, LUA_GCSTEP, 0)) {
+        im.gc_cycle = false;
+        im.gc_base = im.used;
+    }
+    return im.gc_cycle;
 }
 
 void Script::schedule_from(Clock::time_point now) {
@@ -764,6 +786,18 @@ Clock::time_point HookSet::tick(Clock::time_point now) {
         next = std::min(next, s->next_tick());
     }
     return next;
+}
+
+bool HookSet::collect_step() {
+    for (auto& [name, s] : scripts_)
+        if (s->collect_step()) return true;
+    return false;
+}
+
+uint64_t HookSet::calls() const {
+    uint64_t n = 0;
+    for (const auto& [name, s] : scripts_) n += s->status().calls;
+    return n;
 }
 
 std::vector<ScriptStatus> HookSet::status() const {

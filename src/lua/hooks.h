@@ -135,6 +135,11 @@ public:
     bool on_tick();
     bool on_apply(const nlohmann::json& info);  // {revision, generation, reloaded}
 
+    // One step of the garbage collector when the state has grown since its last full cycle
+    // (calls leave their garbage to it: the event thread runs it between events). True while
+    // the cycle it started is not finished.
+    bool collect_step();
+
     // The next on_tick (steady clock); max() without ticks.
     std::chrono::steady_clock::time_point next_tick() const { return next_tick_; }
     void schedule_from(std::chrono::steady_clock::time_point now);
@@ -165,6 +170,11 @@ public:
     void on_add_addr_blocked(const AddAddr& a);
     // Runs every due on_tick; returns when the next one is due (max(): none).
     std::chrono::steady_clock::time_point tick(std::chrono::steady_clock::time_point now);
+
+    // Garbage collection between events: one step on a script that needs it; true while some
+    // script still has a cycle to finish.
+    bool collect_step();
+    uint64_t calls() const;  // hook calls so far, every script
 
     std::vector<ScriptStatus> status() const;
     nlohmann::json status_json() const;

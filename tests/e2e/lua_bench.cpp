@@ -1,8 +1,10 @@
 // Lua hooks benchmarks (issue 6); prints figures, not a test. Root, network namespaces.
-//   lua_bench latency [N]   event -> hook -> map update, p50/p99 over N connections, beside the
-//                           kernel's netlink path for the same kind of action (the in-kernel PM's
-//                           MPTCP_PM_CMD_SET_FLAGS backup on an endpoint, request -> ack; and
-//                           `ip mptcp endpoint change ... backup` as a command)
+//   lua_bench latency [N]   event -> hook -> map update, p50/p99 over N connections per round,
+//                           the agent's event thread (lua::EventThread) in each --events mode,
+//                           SCHED_OTHER and SCHED_FIFO, beside the kernel's netlink path for the
+//                           same kind of action (the in-kernel PM's MPTCP_PM_CMD_SET_FLAGS backup
+//                           on an endpoint, request -> ack; and `ip mptcp endpoint change ...
+//                           backup` as a command). LUA_BENCH_SPIN_US: adaptive's window (1000).
 //   lua_bench smallflow [N] completion time of N 100 KB uploads with and without the
 //                           small-flow policy (agent on the client, paths 10 ms / 10 ms)
 //   lua_bench ecf [RUNS]    100 MB upload, ECF script vs the kernel's default scheduler, two
@@ -12,6 +14,7 @@
 #include <linux/mptcp.h>
 #include <linux/netlink.h>
 #include <sys/socket.h>
+#include <poll.h>
 #include <pthread.h>
 #include <sched.h>
 #include <time.h>
@@ -29,6 +32,7 @@
 #include "datapath/datapath.h"
 #include "lab/lab.h"
 #include "lua/datapath_backend.h"
+#include "lua/event_thread.h"
 
 using namespace mpsteer;
 using namespace mpsteer::lab;
@@ -52,14 +56,14 @@ std::string source(const std::string& rel) {
     return ss.str();
 }
 
-// The datapath backend, timing each write against the event being handled.
+// The datapath backend, timing each write against the event being handled (the event thread's
+// before_hooks probe sets event_ns and handler_start_ns). Used only on the event thread.
 class TimedBackend : public lua::DatapathBackend {
 public:
     using DatapathBackend::DatapathBackend;
     uint64_t event_ns = 0, handler_start_ns = 0;
     std::vector<double> total_us, agent_us;  // event -> written; handler start -> written
     std::vector<double> delivery_us;         // event -> handler start (every event)
-    std::vector<double> join_delivery_us;    // the same, MP_JOIN events only
     bool set_subflow(const std::string& p, uint64_t id, const lua::SubflowSettings& s) override {
         bool ok = DatapathBackend::set_subflow(p, id, s);
         uint64_t now = mono_ns();
@@ -156,6 +160,21 @@ void print_row(const char* what, const std::vector<double>& v) {
 
 // ---- latency -------------------------------------------------------------------------------
 
+// CPU time a thread of this process has used (ns), from /proc/self/task/<tid>/schedstat.
+uint64_t thread_cpu_ns(pid_t tid) {
+    std::ifstream in("/proc/self/task/" + std::to_string(tid) + "/schedstat");
+    uint64_t run = 0;
+    in >> run;
+    return run;
+}
+
+struct Round {
+    std::string name;
+    std::vector<double> total, agent, delivery;
+    lua::EventThreadStats stats;
+    double cpu_pct = 0;  // of one CPU, over the round
+};
+
 void latency(int n) {
     datapath::init_libbpf_logging();
     LabConfig cfg;
@@ -164,41 +183,53 @@ void latency(int n) {
     Steering steer(server_chains(lab, 0), lab.server_ns(), Steering::pin_root_for("luabench"));
     TimedBackend backend(steer.state());
     lua::HookSet hooks(backend);
-    hooks.configure({{"bench", "lua/bench.lua",
-                      "function on_connection(c) return {rate = 2500000} end\n"
-                      "function on_subflow(sf) return {rate = 1250000} end\n",
-                      0, json::object()}},
-                    "bench", 1);
-    // One round of n connections with the event reader woken by epoll, scheduled like the
-    // agent (SCHED_OTHER) or as a SCHED_FIFO thread (wakes ahead of the busy CPUs' tasks), or
-    // busy-polling the ring (no wake-up at all: what a dedicated core would give).
-    auto round = [&](bool fifo, int base_port, bool busy = false) {
+    const std::vector<lua::ScriptSpec> specs = {
+        {"bench", "lua/bench.lua",
+         "function on_connection(c) return {rate = 2500000} end\n"
+         "function on_subflow(sf) return {rate = 1250000} end\n",
+         0, json::object()}};
+    const char* spin_env = getenv("LUA_BENCH_SPIN_US");
+    const auto spin = std::chrono::microseconds(spin_env ? std::atoi(spin_env) : 1000);
+
+    // One round of n connections with the agent's event thread (lua::EventThread, as `mpsteer
+    // run --events=MODE [--events-rt-priority 10]` runs it), and a thread taking the events it
+    // hands over, as the agent's main loop does.
+    int port0 = 6000;
+    auto round = [&](lua::PollMode mode, int rt) {
+        Round r;
+        r.name = std::string(lua::to_string(mode)) +
+                 (mode == lua::PollMode::adaptive ? " " + std::to_string(spin.count()) + " us" : "") +
+                 (rt ? ", SCHED_FIFO " + std::to_string(rt) : ", SCHED_OTHER");
         backend.total_us.clear();
         backend.agent_us.clear();
         backend.delivery_us.clear();
-        backend.join_delivery_us.clear();
+        lua::EventThreadOptions o;
+        o.mode = mode;
+        o.spin = spin;
+        o.rt_priority = rt;
+        o.before_hooks = [&](const datapath::Event& ev) {
+            backend.handler_start_ns = mono_ns();
+            backend.event_ns = ev.raw.ts_ns;
+            backend.delivery_us.push_back((backend.handler_start_ns - ev.raw.ts_ns) / 1e3);
+        };
+        std::unique_ptr<lua::EventThread> et;
+        {
+            NetnsGuard in(lab.server_ns());  // the thread inherits it (sock_diag, ifindexes)
+            et = std::make_unique<lua::EventThread>(steer.state(), backend, hooks, o);
+        }
+        et->call([&] { hooks.configure(specs, "bench", 1); });
         std::atomic<bool> stop{false};
-        std::thread reader([&] {
-            NetnsGuard in(lab.server_ns());  // sock_diag and ifindexes of the server
-            if (fifo) {
-                sched_param sp{};
-                sp.sched_priority = 10;
-                if (pthread_setschedparam(pthread_self(), SCHED_FIFO, &sp))
-                    std::printf("  (SCHED_FIFO refused)\n");
+        std::thread owner([&] {
+            pollfd p{et->notify_fd(), POLLIN, 0};
+            while (!stop) {
+                if (::poll(&p, 1, 50) > 0) et->take_events();
             }
-            datapath::EventReader events(steer.state(), [&](const datapath::Event& ev) {
-                backend.handler_start_ns = mono_ns();
-                backend.delivery_us.push_back((backend.handler_start_ns - ev.raw.ts_ns) / 1e3);
-                if (ev.raw.type == MPS_EV_MP_JOIN)
-                    backend.join_delivery_us.push_back((backend.handler_start_ns - ev.raw.ts_ns) / 1e3);
-                backend.event_ns = ev.raw.ts_ns;
-                backend.dispatch(hooks, ev);
-                backend.event_ns = 0;
-            });
-            while (!stop) events.poll(busy ? 0ms : 50ms);
         });
+        const pid_t tid = et->tid();
+        const uint64_t cpu0 = thread_cpu_ns(tid);
+        const auto t0 = Clock::now();
         for (int i = 0; i < n; ++i) {
-            uint16_t port = uint16_t(base_port + i % 1000);
+            uint16_t port = uint16_t(port0 + i % 1000);
             try {
                 Sink sink(lab.server_ns(), port);
                 send_stream(lab.client_ns(), Lab::server_addr(1), port, SendOptions::of_bytes(20000));
@@ -208,15 +239,24 @@ void latency(int n) {
             }
         }
         std::this_thread::sleep_for(300ms);
+        const double wall_ns = double(std::chrono::nanoseconds(Clock::now() - t0).count());
+        r.cpu_pct = 100.0 * double(thread_cpu_ns(tid) - cpu0) / wall_ns;
+        r.stats = et->stats();
+        et->stop();
         stop = true;
-        reader.join();
+        owner.join();
+        et.reset();
+        r.total = backend.total_us;
+        r.agent = backend.agent_us;
+        r.delivery = backend.delivery_us;
+        port0 += 1000;
+        return r;
     };
-    round(false, 6000);
-    auto ep_total = backend.total_us, ep_agent = backend.agent_us, ep_deliv = backend.delivery_us;
-    auto ep_join = backend.join_delivery_us;
-    round(false, 12000, true);
-    auto bp_total = backend.total_us, bp_agent = backend.agent_us, bp_deliv = backend.delivery_us;
-    round(true, 9000);
+    std::vector<Round> rounds;
+    for (int rt : {0, 10})
+        for (auto mode : {lua::PollMode::wait, lua::PollMode::adaptive, lua::PollMode::spin})
+            rounds.push_back(round(mode, rt));
+
     // The kernel's own path for a comparable action, same run, while a connection uses the
     // endpoint (so the kernel sends MP_PRIO on it).
     std::vector<double> nl_us, ip_us;
@@ -254,25 +294,8 @@ void latency(int n) {
         tx.join();
         sink.wait(10s);
     }
-    auto st = hooks.status();
-    std::printf("latency: %d connections (MP_CAPABLE keys -> on_connection, MP_JOIN -> on_subflow; "
-                "each returns a rate written with MPS_CTL_RATE)\n", n);
-    std::printf(" reader woken by epoll (as in the agent):\n");
-    print_row("mpsteer event (bpf_ktime) -> Lua hook -> map updated", ep_total);
-    print_row("  event -> handler start (ring wakeup + token derivation)", ep_deliv);
-    print_row("  event -> handler start, MP_JOIN events only", ep_join);
-    print_row("  handler start -> Lua -> map updated", ep_agent);
-    std::printf(" reader busy-polling the ring (a core spinning; not what the agent does):\n");
-    print_row("mpsteer event (bpf_ktime) -> Lua hook -> map updated", bp_total);
-    print_row("  event -> handler start (token derivation)", bp_deliv);
-    print_row("  handler start -> Lua -> map updated", bp_agent);
-    std::printf(" reader woken by epoll, SCHED_FIFO priority 10:\n");
-    print_row("mpsteer event (bpf_ktime) -> Lua hook -> map updated", backend.total_us);
-    print_row("  event -> handler start (ring wakeup + token derivation)", backend.delivery_us);
-    print_row("  event -> handler start, MP_JOIN events only", backend.join_delivery_us);
-    print_row("  handler start -> Lua -> map updated", backend.agent_us);
-    {  // the map write alone: one MPS_CTL_RATE request through the control program
-        std::vector<double> w;
+    std::vector<double> write_us;  // the map write alone: one MPS_CTL_RATE request
+    {
         auto flows = steer.flows();
         for (int i = 0; i < 2000 && !flows.empty(); ++i) {
             mps_ctl_flow_req req{};
@@ -281,19 +304,41 @@ void latency(int n) {
             req.rate_bps = 1000000 + i;
             uint64_t t0 = mono_ns();
             steer.state().update_flow(req);
-            w.push_back((mono_ns() - t0) / 1e3);
+            write_us.push_back((mono_ns() - t0) / 1e3);
         }
-        print_row("map write alone (ctl_flow_update, BPF_PROG_TEST_RUN)", w);
     }
-    std::printf("  %-58s %.1f us (max %.1f us)\n", "Lua call (last)", st[0].last_call_us,
-                st[0].max_call_us);
+
+    std::printf("latency: %d connections per round (MP_CAPABLE keys -> on_connection once per "
+                "connection, MP_JOIN -> on_subflow; each returns a rate written with "
+                "MPS_CTL_RATE), the agent's event thread (lua::EventThread) in each mode\n", n);
+    for (const auto& r : rounds) {
+        const auto& st = r.stats;
+        std::printf(" --events=%s: event thread CPU %.1f %% of one core; %llu events, %llu found "
+                    "polling, %llu wake-ups%s\n",
+                    r.name.c_str(), r.cpu_pct, (unsigned long long)st.events,
+                    (unsigned long long)st.events_while_polling, (unsigned long long)st.wakeups,
+                    st.rt_refused ? " (SCHED_FIFO refused)" : "");
+        print_row("mpsteer event (bpf_ktime) -> Lua hook -> map updated", r.total);
+        print_row("  event -> handler start (wake-up/poll + token derivation)", r.delivery);
+        print_row("  handler start -> Lua -> map updated", r.agent);
+        std::printf("  %-58s n=%4llu  p50 %8.1f us  p99 %8.1f us (histogram)\n",
+                    "  event -> hooks done, events found after a wake-up",
+                    (unsigned long long)st.latency_after_wakeup.count(),
+                    st.latency_after_wakeup.percentile_us(50),
+                    st.latency_after_wakeup.percentile_us(99));
+    }
+    std::printf(" the kernel's path for the same kind of action, and the map write alone:\n");
     print_row("kernel netlink MPTCP_PM_CMD_SET_FLAGS backup (request -> ack)", nl_us);
     print_row("`ip mptcp endpoint change id 1 backup` (fork+exec+netlink)", ip_us);
-    std::printf("  target p99 <= 50 us (event -> map update): SCHED_OTHER %s, busy-poll %s, "
-                "SCHED_FIFO %s\n",
-                pct(ep_total, 99) <= 50 ? "met" : "NOT met",
-                pct(bp_total, 99) <= 50 ? "met" : "NOT met",
-                pct(backend.total_us, 99) <= 50 ? "met" : "NOT met");
+    print_row("map write alone (ctl_flow_update, BPF_PROG_TEST_RUN)", write_us);
+    std::printf(" summary (target: event -> map update p99 <= 50 us):\n");
+    std::printf("  %-34s %9s %9s %9s %9s %7s  %s\n", "mode", "p50 us", "p99 us", "hdl p50",
+                "hdl p99", "CPU %", "target");
+    for (const auto& r : rounds)
+        std::printf("  %-34s %9.1f %9.1f %9.1f %9.1f %7.1f  %s\n", r.name.c_str(), pct(r.total, 50),
+                    pct(r.total, 99), pct(r.agent, 50), pct(r.agent, 99), r.cpu_pct,
+                    r.total.empty() ? "no samples" : pct(r.total, 99) <= 50 ? "met" : "NOT met");
+    std::printf("  %-34s %9.1f %9.1f\n", "kernel netlink SET_FLAGS", pct(nl_us, 50), pct(nl_us, 99));
 }
 
 // ---- small-flow completion time ------------------------------------------------------------
