@@ -320,14 +320,15 @@ void DatapathBackend::dispatch(HookSet& hooks, const datapath::Event& ev) {
         auto [seen, fresh] = connected_.try_emplace(key_bytes(r.flow), c.token);
         if (!fresh && seen->second == c.token) return;
         seen->second = c.token;  // the 4-tuple of a new connection (its close went unseen)
-        // From the event's own flow and connection entry only (two lookups): no map scan and
-        // no sock_diag dump on the event path; mpsteer.connection(token) has the full view.
-        mps_conn mc{};
-        if (bpf_map_lookup_elem(state_.conns(), &c.token, &mc) == 0) {
-            c.bytes = mc.bytes;
-            c.packets = mc.packets;
+        // From the event's own flow entry only (one lookup): no map scan, no sock_diag dump on
+        // the event path; mpsteer.connection(token) has the full view. The connection has one
+        // subflow yet: its counters are the connection's (the connection entry, which the
+        // event reader has just created, counts only from then on).
+        if (have) {
+            c.subflows.push_back(make_subflow(r.flow, f));
+            c.bytes = c.subflows.front().bytes;
+            c.packets = c.subflows.front().packets;
         }
-        if (have) c.subflows.push_back(make_subflow(r.flow, f));
         hooks.on_connection(c);
         break;
     }

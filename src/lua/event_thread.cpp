@@ -276,6 +276,10 @@ void EventThread::run() {
                          opts_.rt_priority, std::strerror(err));
         }
     }
+    if (opts_.mode == PollMode::spin && opts_.rt_priority > 0 && !stats_.rt_refused)
+        spdlog::warn("event thread: spinning as SCHED_FIFO starves its CPU's other tasks; the "
+                     "kernel's RT throttling then stops it for tens of milliseconds at a time "
+                     "(lua/README.md, \"Event latency\")");
     spdlog::info("event thread: mode {}{}{}{}", to_string(opts_.mode),
                  opts_.mode == PollMode::adaptive
                      ? " (polls " + std::to_string(opts_.spin.count()) + " us after each event)"

@@ -45,6 +45,7 @@ struct Script::Impl {
     char err[512] = {};
     size_t gc_base = 0;     // bytes in use after the last full cycle collect_step finished
     bool gc_cycle = false;  // collect_step is in a cycle
+    int gc_cycles = 0;      // cycles it finished since it began
 
     ~Impl() {
         if (L) {
@@ -638,21 +639,27 @@ bool Script::has(const char* hook) const {
 bool Script::collect_step() {
     Impl& im = *impl_;
     if (!im.L) return false;
+    const size_t enough = std::max<size_t>(32u << 10, im.gc_base / 4);
     if (!im.gc_cycle) {
-        const size_t grown = im.used > im.gc_base ? im.used - im.gc_base : 0;
-        if (grown < std::max<size_t>(32u << 10, im.gc_base / 4)) return false;
+        if (im.used < im.gc_base + enough) return false;
         im.gc_cycle = true;
+        im.gc_cycles = 0;
     }
     // Finalizers (__gc) may run inside: give them a call's budget (their errors become
     // warnings inside lua_gc, which raises nothing).
     im.oom = im.over_budget = im.headroom = false;
     im.budget_left = std::max<uint64_t>(1, im.limits.instructions / 1000);
     if (lua_gc(im.L, LUA_GCSTEP, 0)) {
+        // The cycle that ended may have begun inside a call (Lua's own steps) and kept what
+        // was live then: still grown, so one more.
+        if (++im.gc_cycles < 2 && im.used >= im.gc_base + enough) return true;
         im.gc_cycle = false;
         im.gc_base = im.used;
     }
     return im.gc_cycle;
 }
+
+size_t Script::memory_bytes() const { return impl_->used; }
 
 void Script::schedule_from(Clock::time_point now) {
     next_tick_ = spec_.every_ms ? now + std::chrono::milliseconds(spec_.every_ms)

@@ -139,6 +139,7 @@ public:
     // (calls leave their garbage to it: the event thread runs it between events). True while
     // the cycle it started is not finished.
     bool collect_step();
+    size_t memory_bytes() const;  // what the state holds now (the cap counts this)
 
     // The next on_tick (steady clock); max() without ticks.
     std::chrono::steady_clock::time_point next_tick() const { return next_tick_; }

@@ -229,6 +229,7 @@ pid_t AgentHarness::start() {
                                      "0",
                                      "--debounce-ms",
                                      std::to_string(debounce_ms_)};
+    args.insert(args.end(), extra_args.begin(), extra_args.end());
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);

@@ -67,6 +67,7 @@ public:
     AgentHarness& operator=(const AgentHarness&) = delete;
 
     pid_t start();               // a new agent process; its output goes to logs/agent-<k>.log
+    std::vector<std::string> extra_args;  // appended to `mpsteer run ...` by start()
     void kill9();                // SIGKILL and reap
     void stop();                 // SIGTERM and reap (SIGKILL after 10 s)
     pid_t pid() const { return pid_; }

@@ -5,7 +5,8 @@
 // (the hook asks add_subflow to re-inject the stored announcement). Then a revision whose
 // script loops forever: the hook is disabled and shown in `mpsteer status` (Degraded:
 // LuaHookDisabled) while the generation keeps working; the next revision's fixed script runs.
-// And a hook that flips a set_backup action's B in place (agent on the server).
+// And a hook that flips a set_backup action's B in place (agent on the server). The event
+// thread (lua::EventThread) in each polling mode, alone and inside the agent.
 #include <catch2/catch.hpp>
 
 #include <linux/mptcp.h>
@@ -18,7 +19,10 @@
 #include <thread>
 
 #include "agent_harness.h"
+#include "datapath/datapath.h"
 #include "lab/lab.h"
+#include "lua/datapath_backend.h"
+#include "lua/event_thread.h"
 
 using namespace mpsteer;
 using namespace mpsteer::lab;
@@ -275,4 +279,162 @@ TEST_CASE("lua: a hook flips set_backup in place and the client uses the path ag
     REQUIRE(h);
     CHECK((*h)["failures"] == 0);
     CHECK((*h)["writes"] == 1);
+}
+
+namespace {
+// n MPTCP connections from the client (each opens its second subflow to the server's
+// announced address).
+void connections(const Lab& lab, int n, uint16_t port0) {
+    for (int i = 0; i < n; ++i) {
+        uint16_t port = uint16_t(port0 + i);
+        Sink sink(lab.server_ns(), port);
+        send_stream(lab.client_ns(), Lab::server_addr(1), port, SendOptions::of_bytes(20000));
+        sink.wait(10s);
+    }
+}
+
+uint64_t calls_of(const std::vector<lua::ScriptStatus>& st, const std::string& policy) {
+    for (const auto& s : st)
+        if (s.policy == policy) return s.calls;
+    return 0;
+}
+}  // namespace
+
+TEST_CASE("lua: the event thread runs the hooks in each mode; ticks, calls, a failing hook, stop",
+          "[e2e][lua]") {
+    datapath::init_libbpf_logging();
+    Lab::cleanup_stale();
+    LabConfig cfg;
+    cfg.tag = "lt" + std::to_string(getpid() % 10000);
+    Lab lab(cfg);
+    Steering steer(server_chains(lab, 0), lab.server_ns(), Steering::pin_root_for("luathread"));
+    const auto mode = GENERATE(lua::PollMode::wait, lua::PollMode::adaptive, lua::PollMode::spin);
+    INFO("mode " << lua::to_string(mode));
+    lua::DatapathBackend backend(steer.state());
+    lua::HookSet hooks(backend);
+    const std::vector<lua::ScriptSpec> specs = {
+        {"conn", "lua/conn.lua", "function on_connection(c) return {rate = 2500000} end\n", 0,
+         json::object()},
+        {"join", "lua/join.lua", "function on_subflow(sf) return {rate = 1250000} end\n", 0,
+         json::object()},
+        {"fails", "lua/fails.lua", "function on_subflow(sf) error('boom') end\n", 0,
+         json::object()},
+        {"tick", "lua/tick.lua", "n = 0\nfunction on_tick() n = n + 1 end\n", 10, json::object()}};
+    lua::EventThreadOptions o;
+    o.mode = mode;
+    o.spin = std::chrono::microseconds(500);
+    std::unique_ptr<lua::EventThread> et;
+    {
+        NetnsGuard in(lab.server_ns());
+        et = std::make_unique<lua::EventThread>(steer.state(), backend, hooks, o);
+    }
+    // call() runs on the event thread, and returns what it returns.
+    const pid_t tid = et->call([] { return pid_t(gettid()); });
+    CHECK(tid == et->tid());
+    CHECK(tid != gettid());
+    et->call([&] { hooks.configure(specs, "r1", 1); });
+    // An exception in a task reaches the caller; the thread carries on.
+    CHECK_THROWS_WITH(et->call([]() -> int { throw std::runtime_error("task failed"); }),
+                      "task failed");
+
+    const int n = 4;
+    connections(lab, n, uint16_t(7000 + 100 * int(mode)));
+    std::vector<lua::ScriptStatus> st;
+    const auto deadline = Clock::now() + 5s;
+    do {  // the last join's event may still be on its way
+        std::this_thread::sleep_for(50ms);
+        st = et->call([&] { return hooks.status(); });
+    } while (calls_of(st, "join") < uint64_t(n) && Clock::now() < deadline);
+    const auto stats = et->stats();
+    const auto events = et->take_events();
+
+    // Every connection reached on_connection exactly once (its later MP_CAPABLE events repeat
+    // the keys), every join reached on_subflow, and the writes went through.
+    CHECK(calls_of(st, "conn") == uint64_t(n));
+    CHECK(calls_of(st, "join") >= uint64_t(n));
+    for (const auto& s : st) {
+        if (s.policy == "conn") CHECK(s.writes == uint64_t(n));
+        if (s.policy == "join") CHECK(s.writes >= uint64_t(n));
+        if (s.policy == "fails") {  // contained: disabled after 3, the others carried on
+            CHECK(s.disabled);
+            CHECK(s.failures == 3);
+            CHECK_THAT(s.last_error, Catch::Contains("boom"));
+        }
+        if (s.policy == "tick") CHECK(s.calls >= 5);
+    }
+    CHECK(stats.ticks >= 5);
+    CHECK(stats.dispatch_errors == 0);
+    CHECK(stats.events >= uint64_t(3 * n));
+    CHECK(stats.latency.count() >= uint64_t(2 * n));
+    CHECK(stats.latency.percentile_us(99) > 0);
+    if (mode == lua::PollMode::spin) {
+        CHECK(stats.events_while_polling == stats.events);
+        CHECK(stats.wakeups == 0);
+    }
+    if (mode == lua::PollMode::wait) CHECK(stats.wakeups > 0);
+    // The owner got each event afterwards.
+    CHECK(events.size() >= stats.events);
+
+    // Stop: joins promptly; afterwards call() runs on the caller's thread, and the hooks are
+    // the caller's again.
+    const auto t0 = Clock::now();
+    et->stop();
+    CHECK(Clock::now() - t0 < 1s);
+    CHECK(et->call([] { return pid_t(gettid()); }) == gettid());
+    connections(lab, 1, uint16_t(7050 + 100 * int(mode)));
+    std::this_thread::sleep_for(100ms);
+    CHECK(calls_of(hooks.status(), "conn") == uint64_t(n));  // nobody took that one
+    et.reset();
+}
+
+TEST_CASE("lua: the agent runs its hooks in each --events mode", "[e2e][lua]") {
+    datapath::init_libbpf_logging();
+    Lab::cleanup_stale();
+    LabConfig cfg;
+    cfg.tag = "lm" + std::to_string(getpid() % 10000);
+    Lab lab(cfg);
+    const std::string mode = GENERATE("wait", "adaptive", "spin");
+    INFO("--events=" << mode);
+    AgentHarness agent(lab, "luam", 10);  // on the server
+    agent.extra_args = {"--events=" + mode, "--events-spin-us", "300"};
+    const std::string policy =
+        "apiVersion: mpsteer.dev/v1\nkind: Policy\nmetadata: {name: observe}\nspec:\n"
+        "  attach: {hooks: [xdp, tc_egress]}\n  priority: 100\n  select:\n"
+        "    - packet_type: [any_mptcp]\n  actions:\n    - get_connect: {}\n"
+        "    - get_subflow: {}\n  hooks:\n    script: lua/count.lua\n    every: 20ms\n";
+    const std::string script =
+        "conns, joins, ticks = 0, 0, 0\n"
+        "function on_connection(c) conns = conns + 1 end\n"
+        "function on_subflow(sf) joins = joins + 1 end\n"
+        "function on_tick() ticks = ticks + 1 end\n";
+    agent.publish({{"policies/p.yaml", policy}, {"lua/count.lua", script}});
+    agent.start();
+    REQUIRE(agent.wait_status([](const json& s) { return s.value("ready", false); }, 90s, 20ms));
+    connections(lab, 3, 7200);
+    // calls: 3 on_connection, on_subflow for the joins that happen (a 20 KB transfer may end
+    // before its join), on_tick every 20 ms.
+    bool seen = agent.wait_status(
+        [](const json& s) {
+            const json* h = hook_of(s, "observe");
+            return h && (*h)["calls"].get<uint64_t>() >= 20 && s.contains("event_thread") &&
+                   s["event_thread"].value("events", 0) >= 9 &&
+                   s["event_thread"]["latency_us"].value("count", 0) >= 3;
+        },
+        10s, 20ms);
+    json s = agent.status();
+    INFO(s.dump(1));
+    INFO(agent.log_tail());
+    REQUIRE(seen);
+    CHECK(s["event_thread"]["mode"] == mode);
+    CHECK(s["event_thread"]["latency_us"]["count"].get<uint64_t>() >= 3);
+    CHECK((*hook_of(s, "observe"))["failures"] == 0);
+    // The main loop still logs every event the thread took.
+    std::ifstream log(agent.state_dir() + "/events.jsonl");
+    int lines = 0;
+    for (std::string l; std::getline(log, l);) ++lines;
+    CHECK(lines >= 9);
+    const auto t0 = Clock::now();
+    agent.stop();  // SIGTERM (the harness would SIGKILL after 10 s)
+    CHECK(Clock::now() - t0 < 5s);
+    CHECK_THAT(agent.log_tail(), Catch::Contains("stopping"));
 }

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "lua/event_thread.h"
 #include "lua/hooks.h"
 
 using namespace mpsteer::lua;
@@ -508,4 +509,54 @@ TEST_CASE("lua: sock_diag finds a local TCP connection under its flow key, eithe
     close(a);
     close(c);
     close(ls);
+}
+
+TEST_CASE("lua: calls leave their garbage; collect_step collects it between events",
+          "[lua][gc]") {
+    FakeBackend b;
+    HookSet set(b);
+    set.configure({{"p", "gc.lua",
+                    "function on_tick()\n"
+                    "  local t = {}\n"
+                    "  for i = 1, 2000 do t[i] = {i, tostring(i)} end\n"
+                    "end\n",
+                    10, nlohmann::json::object()}},
+                  "r", 1);
+    Script* s = set.find("p");
+    REQUIRE(s);
+    while (set.collect_step()) {
+    }
+    const size_t base = s->memory_bytes();
+    for (int i = 0; i < 5; ++i) CHECK(s->on_tick());
+    const size_t peak = s->memory_bytes();
+    CHECK(peak > base + (200u << 10));  // no collection inside the calls (beyond Lua's own)
+    while (set.collect_step()) {
+    }
+    CHECK(s->memory_bytes() < base + (100u << 10));
+    CHECK_FALSE(set.collect_step());  // nothing grew since: no work
+    CHECK(set.calls() == 5);
+}
+
+TEST_CASE("lua: event latency histogram percentiles", "[lua][events]") {
+    LatencyHistogram h;
+    CHECK(h.percentile_us(99) == 0);
+    for (uint64_t us = 1; us <= 1000; ++us) h.add(us * 1000);
+    CHECK(h.count() == 1000);
+    CHECK(h.percentile_us(50) == Approx(500).epsilon(0.07));
+    CHECK(h.percentile_us(99) == Approx(990).epsilon(0.07));
+    CHECK(h.percentile_us(100) == Approx(1000));
+    CHECK(h.max_us() == Approx(1000));
+    CHECK(h.sum_us() == Approx(500500));
+    LatencyHistogram small;
+    for (uint64_t ns : {0u, 1u, 31u, 32u, 33u}) small.add(ns);
+    CHECK(small.percentile_us(20) == Approx(0));
+    CHECK(small.percentile_us(100) == Approx(0.033));
+    small.add(uint64_t(1) << 62);  // far beyond any bucket: the last one
+    CHECK(small.max_us() > 1e12);
+}
+
+TEST_CASE("lua: --events modes by name", "[lua][events]") {
+    for (auto m : {PollMode::wait, PollMode::spin, PollMode::adaptive})
+        CHECK(poll_mode_from_string(to_string(m)) == m);
+    CHECK_FALSE(poll_mode_from_string("busy"));
 }
