@@ -30,7 +30,7 @@ struct Config {
     // The Lua hooks' event thread (lua/README.md, "Event latency"): how it waits for datapath
     // events. "wait" sleeps in epoll (every event pays a wake-up), "spin" polls the ring on
     // one CPU all the time, "adaptive" polls for events_spin after each event, then sleeps.
-    std::string events_mode = "adaptive";
+    std::string events_mode = "wait";
     std::chrono::microseconds events_spin{1000};
     int events_rt_priority = 0;  // SCHED_FIFO priority of the event thread; 0: SCHED_OTHER
     int events_cpu = -1;         // pin the event thread to this CPU; -1: any

@@ -44,7 +44,7 @@ std::optional<PollMode> poll_mode_from_string(std::string_view s);
 const char* to_string(PollMode m);
 
 struct EventThreadOptions {
-    PollMode mode = PollMode::adaptive;
+    PollMode mode = PollMode::wait;
     std::chrono::microseconds spin{1000};  // adaptive: poll this long after the last event
     int rt_priority = 0;                   // SCHED_FIFO priority 1-99; 0: SCHED_OTHER
     int cpu = -1;                          // pin the thread to this CPU; -1: any
