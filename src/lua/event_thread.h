@@ -5,7 +5,8 @@
 // owner gets each event afterwards through take_events() (the agent counts and logs them off
 // the event path).
 //
-// How the thread waits for events is the latency/CPU trade-off (lua/README.md has figures):
+// How the thread waits for events is the latency/CPU trade-off (lua/README.md, "Event
+// latency", has figures):
 //   wait      sleeps in epoll on the ring buffer; each event pays a thread wake-up.
 //   spin      polls the ring without sleeping: no wake-up, one CPU busy all the time.
 //   adaptive  polls for `spin` after each event (and after each wake-up), then sleeps: the
