@@ -250,21 +250,16 @@ static __always_inline int fast(void *ctx, bool xdp, __u32 pkt_len)
 	/* Not our generation (yet, or any more): the entry program runs whichever is. Under
 	 * test (the agent's pre-flight, before any link holds this program) the preflight entry
 	 * takes what this one does not, so the staged generation runs throughout. */
-	bool testing = false;
-	if (*(volatile __u32 *)&mps_slots.active != c->live) {
-		if (*(volatile __u32 *)&mps_slots.testing != c->live) {
-			to_entry(ctx, xdp, false);
-			return PASS(xdp);
-		}
-		testing = true;
-	}
-	if (c->first == MPS_FAST_END)
+	if (*(volatile __u32 *)&mps_slots.active != c->live &&
+	    *(volatile __u32 *)&mps_slots.testing != c->live) {
+		to_entry(ctx, xdp, false);
 		return PASS(xdp);
+	}
 
 	void *data = ctx_data(ctx, xdp), *end = ctx_end(ctx, xdp);
 	__u32 l4_len = parse_fast(data, end, pkt_len);
 	if (!l4_len) {
-		to_entry(ctx, xdp, testing);
+		to_entry(ctx, xdp, *(volatile __u32 *)&mps_slots.active != c->live);
 		return PASS(xdp);
 	}
 	struct iphdr *ip = data + sizeof(struct ethhdr);

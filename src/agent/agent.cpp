@@ -198,6 +198,7 @@ private:
     void remove_stale_datapaths();
     void log_event(const datapath::Event& ev);  // after the hooks saw it (event thread)
     void write_status();
+    void compile_entries();
     // Lua hooks (issue 6): the scripts of the running revision's policies.
     void configure_hooks(const manifest::Model& model, const std::string& revision);
     void configure_hooks_from_dir();
@@ -213,6 +214,9 @@ private:
     std::string stalled_reason_, stalled_message_, degraded_message_;
     std::vector<std::string> errors_, warnings_;
     bool suspended_ = false, pending_ = false, recovering_ = false;
+    // When to load the current generation's compiled entries: once revisions have been quiet
+    // this long after an apply (a burst of commits compiles only the last one).
+    Clock::time_point compile_due_ = Clock::time_point::max();
     uint32_t next_gen_ = 1;
     // Counters of generations gone from their slot, so totals never go backwards.
     std::map<std::string, PolicyCounters> retired_;
@@ -580,6 +584,7 @@ void Agent::apply(const Revision& rev) {
     previous_ = std::move(current_);
     current_ = std::move(gen);
     recovering_ = false;
+    compile_due_ = Clock::now() + 250ms;
     applied_id_ = rev.id;
     applied_content_ = rev.content;
     built_with_ifaces_ = present;
@@ -603,6 +608,37 @@ void Agent::apply(const Revision& rev) {
                  n, links_.size(), rev.id, out.chains.policies.size(), chains.steps.size(),
                  last_apply_ms_);
     configure_hooks(res.model, rev.id);  // Lua hooks follow the revision (issue 6)
+}
+
+// The compiled entries (bpf/README.md) of the running generation, once revisions have been
+// quiet for a moment: loading them takes milliseconds per chain, and enforcement does not wait
+// for them (the entry programs run the generation until the links move). Any failure leaves
+// the entry programs.
+void Agent::compile_entries() {
+    compile_due_ = Clock::time_point::max();
+    if (!current_) return;
+    const auto t0 = Clock::now();
+    try {
+        current_->compile();
+        preflight(*current_);
+    } catch (const std::exception& e) {
+        spdlog::warn("generation {} stays on the entry programs: {}", current_->number(), e.what());
+        return;
+    }
+    int compiled = 0;
+    for (auto& [key, link] : links_) {
+        const int fd = current_->entry_fd(key.hook, key.ifname);
+        if (!current_->compiled(key.hook, key.ifname) || fd == link->prog_fd()) continue;
+        try {
+            link->update(fd);
+            ++compiled;
+        } catch (const std::exception& e) {
+            spdlog::warn("{}: {}", key.pin_name(), e.what());
+        }
+    }
+    spdlog::info("generation {}: compiled entries on {} of {} hook(s) ({:.0f} ms)",
+                 current_->number(), compiled, links_.size(),
+                 std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
 }
 
 void Agent::retire(std::unique_ptr<Generation>& g) {
@@ -835,7 +871,7 @@ int Agent::run() {
     auto due = Clock::time_point::max();  // debounced reconcile
     auto next_status = Clock::now() + 1s, next_resync = Clock::now() + cfg_.resync;
     for (;;) {
-        auto wake = std::min({due, next_status, next_resync});
+        auto wake = std::min({due, next_status, next_resync, compile_due_});
         int timeout = static_cast<int>(std::max<int64_t>(
             0, std::chrono::duration_cast<std::chrono::milliseconds>(wake - Clock::now()).count()));
         epoll_event evs[8];
@@ -871,6 +907,7 @@ int Agent::run() {
             next_resync = now + cfg_.resync;
             reconcile(false);
         }
+        if (now >= compile_due_ && due == Clock::time_point::max()) compile_entries();
         if (now >= next_status) {
             next_status = now + 1s;
             write_status();

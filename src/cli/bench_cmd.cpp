@@ -116,13 +116,24 @@ int run_bench(bool json, uint32_t repeat, int rounds) {
     for (int round = 0; round < rounds; ++round)
         for (auto& c : cases) c.samples.push_back(test_run(c.fd, frame, true, repeat).duration_ns);
     nlohmann::ordered_json out;
-    for (auto& c : cases) {
-        std::sort(c.samples.begin(), c.samples.end());
-        out[c.key] = c.samples[c.samples.size() / 2];
-    }
-    double b = out["bare_pass_ns"].get<double>();
-    out["chain4_match_ratio"] = out["chain4_match_ns"].get<double>() / b;
-    out["chain4_nomatch_ratio"] = out["chain4_nomatch_ns"].get<double>() / b;
+    auto median = [](std::vector<double> v) {
+        std::sort(v.begin(), v.end());
+        return v[v.size() / 2];
+    };
+    for (auto& c : cases) out[c.key] = median(c.samples);
+    // Ratios per round (both figures from the same round), then their median: a round that
+    // another task disturbed moves both sides of its ratio.
+    auto ratio = [&](const std::string& key) {
+        std::vector<double> r;
+        for (size_t i = 0; i < cases[0].samples.size(); ++i)
+            for (auto& c : cases)
+                if (c.key == key) r.push_back(c.samples[i] / cases[0].samples[i]);
+        return median(r);
+    };
+    out["chain4_match_ratio"] = ratio("chain4_match_ns");
+    out["chain4_nomatch_ratio"] = ratio("chain4_nomatch_ns");
+    out["chain4_match_interp_ratio"] = ratio("chain4_match_interp_ns");
+    out["chain4_nomatch_interp_ratio"] = ratio("chain4_nomatch_interp_ns");
     out["repeat"] = repeat;
     out["rounds"] = rounds;
     out["frame_bytes"] = frame.size();
@@ -139,13 +150,13 @@ int run_bench(bool json, uint32_t repeat, int rounds) {
 void add_bench_command(CLI::App& app) {
     auto* cmd = app.add_subcommand("bench", "Measure per-packet cost of chains (needs root)");
     static bool json = false;
-    static uint32_t repeat = 200000;
-    static int rounds = 7;
+    static uint32_t repeat = 100000;
+    static int rounds = 31;
     cmd->add_flag("--json", json, "print one JSON object");
     cmd->add_option("--repeat", repeat, "BPF_PROG_TEST_RUN repetitions per sample")
         ->check(CLI::Range(100000u, 100000000u))
         ->capture_default_str();
-    cmd->add_option("--rounds", rounds, "samples per case (median reported)")
+    cmd->add_option("--rounds", rounds, "samples per case, interleaved (medians reported; ratios: median of the per-round ratios)")
         ->check(CLI::Range(1, 100))
         ->capture_default_str();
     cmd->callback([] {

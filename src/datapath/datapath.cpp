@@ -423,6 +423,7 @@ std::unique_ptr<Generation> Generation::build(const ChainSet& chains, uint32_t n
     auto g = stage(Datapath::load(state, only), chains, number);
     if (!g->missing_interfaces().empty())
         throw Error("interface " + g->missing_interfaces().front() + " not found");
+    g->compile();
     g->activate();
     return g;
 }
@@ -491,7 +492,6 @@ std::unique_ptr<Generation> Generation::stage(std::shared_ptr<Datapath> dp, cons
     g->number_ = number;
     g->chains_ = chains;
     g->missing_ = std::move(missing);
-    g->compile();
     return g;
 }
 

@@ -153,7 +153,8 @@ public:
                                              const std::vector<std::string>& also_load = {});
     // Writes the chain set into the slot no packet runs (waiting out packets that ran it
     // before) and makes it the staged slot: preflight_fd() runs it, packets do not until
-    // activate(). Overwrites whatever generation had that slot.
+    // activate(). Overwrites whatever generation had that slot. Compiled entries come with
+    // compile() (build() does both).
     static std::unique_ptr<Generation> stage(std::shared_ptr<Datapath> dp, const ChainSet& chains,
                                              uint32_t number);
     // The generation an earlier process activated in `slot` of an adopted datapath.
@@ -165,6 +166,9 @@ public:
 
     // Every packet that enters from now on runs this generation (one store).
     void activate();
+    // Loads the compiled entries (milliseconds each: the agent does it after the switch, the
+    // entry programs run the generation meanwhile). Throws Error when one fails to load.
+    void compile();
     bool active() const { return dp_->active_slot() == slot_; }
 
     uint32_t number() const { return number_; }
@@ -196,7 +200,6 @@ private:
     struct Compiled;  // one loaded bpf/fastpath.bpf.c program
     Generation() = default;
     uint16_t first_pc(Hook h, const std::string& ifname) const;
-    void compile();
     std::shared_ptr<Datapath> dp_;
     std::vector<std::unique_ptr<Compiled>> compiled_;
     uint32_t live_ = 0;

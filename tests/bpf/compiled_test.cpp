@@ -130,6 +130,7 @@ TEST_CASE("compiled entries: only while their generation is active, and staged i
                                     {"preflight_xdp", "preflight_tc_egress", "preflight_tc_ingress"});
     auto g2 = dp::Generation::stage(g1->datapath(),
                                     chain_of({sel_dst("10.2.0.0/16", 1, END), step(MPS_ACT_DROP)}), 2);
+    g2->compile();
     Bytes data = Packet::v4("10.1.0.1", 40000, "10.2.0.1", 80).payload(4).build();
     Bytes syn = Packet::v4("10.1.0.1", 40000, "10.2.0.1", 80).flags(tcpf::SYN).build();
     for (Hook h : kAllHooks) {

@@ -11,6 +11,7 @@
 // MPSTEER_AGENT_REVISIONS / MPSTEER_AGENT_KILLS override 200 / 20 (quick local runs);
 // MPSTEER_AGENT_SEED fixes the random policy sequence (printed on every run).
 #include <catch2/catch.hpp>
+#include <bpf/bpf.h>
 
 #include <unistd.h>
 
@@ -136,6 +137,27 @@ size_t count_dir(const std::string& d) {
 
 }  // namespace
 
+// Names of the programs the pinned links run (compiled entries are fast_xdp / fast_tc).
+std::vector<std::string> link_programs(const std::string& dir) {
+    std::vector<std::string> out;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+        int link = bpf_obj_get(e.path().c_str());
+        if (link < 0) continue;
+        bpf_link_info li{};
+        uint32_t len = sizeof li;
+        if (bpf_obj_get_info_by_fd(link, &li, &len) == 0) {
+            int prog = bpf_prog_get_fd_by_id(li.prog_id);
+            bpf_prog_info pi{};
+            uint32_t plen = sizeof pi;
+            if (prog >= 0 && bpf_obj_get_info_by_fd(prog, &pi, &plen) == 0) out.push_back(pi.name);
+            if (prog >= 0) close(prog);
+        }
+        close(link);
+    }
+    return out;
+}
+
 TEST_CASE("agent: 200 revisions (valid and invalid) under a live 500 MB MPTCP transfer",
           "[e2e][agent]") {
     const int kRevisions = env_int("MPSTEER_AGENT_REVISIONS", 200);
@@ -237,6 +259,20 @@ TEST_CASE("agent: 200 revisions (valid and invalid) under a live 500 MB MPTCP tr
     }
     // One loaded datapath, reused by every generation.
     CHECK(count_dir(h.pin_root() + "/dp") == 1);
+    // Revisions quiet: the hooks move onto the last generation's compiled entries, and the
+    // transfer goes on through them.
+    if (!s["policies"].empty()) {
+        auto compiled = [&] {
+            int n = 0;
+            for (const auto& name : link_programs(h.pin_root() + "/links"))
+                n += name == "fast_xdp" || name == "fast_tc";
+            return n;
+        };
+        for (int i = 0; i < 30 && compiled() == 0; ++i) std::this_thread::sleep_for(100ms);
+        CHECK(compiled() > 0);
+        INFO(h.log_tail());
+        CHECK(h.log_tail().find("compiled entries on") != std::string::npos);
+    }
 
     std::printf("agent e2e: %d revisions in %.1f s (%d valid, %d invalid; policies added %d, "
                 "modified %d, removed %d; %d without a build), apply p50 %.0f ms p99 %.0f ms, "
