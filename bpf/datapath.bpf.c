@@ -15,6 +15,7 @@
 #include "mpsteer/abi.h"
 #include "mpsteer/parse.h"
 #include "shim.bpf.h"
+#include "chain.bpf.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -37,35 +38,6 @@ struct {
 	__type(key, struct mps_iface_key);
 	__type(value, __u16);
 } iface_entries SEC(".maps");
-
-/* Slot MPS_PROG_NONE (0) holds the interpreter, slot N the actor program with enum value N. */
-struct {
-	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
-	__uint(max_entries, MPS_PROG_MAX);
-	__type(key, __u32);
-	__type(value, __u32);
-} jmp_xdp SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
-	__uint(max_entries, MPS_PROG_MAX);
-	__type(key, __u32);
-	__type(value, __u32);
-} jmp_tc SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, MPS_SLOTS * MPS_MAX_STEPS);
-	__type(key, __u32);
-	__type(value, struct mps_step_counters);
-} step_counters SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, MPS_SLOTS * MPS_GC_MAX);
-	__type(key, __u32);
-	__type(value, __u64);
-} gen_counters SEC(".maps");
 
 /* ---- shared state (pinned, reused by every generation) ---------------------------------- */
 
@@ -91,14 +63,6 @@ struct {
 static __always_inline __u32 ctx_slot(const struct mps_pkt_ctx *pc)
 {
 	return (pc->flags / MPS_CTXF_SLOT1) & 1;
-}
-
-static __always_inline void gen_count_slot(__u32 slot, __u32 which)
-{
-	__u32 i = slot * MPS_GC_MAX + which;
-	__u64 *c = bpf_map_lookup_elem(&gen_counters, &i);
-	if (c)
-		*c += 1;
 }
 
 static __always_inline void gen_count(const struct mps_pkt_ctx *pc, __u32 which)
@@ -442,17 +406,6 @@ static __always_inline struct mps_flow *account(void *ctx, bool xdp, struct mps_
  * the interpreter loop is verified once per iteration, so every branch in here would be
  * paid 32 times over by the verifier.
  */
-static __always_inline __u64 is_zero(__u64 d)
-{
-	return 1 ^ ((d | -d) >> 63);
-}
-
-/* 1 when lo <= v <= hi. */
-static __always_inline __u64 in_range(__u64 v, __u64 lo, __u64 hi)
-{
-	return 1 ^ ((((__s64)v - (__s64)lo) | ((__s64)hi - (__s64)v)) >> 63 & 1);
-}
-
 static __always_inline __u64 m_cidr(const struct tuple *t, __u8 family, const struct mps_p_cidr *p,
 				   bool dst)
 {

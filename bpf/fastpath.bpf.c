@@ -21,6 +21,7 @@
 #include "mpsteer/abi.h"
 #include "mpsteer/parse.h"
 #include "shim.bpf.h"
+#include "chain.bpf.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -37,36 +38,9 @@ static __always_inline const struct mps_fast_cfg *config(void)
 }
 
 /* The datapath's maps: the loader hands over their file descriptors (this .bss is the
- * datapath's, which holds exactly the slots). */
+ * datapath's, which holds exactly the slots; the others are in chain.bpf.h). */
 struct mps_slots mps_slots;
 
-struct {
-	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
-	__uint(max_entries, MPS_PROG_MAX);
-	__type(key, __u32);
-	__type(value, __u32);
-} jmp_xdp SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
-	__uint(max_entries, MPS_PROG_MAX);
-	__type(key, __u32);
-	__type(value, __u32);
-} jmp_tc SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, MPS_SLOTS * MPS_MAX_STEPS);
-	__type(key, __u32);
-	__type(value, struct mps_step_counters);
-} step_counters SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, MPS_SLOTS * MPS_GC_MAX);
-	__type(key, __u32);
-	__type(value, __u64);
-} gen_counters SEC(".maps");
 
 /* A program step's program: the key comes from the configuration, so the verifier knows it
  * and the JIT makes the call a direct jump. */
@@ -106,10 +80,7 @@ static __always_inline __u32 slot(void)
 
 static __always_inline void gen_count(__u32 which)
 {
-	__u32 i = slot() * MPS_GC_MAX + which;
-	__u64 *c = bpf_map_lookup_elem(&gen_counters, &i);
-	if (c)
-		*c += 1;
+	gen_count_slot(slot(), which);
 }
 
 static __always_inline void step_count(__u32 pc, bool dropped, bool missed)
@@ -157,18 +128,8 @@ static __always_inline __u32 parse_fast(void *data, void *end, __u32 pkt_len)
  * family, IPv6 words) into MPS_PROG_NONE, which never matches here. Branch-free, like the
  * interpreter's: a comparison that branched would teach the verifier something about the
  * packet on each side, so every path through the selectors would reach the option walk in a
- * state of its own and be verified again (hundreds of milliseconds per load). */
-static __always_inline __u64 is_zero(__u64 d)
-{
-	return 1 ^ ((d | -d) >> 63);
-}
-
-static __always_inline __u64 in_range(__u64 v, __u64 lo, __u64 hi) /* lo <= v <= hi */
-{
-	return 1 ^ ((((__s64)v - (__s64)lo) | ((__s64)hi - (__s64)v)) >> 63 & 1);
-}
-
-/* `ports`: the TCP header's first word as loaded. */
+ * state of its own and be verified again (hundreds of milliseconds per load).
+ * `ports`: the TCP header's first word as loaded. */
 static __always_inline __u16 sport_of(__u32 ports)
 {
 	return bpf_ntohs((__u16)ports);

@@ -556,14 +556,9 @@ struct Generation::Compiled {
 };
 
 namespace {
+// A step the interpreter (and a compiled entry) runs itself: a cheap selector, pass or drop.
 constexpr bool inline_step(uint8_t prog) {
-    switch (prog) {
-    case MPS_SEL_SUBFLOW: case MPS_SEL_IP_PAIR: case MPS_SEL_SRC: case MPS_SEL_DST:
-    case MPS_SEL_PORT: case MPS_SEL_PACKET_TYPE: case MPS_ACT_PASS: case MPS_ACT_DROP:
-        return true;
-    default:
-        return false;
-    }
+    return prog != MPS_PROG_NONE && prog < MPS_PROG_MAX && !has_program(static_cast<mps_prog>(prog));
 }
 
 // The chain from `first` as a compiled entry sees it: inline steps with their successors, and
