@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
- * What the datapath and the compiled entries (fastpath.bpf.c) share: the prog arrays and
- * counters a chain runs with (the compiled entries reuse the datapath's maps by file
- * descriptor) and the branch-free comparisons the inline selectors are made of.
+ * The prog arrays and counters a chain runs with (compiled entries, emitted in
+ * src/datapath/compiled_entry.cpp, use the same maps by file descriptor) and the branch-free
+ * comparisons the interpreter's inline selectors are made of.
  */
 #ifndef MPSTEER_CHAIN_BPF_H
 #define MPSTEER_CHAIN_BPF_H

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
- * The context shim shared by the datapath and the compiled entries: one body serves XDP and TC
- * through a constant `xdp` flag, and the per-packet context travels in XDP metadata or skb->cb.
+ * The context shim: one body serves XDP and TC through a constant `xdp` flag, and the
+ * per-packet context travels in XDP metadata or skb->cb (compiled entries write it the same way).
  */
 #ifndef MPSTEER_SHIM_BPF_H
 #define MPSTEER_SHIM_BPF_H

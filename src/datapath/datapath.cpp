@@ -1,5 +1,7 @@
 #include "datapath/datapath.h"
 
+#include "datapath/compiled_entry.h"
+
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
 #include <linux/if_link.h>
@@ -24,7 +26,6 @@
 
 #include "mps_ctl.skel.h"
 #include "mps_dp.skel.h"
-#include "mps_fast.skel.h"
 
 namespace fs = std::filesystem;
 
@@ -254,7 +255,7 @@ std::shared_ptr<Datapath> Datapath::load(const StateMaps& state,
             if (bpf_map_update_elem(jmp, &slot, &fd, BPF_ANY))
                 fail("filling the prog array slot " + std::to_string(slot), errno);
         }
-        // Where compiled entries hand packets they do not take (bpf/fastpath.bpf.c).
+        // Where compiled entries hand packets they do not take (compiled_entry.cpp).
         for (Hook h : {Hook::xdp, Hook::tc_egress, Hook::tc_ingress}) {
             if ((h == Hook::xdp) != xdp) continue;
             for (bool preflight : {false, true}) {
@@ -541,99 +542,34 @@ void Generation::write_step(uint32_t pc, const mps_step& step) {
     if (recompile) compile();
 }
 
-// ---- compiled entries (bpf/fastpath.bpf.c) -----------------------------------------------
+// ---- compiled entries (compiled_entry.cpp) -----------------------------------------------
 
 struct Generation::Compiled {
-    struct Deleter {
-        void operator()(mps_fast* f) const { mps_fast__destroy(f); }
-    };
     Hook hook;
     uint16_t first;  // the chain's first pc in the table
-    std::unique_ptr<mps_fast, Deleter> skel;
-    int fd() const {
-        return bpf_program__fd(hook == Hook::xdp ? skel->progs.fast_xdp : skel->progs.fast_tc);
-    }
+    Fd prog;
+    int fd() const { return prog.get(); }
 };
 
 namespace {
-// A step the interpreter (and a compiled entry) runs itself: a cheap selector, pass or drop.
-constexpr bool inline_step(uint8_t prog) {
-    return prog != MPS_PROG_NONE && prog < MPS_PROG_MAX && !has_program(static_cast<mps_prog>(prog));
-}
-
-// The chain from `first` as a compiled entry sees it: inline steps with their successors, and
-// the program steps where it hands over (their successors are the interpreter's business),
-// numbered so that every jump goes forward. Empty when it does not fit or holds a step
-// neither kind (the entry program then keeps the hook).
-std::optional<mps_fast_cfg> fast_config(const std::vector<mps_step>& steps, uint16_t first,
-                                        Hook hook, uint32_t live) {
-    std::vector<uint16_t> order, stack{first};
-    std::map<uint16_t, int> indegree;  // of the reachable steps, from reachable inline steps
-    std::set<uint16_t> seen{first};
-    auto successors = [&](uint16_t pc) {
-        const auto& st = steps[pc];
-        std::vector<uint16_t> out;
-        if (!inline_step(st.prog) || st.prog == MPS_ACT_PASS || st.prog == MPS_ACT_DROP) return out;
-        for (uint16_t n : {st.on_match, st.on_miss})
-            if (n != MPS_PC_END && std::find(out.begin(), out.end(), n) == out.end()) out.push_back(n);
-        return out;
-    };
-    while (!stack.empty()) {
-        uint16_t pc = stack.back();
-        stack.pop_back();
-        if (pc >= steps.size()) return std::nullopt;
-        const uint8_t prog = steps[pc].prog;
-        if (!inline_step(prog) && !has_program(static_cast<mps_prog>(prog))) return std::nullopt;
-        indegree.try_emplace(pc, 0);
-        for (uint16_t n : successors(pc)) {
-            ++indegree[n];
-            if (seen.insert(n).second) stack.push_back(n);
-        }
-    }
-    if (seen.size() > MPS_FAST_STEPS) return std::nullopt;
-    // Topological order (the loader rejected cycles), lowest pc first among the ready ones.
-    std::set<uint16_t> ready;
-    for (auto [pc, d] : indegree)
-        if (d == 0) ready.insert(pc);
-    while (!ready.empty()) {
-        uint16_t pc = *ready.begin();
-        ready.erase(ready.begin());
-        order.push_back(pc);
-        for (uint16_t n : successors(pc))
-            if (--indegree[n] == 0) ready.insert(n);
-    }
-    if (order.size() != seen.size()) return std::nullopt;
-    std::map<uint16_t, uint8_t> index;
-    for (size_t i = 0; i < order.size(); ++i) index[order[i]] = uint8_t(i);
-    auto local = [&](uint16_t pc) { return pc == MPS_PC_END ? uint8_t(MPS_FAST_END) : index.at(pc); };
-    mps_fast_cfg cfg{};
-    cfg.live = live;
-    cfg.hook = uint8_t(hook);
-    cfg.first = local(first);
-    cfg.nsteps = uint8_t(order.size());
-    for (size_t i = 0; i < order.size(); ++i) {
-        const auto& st = steps[order[i]];
-        auto& f = cfg.steps[i];
-        f.prog = st.prog;
-        f.flags = st.flags;
-        f.pc = order[i];
-        f.p = st.p;
-        // Address selectors that cannot match IPv4 (the only packets compiled entries take)
-        // become "never matches".
-        const bool v4 = st.prog == MPS_SEL_SRC || st.prog == MPS_SEL_DST
-                            ? st.p.cidr.family == 4 && !(st.p.cidr.addr[1] | st.p.cidr.addr[2] |
-                                                         st.p.cidr.addr[3])
-                        : st.prog == MPS_SEL_SUBFLOW || st.prog == MPS_SEL_IP_PAIR
-                            ? st.p.pair.family == 4 &&
-                                  !(st.p.pair.a[1] | st.p.pair.a[2] | st.p.pair.a[3] |
-                                    st.p.pair.b[1] | st.p.pair.b[2] | st.p.pair.b[3])
-                            : true;
-        if (!v4) f.prog = MPS_PROG_NONE;
-        const bool branches = inline_step(st.prog) && st.prog != MPS_ACT_PASS && st.prog != MPS_ACT_DROP;
-        f.on_match = branches ? local(st.on_match) : MPS_FAST_END;
-        f.on_miss = branches ? local(st.on_miss) : MPS_FAST_END;
-    }
-    return cfg;
+Fd load_compiled(Hook hook, const std::vector<bpf_insn>& insns, const std::string& what) {
+    const bool xdp = hook == Hook::xdp;
+    const auto type = xdp ? BPF_PROG_TYPE_XDP : BPF_PROG_TYPE_SCHED_CLS;
+    const char* name = xdp ? "fast_xdp" : "fast_tc";
+    // The attach type libbpf gives SEC("xdp") / SEC("tc"): the prog arrays take only
+    // programs like their owner, the datapath's entry.
+    LIBBPF_OPTS(bpf_prog_load_opts, opts, .expected_attach_type = xdp ? BPF_XDP : bpf_attach_type(0));
+    int fd = bpf_prog_load(type, name, "Dual BSD/GPL", insns.data(), insns.size(), &opts);
+    if (fd >= 0) return Fd(fd);
+    const int err = errno;
+    std::string log(1 << 22, '\0');  // again, with the verifier's log
+    opts.log_buf = log.data();
+    opts.log_size = static_cast<__u32>(log.size());
+    opts.log_level = 1;
+    Fd again(bpf_prog_load(type, name, "Dual BSD/GPL", insns.data(), insns.size(), &opts));
+    log.resize(std::strlen(log.c_str()));
+    if (log.size() > 3000) log = "..." + log.substr(log.size() - 3000);
+    throw Error(what + ": " + std::strerror(err) + "; the verifier said:\n" + log);
 }
 }  // namespace
 
@@ -653,8 +589,10 @@ void Generation::compile() {
     for (const auto& e : chains_.entries)
         if (e.pc != MPS_PC_END) chains.insert({e.hook, e.pc});
     for (auto [hook, first] : chains) {
-        auto cfg = fast_config(chains_.steps, first, hook, live_);
-        if (!cfg) {
+        const EntryMaps maps{dp_->map_fd("bss"), dp_->map_fd(hook == Hook::xdp ? "jmp_xdp" : "jmp_tc"),
+                             dp_->map_fd("step_counters"), dp_->map_fd("gen_counters")};
+        auto insns = emit_entry(chains_.steps, first, hook, live_, maps);
+        if (!insns) {
             spdlog::debug("{} chain at pc {}: not compiled (the entry program runs it)",
                           to_string(hook), first);
             continue;
@@ -662,27 +600,9 @@ void Generation::compile() {
         auto c = std::make_unique<Compiled>();
         c->hook = hook;
         c->first = first;
-        c->skel.reset(mps_fast__open());
-        if (!c->skel) fail("opening the compiled entry object", errno);
-        auto* sk = c->skel.get();
-        // Its .bss is the datapath's: the same single struct mps_slots (same size, or the
-        // skeleton's mapping of it would not fit).
-        if (bpf_map__value_size(sk->maps.bss) != sizeof(mps_slots))
-            throw Error("compiled entry: its .bss is not struct mps_slots");
-        for (auto [map, name] : {std::pair{sk->maps.bss, "bss"},
-                                 std::pair{sk->maps.jmp_xdp, "jmp_xdp"},
-                                 std::pair{sk->maps.jmp_tc, "jmp_tc"},
-                                 std::pair{sk->maps.step_counters, "step_counters"},
-                                 std::pair{sk->maps.gen_counters, "gen_counters"}})
-            if (int err = bpf_map__reuse_fd(map, dp_->map_fd(name)))
-                fail(std::string("compiled entry: reusing ") + name, err);
-        bpf_program__set_autoload(hook == Hook::xdp ? sk->progs.fast_tc : sk->progs.fast_xdp,
-                                  false);
-        std::memcpy(const_cast<mps_fast_cfg*>(&sk->rodata->cfg), &*cfg, sizeof *cfg);
-        if (int err = mps_fast__load(sk))
-            fail("loading the compiled entry for the " + std::string(to_string(hook)) +
-                     " chain at pc " + std::to_string(first) + " (the verifier's log is above)",
-                 err);
+        c->prog = load_compiled(hook, *insns,
+                                "loading the compiled entry for the " + std::string(to_string(hook)) +
+                                    " chain at pc " + std::to_string(first));
         out.push_back(std::move(c));
     }
     compiled_ = std::move(out);

@@ -139,7 +139,7 @@ RunResult test_run(int prog_fd, std::span<const uint8_t> frame, bool xdp, uint32
                    uint32_t ifindex = 0);
 
 // One generation: a chain set written into a slot of a Datapath, and its compiled entries:
-// each hook's chain specialised into a small program of its own (bpf/fastpath.bpf.c), which
+// each hook's chain specialised into a small program of its own (compiled_entry.cpp), which
 // runs while the generation is active and hands other packets to the entry program.
 class Generation {
 public:
@@ -177,7 +177,7 @@ public:
     const std::shared_ptr<Datapath>& datapath() const { return dp_; }
     // What to attach to `ifname` on hook h: the compiled entry of the chain that starts there,
     // or the datapath's entry program when the chain was not compiled (more than
-    // MPS_FAST_STEPS inline steps, or an adopted generation).
+    // kCompiledMaxSteps steps, or an adopted generation).
     int entry_fd(Hook h, const std::string& ifname = {}) const;
     bool compiled(Hook h, const std::string& ifname = {}) const;
     int preflight_fd(Hook h) const { return dp_->preflight_fd(h); }
@@ -197,7 +197,7 @@ public:
     std::vector<StepCounters> step_counters() const;  // summed over CPUs, index = pc
     GenCounters gen_counters() const;
 private:
-    struct Compiled;  // one loaded bpf/fastpath.bpf.c program
+    struct Compiled;  // one loaded compiled entry
     Generation() = default;
     uint16_t first_pc(Hook h, const std::string& ifname) const;
     std::shared_ptr<Datapath> dp_;

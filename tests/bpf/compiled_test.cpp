@@ -1,12 +1,14 @@
-// Compiled entries (bpf/fastpath.bpf.c): each one must do exactly what the entry program's
+// Compiled entries (src/datapath/compiled_entry.cpp): each one must do exactly what the entry program's
 // interpreter does with the same generation — verdict, output bytes, counters — for the packets
 // it takes and for the ones it hands on; it runs only while its generation is active, in test
 // mode during pre-flight, and steps aside when a step it holds is rewritten.
 #include <catch2/catch.hpp>
 
+#include <bpf/bpf.h>
 #include <unistd.h>
 
 #include "bpf_env.h"
+#include "datapath/compiled_entry.h"
 
 using namespace mpsteer::test;
 namespace mt = mptcp;
@@ -29,6 +31,11 @@ std::vector<std::pair<std::string, Packet>> frames()
     std::vector<std::pair<std::string, Packet>> v;
     v.emplace_back("IPv4 DSS data", data());
     v.emplace_back("IPv4 reverse, plain ACK", Packet::v4("10.2.0.1", 5201, "10.1.0.1", 40000));
+    v.emplace_back("IPv4 timestamps, no MPTCP option", Packet::v4("10.1.0.1", 40000, "10.2.0.1", 5201)
+                                                           .option(opt::nop())
+                                                           .option(opt::nop())
+                                                           .option(opt::timestamps(3, 4))
+                                                           .payload(10));
     v.emplace_back("IPv4 other addresses", Packet::v4("192.0.2.1", 1000, "192.0.2.2", 80).payload(8));
     v.emplace_back("IPv4 ADD_ADDR",
                    Packet::v4("10.2.0.1", 5201, "10.1.0.1", 40000)
@@ -76,6 +83,23 @@ std::vector<std::pair<std::string, std::vector<mps_step>>> chains()
           sel_kinds(MPS_K_ADD_ADDR, 2, END), step(MPS_ACT_DROP), step(MPS_ACT_PASS)}},
         {"IPv6 CIDR (never an IPv4 packet), else drop",
          {sel_dst("fd00::/8", END, 1), step(MPS_ACT_DROP)}},
+        // Steps reached both with and without the option walk (the walk is then checked at
+        // run time, and the program step gets the kinds only when they were found).
+        {"src or kinds, then record; kinds, then timestamp kinds, drop",
+         {sel_src("10.1.0.0/16", 1, 3), sel_kinds(MPS_K_DSS, 2, 3), sel_kinds(MPS_K_TIMESTAMP, 4, END),
+          step(MPS_ACT_RECORD, 4), step(MPS_ACT_DROP)}},
+        {"src, else kinds; timestamp kinds walked either way, drop",
+         {sel_src("10.1.0.0/16", 1, 2), sel_kinds(MPS_K_DSS, 2, END),
+          sel_kinds(MPS_K_TIMESTAMP, 3, END), step(MPS_ACT_DROP)}},
+        // Each kind the walk finds sends a packet on (match) or to a verdict of its own.
+        {"ACK, payload, DATA_ACK, plain TCP, timestamp kinds, each else its own verdict",
+         {sel_kinds(MPS_K_ACK, 1, 6), sel_kinds(MPS_K_PAYLOAD, 2, 7), sel_kinds(MPS_K_DATA_ACK, 3, 8),
+          sel_kinds(MPS_K_PLAIN_TCP, 4, 9), sel_kinds(MPS_K_TIMESTAMP | MPS_K_FIN, 5, 10),
+          step(MPS_ACT_DROP), step(MPS_ACT_PASS), step(MPS_ACT_DROP), step(MPS_ACT_PASS),
+          step(MPS_ACT_DROP), step(MPS_ACT_PASS)}},
+        {"port range either way, /0, /32, pass",
+         {sel_port(MPS_DIR_EITHER, 1024, 65535, 1, END), sel_dst("0.0.0.0/0", 2, END),
+          sel_src("10.1.0.1/32", 3, END), step(MPS_ACT_PASS)}},
     };
 }
 
@@ -94,15 +118,28 @@ TEST_CASE("compiled entries: same verdict, bytes and counters as the interpreter
             for (const auto& [fname, pkt] : frames()) {
                 INFO(fname);
                 Bytes in = pkt.build();
-                auto run = [&](int fd) {
+                // What program steps see shows in the flow they account and the events.
+                auto flow_packets = [&] {
+                    auto f = env.flow(pkt);
+                    return f ? f->dir[0].packets + f->dir[1].packets : 0;
+                };
+                auto run = [&](int fd) {  // each from no flow state (a SYN learns the flow)
+                    const auto key = flow_key_of(pkt);
+                    bpf_map_delete_elem(env.state().flows(), &key);
+                    env.events();
                     Snap before = Snap::of(env);
+                    const uint64_t packets = flow_packets();
                     Run r = raw_run(fd, in, is_xdp(h));
                     Snap after = Snap::of(env);
-                    return std::tuple{r, before, after};
+                    std::vector<int> events;
+                    for (const auto& e : env.events()) events.push_back(e.raw.type);
+                    return std::tuple{r, before, after, flow_packets() - packets, events};
                 };
-                auto [rf, bf, af] = run(fast);
-                auto [ri, bi, ai] = run(interp);
+                auto [rf, bf, af, pf, ef] = run(fast);
+                auto [ri, bi, ai, pi, ei] = run(interp);
                 CHECK(rf.retval == ri.retval);
+                CHECK(pf == pi);
+                CHECK(ef == ei);
                 if (rf.out != ri.out) FAIL_CHECK("output differs\n" << describe_frame(rf.out, ri.out));
                 for (size_t pc = 0; pc < steps.size(); ++pc) {
                     CAPTURE(pc);
@@ -196,15 +233,41 @@ TEST_CASE("compiled entries: chains with more inline steps than fit stay with th
         s.push_back(step(MPS_ACT_DROP));
         return chain_of(s);
     };
-    Env env(selectors_then_drop(MPS_FAST_STEPS));
+    Env env(selectors_then_drop(mpsteer::datapath::kCompiledMaxSteps));
     Bytes in = Packet::v4("10.1.0.1", 40000, "10.2.0.1", 80).payload(4).build();
     for (Hook h : kAllHooks) {
         CHECK_FALSE(env.generation().compiled(h));
         CHECK(env.run(h, in).retval == retval_of(Verdict::drop, h));
     }
-    Env fits(selectors_then_drop(MPS_FAST_STEPS - 1));  // 16 steps
+    Env fits(selectors_then_drop(mpsteer::datapath::kCompiledMaxSteps - 1));  // 16 steps
     for (Hook h : kAllHooks) {
         CHECK(fits.generation().compiled(h));
         CHECK(fits.run(h, in).retval == retval_of(Verdict::drop, h));
+    }
+}
+
+TEST_CASE("compiled entries: the verifier's work stays small on the most tangled chain that fits",
+          "[bpf][compiled]")
+{
+    // Every selector goes on to the next two steps (paths double at each), packet_type steps
+    // reached with and without the option walk, a program step at the end.
+    std::vector<mps_step> s;
+    const uint16_t n = mpsteer::datapath::kCompiledMaxSteps - 1;
+    for (uint16_t i = 0; i < n; ++i) {
+        const uint16_t m = i + 1, miss = std::min<uint16_t>(i + 2, n);
+        s.push_back(i % 3 == 1 ? sel_kinds(MPS_K_DSS << (i % 5), m, miss)
+                    : i % 3 == 2 ? sel_port(MPS_DIR_EITHER, 1000 + i, 6000, m, miss)
+                                 : sel_src("10.1.0.0/" + std::to_string(8 + i), m, miss));
+    }
+    s.push_back(step(MPS_ACT_RECORD));
+    Env env(chain_of(s));
+    for (Hook h : kAllHooks) {
+        INFO(name_of(h));
+        REQUIRE(env.generation().compiled(h));
+        bpf_prog_info info{};
+        uint32_t len = sizeof info;
+        REQUIRE(bpf_obj_get_info_by_fd(env.generation().entry_fd(h), &info, &len) == 0);
+        WARN("verified instructions: " << info.verified_insns);
+        CHECK(info.verified_insns < 100000);  // the kernel's limit is 1000000; ~47k on 6.18
     }
 }

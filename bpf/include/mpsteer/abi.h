@@ -388,33 +388,12 @@ struct mps_ctl_flow_req {
 };
 
 
-/* ---- compiled entries (bpf/fastpath.bpf.c; userspace side Generation in src/datapath) ------
- * A hook's inline steps (cheap selectors, pass, drop) specialised into a program of its own,
- * attached instead of the entry: its configuration is read-only data the verifier knows, so
- * only the code of the steps it has is left. It runs while mps_slots.active equals its live
- * word and hands everything else (another generation, SYNs, IPv6, VLAN, IP options, anything
- * malformed) to the entry program through jmp_*[MPS_JMP_ENTRY + hook], and program steps to
- * their programs as the interpreter does. */
-#define MPS_FAST_STEPS 16      /* inline steps reachable from the entry, at most */
-#define MPS_FAST_END 0xff      /* on_match / on_miss: the chain ends, the packet passes */
+/* ---- compiled entries (src/datapath/compiled_entry.cpp) --------------------------------------
+ * A hook's chain emitted as a program of its own, attached instead of the entry. It runs while
+ * mps_slots.active equals its live word and hands everything else (another generation, SYNs,
+ * IPv6, VLAN, IP options, anything malformed) to the entry program through these slots, and
+ * program steps to their programs as the interpreter does. */
 #define MPS_JMP_ENTRY 48       /* jmp_*[MPS_JMP_ENTRY + hook]: entry_* */
 #define MPS_JMP_PREFLIGHT 52   /* jmp_*[MPS_JMP_PREFLIGHT + hook]: preflight_* */
-struct mps_fast_step {
-	__u8 prog;           /* enum mps_prog */
-	__u8 flags;          /* MPS_STEPF_* */
-	__u8 on_match;       /* index into mps_fast_cfg.steps (always a later one) or END */
-	__u8 on_miss;
-	__u16 pc;            /* the step's pc in the table (counters; where programs resume) */
-	__u8 pad[2];
-	union mps_param p;   /* a copy of the table's: inline steps are compiled in */
-};
-struct mps_fast_cfg {
-	__u32 live;          /* runs while mps_slots.active == live (or testing == live) */
-	__u8 hook;           /* enum mps_hook */
-	__u8 first;          /* index of the first step, or END */
-	__u8 nsteps;
-	__u8 pad;
-	struct mps_fast_step steps[MPS_FAST_STEPS];
-};
 
 #endif

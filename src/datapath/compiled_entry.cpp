@@ -1,0 +1,711 @@
+#include "datapath/compiled_entry.h"
+
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/pkt_cls.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstddef>
+#include <cstring>
+#include <map>
+#include <set>
+#include <stdexcept>
+
+namespace mpsteer::datapath {
+namespace {
+
+// mps_pkt_ctx words are built from shifted fields below (the layout is host order).
+static_assert(std::endian::native == std::endian::little, "compiled entries assume little endian");
+
+// ---- a small assembler: instructions, labels, forward and backward jumps --------------------
+
+enum Reg : uint8_t { R0, R1, R2, R3, R4, R5, R6, R7, R8, R9, FP };
+
+bpf_insn insn(uint8_t code, uint8_t dst, uint8_t src, int16_t off, int32_t imm) {
+    bpf_insn i{};
+    i.code = code;
+    i.dst_reg = dst;
+    i.src_reg = src;
+    i.off = off;
+    i.imm = imm;
+    return i;
+}
+
+// A value as it sits in memory, read as the host's u32 (what a 4-byte load from the packet
+// gives): addresses and port pairs compare without byte swaps.
+int32_t wire32(uint8_t b0, uint8_t b1, uint8_t b2, uint8_t b3) {
+    const uint8_t b[4] = {b0, b1, b2, b3};
+    uint32_t v;
+    std::memcpy(&v, b, 4);
+    return static_cast<int32_t>(v);
+}
+
+struct Label {
+    int id = -1;
+    bool operator==(const Label&) const = default;
+};
+
+class Asm {
+public:
+    Label label() {
+        at_.push_back(-1);
+        return {static_cast<int>(at_.size()) - 1};
+    }
+    void bind(Label l) { at_[l.id] = static_cast<int>(code_.size()); }
+    // Whether the code so far can run on into what comes next.
+    bool falls_through() const {
+        return code_.empty() || (code_.back().code != (BPF_JMP | BPF_EXIT) &&
+                                 code_.back().code != (BPF_JMP | BPF_JA));
+    }
+    bool used(Label l) const {
+        return std::any_of(fixups_.begin(), fixups_.end(), [&](auto& f) { return f.second == l.id; });
+    }
+
+    void put(bpf_insn i) { code_.push_back(i); }
+    // ALU on the low 32 bits (zero-extends) and on 64 bits; immediate or register source.
+    void alu32(uint8_t op, Reg d, int32_t imm) { put(insn(BPF_ALU | op | BPF_K, d, 0, 0, imm)); }
+    void alu32(uint8_t op, Reg d, Reg s) { put(insn(BPF_ALU | op | BPF_X, d, s, 0, 0)); }
+    void alu64(uint8_t op, Reg d, int32_t imm) { put(insn(BPF_ALU64 | op | BPF_K, d, 0, 0, imm)); }
+    void alu64(uint8_t op, Reg d, Reg s) { put(insn(BPF_ALU64 | op | BPF_X, d, s, 0, 0)); }
+    void be16(Reg d) { put(insn(BPF_ALU | BPF_END | BPF_TO_BE, d, 0, 0, 16)); }
+    void load(uint8_t size, Reg d, Reg base, int16_t off) {
+        put(insn(BPF_LDX | size | BPF_MEM, d, base, off, 0));
+    }
+    void store(uint8_t size, Reg base, int16_t off, Reg s) {
+        put(insn(BPF_STX | size | BPF_MEM, base, s, off, 0));
+    }
+    void store(uint8_t size, Reg base, int16_t off, int32_t imm) {
+        put(insn(BPF_ST | size | BPF_MEM, base, 0, off, imm));
+    }
+    void ld_map(Reg d, int fd) { ld64(d, BPF_PSEUDO_MAP_FD, fd, 0); }
+    void ld_map_value(Reg d, int fd, int32_t off) { ld64(d, BPF_PSEUDO_MAP_VALUE, fd, off); }
+    void call(int32_t helper) { put(insn(BPF_JMP | BPF_CALL, 0, 0, 0, helper)); }
+    void exit() { put(insn(BPF_JMP | BPF_EXIT, 0, 0, 0, 0)); }
+    void ret(int32_t verdict) {
+        alu64(BPF_MOV, R0, verdict);
+        exit();
+    }
+
+    void jmp32(uint8_t op, Reg d, int32_t imm, Label l) { jump(BPF_JMP32 | op | BPF_K, d, R0, imm, l); }
+    void jmp32(uint8_t op, Reg d, Reg s, Label l) { jump(BPF_JMP32 | op | BPF_X, d, s, 0, l); }
+    void jmp64(uint8_t op, Reg d, int32_t imm, Label l) { jump(BPF_JMP | op | BPF_K, d, R0, imm, l); }
+    void jmp64(uint8_t op, Reg d, Reg s, Label l) { jump(BPF_JMP | op | BPF_X, d, s, 0, l); }
+    // Unconditional; nothing when `l` is `next`, the code that follows.
+    void ja(Label l, Label next = Label{}) {
+        if (!(l == next)) jump(BPF_JMP | BPF_JA, R0, R0, 0, l);
+    }
+
+    std::vector<bpf_insn> finish() {
+        for (auto [at, id] : fixups_) {
+            const int off = at_.at(id) - static_cast<int>(at) - 1;
+            if (at_[id] < 0 || off < INT16_MIN || off > INT16_MAX)
+                throw std::logic_error("compiled entry: unbound or distant label");
+            code_[at].off = static_cast<int16_t>(off);
+        }
+        return std::move(code_);
+    }
+
+private:
+    void jump(uint8_t code, Reg d, Reg s, int32_t imm, Label l) {
+        fixups_.emplace_back(code_.size(), l.id);
+        put(insn(code, d, s, 0, imm));
+    }
+    void ld64(Reg d, uint8_t pseudo, int32_t imm, int32_t imm2) {
+        put(insn(BPF_LD | BPF_DW | BPF_IMM, d, pseudo, 0, imm));
+        put(insn(0, 0, 0, 0, imm2));
+    }
+    std::vector<bpf_insn> code_;
+    std::vector<int> at_;
+    std::vector<std::pair<size_t, int>> fixups_;
+};
+
+// ---- the chain as the entry sees it -----------------------------------------------------------
+
+// A step the interpreter (and a compiled entry) runs itself: a cheap selector, pass or drop.
+constexpr bool inline_step(uint8_t prog) {
+    return prog != MPS_PROG_NONE && prog < MPS_PROG_MAX && !has_program(static_cast<mps_prog>(prog));
+}
+constexpr bool branches(uint8_t prog) {
+    return inline_step(prog) && prog != MPS_ACT_PASS && prog != MPS_ACT_DROP;
+}
+
+// Address selectors that cannot match IPv4 (the only packets compiled entries take).
+bool never_ipv4(const mps_step& st) {
+    switch (st.prog) {
+    case MPS_SEL_SRC: case MPS_SEL_DST:
+        return st.p.cidr.family != 4 || (st.p.cidr.addr[1] | st.p.cidr.addr[2] | st.p.cidr.addr[3]);
+    case MPS_SEL_SUBFLOW: case MPS_SEL_IP_PAIR:
+        return st.p.pair.family != 4 || (st.p.pair.a[1] | st.p.pair.a[2] | st.p.pair.a[3] |
+                                         st.p.pair.b[1] | st.p.pair.b[2] | st.p.pair.b[3]);
+    default:
+        return false;
+    }
+}
+
+// The pcs reachable from `first` through inline steps, ordered so that every jump goes forward
+// (the loader rejected cycles; lowest pc first among the ready ones). Program steps end a path:
+// their successors are the interpreter's business. Empty when the chain does not fit.
+std::vector<uint16_t> chain_order(const std::vector<mps_step>& steps, uint16_t first) {
+    auto successors = [&](uint16_t pc) {
+        std::vector<uint16_t> out;
+        if (!branches(steps[pc].prog)) return out;
+        for (uint16_t n : {steps[pc].on_match, steps[pc].on_miss})
+            if (n != MPS_PC_END && std::find(out.begin(), out.end(), n) == out.end()) out.push_back(n);
+        return out;
+    };
+    std::map<uint16_t, int> indegree;
+    std::set<uint16_t> seen{first};
+    std::vector<uint16_t> stack{first}, order;
+    while (!stack.empty()) {
+        const uint16_t pc = stack.back();
+        stack.pop_back();
+        if (pc >= steps.size()) return {};
+        const uint8_t prog = steps[pc].prog;
+        if (!inline_step(prog) && !has_program(static_cast<mps_prog>(prog))) return {};
+        indegree.try_emplace(pc, 0);
+        for (uint16_t n : successors(pc)) {
+            ++indegree[n];
+            if (seen.insert(n).second) stack.push_back(n);
+        }
+    }
+    if (seen.size() > kCompiledMaxSteps) return {};
+    std::set<uint16_t> ready;
+    for (auto [pc, d] : indegree)
+        if (d == 0) ready.insert(pc);
+    while (!ready.empty()) {
+        const uint16_t pc = *ready.begin();
+        ready.erase(ready.begin());
+        order.push_back(pc);
+        for (uint16_t n : successors(pc))
+            if (--indegree[n] == 0) ready.insert(n);
+    }
+    if (order.size() != seen.size()) return {};
+    return order;
+}
+
+// ---- the program ----------------------------------------------------------------------------
+
+// Frame offsets of the one shape taken: Ethernet, IPv4 without options, TCP.
+constexpr int16_t kIp = ETH_HLEN, kSaddr = kIp + 12, kDaddr = kIp + 16, kTotLen = kIp + 2;
+constexpr int16_t kTcp = kIp + 20, kPorts = kTcp, kDoffFlags = kTcp + 12, kOpts = kTcp + 20;
+constexpr int32_t kTcpOptMax = 40;  // option bytes, >= 1 each: bounds the walk
+
+// Registers that live across helper calls: the context, the packet's start and end; R9 holds
+// the kinds while the options are walked and a context word before a hand-over.
+constexpr Reg kCtx = R6, kData = R7, kEnd = R8, kAcc = R9;
+// Stack: halfwords the verifier cannot track (fp-6, fp-2), the kinds (fp-12, a 4-byte slot half,
+// which it does not track either: paths that differ only in the kinds meet in one state),
+// whether the options were walked (fp-24) and map keys (fp-32).
+constexpr int16_t kOpaque = -6, kKinds = -12, kScanned = -24, kKey = -32;
+
+class Emitter {
+public:
+    Emitter(const std::vector<mps_step>& steps, std::vector<uint16_t> order, Hook hook,
+            uint32_t live, const EntryMaps& maps)
+        : steps_(steps), order_(std::move(order)), hook_(hook), xdp_(hook == Hook::xdp),
+          live_(live), slot_(live & 1), maps_(maps) {}
+
+    std::vector<bpf_insn> emit() {
+        plan_scans();
+        step_labels_.clear();
+        for (size_t i = 0; i < order_.size(); ++i) step_labels_.push_back(a_.label());
+        end_ = a_.label();
+        malformed_ = a_.label();
+        not_live_ = a_.label();
+        not_ours_ = a_.label();
+        no_meta_ = a_.label();
+        Label live = a_.label();
+
+        a_.alu64(BPF_MOV, kCtx, R1);
+        // Not our generation (yet, or any more): the entry program runs whichever is.
+        a_.ld_map_value(R1, maps_.slots, offsetof(mps_slots, active));
+        a_.load(BPF_W, R2, R1, 0);
+        a_.jmp32(BPF_JNE, R2, static_cast<int32_t>(live_), not_live_);
+        a_.bind(live);
+        parse();
+        if (mixed_) {  // some step is reached both with and without the walk: a flag says
+            a_.store(BPF_DW, FP, kKinds - 4, 0);
+            a_.store(BPF_W, FP, kScanned, 0);
+        }
+        for (size_t i = 0; i < order_.size(); ++i) {
+            if (!reach_[i]) continue;
+            a_.bind(step_labels_[i]);
+            step(i);
+        }
+        if (a_.used(end_) || a_.falls_through()) {
+            a_.bind(end_);
+            count_gen(MPS_GC_PACKETS);
+            a_.ret(pass());
+        }
+
+        // Cold paths (the verifier rejects code no path reaches).
+        a_.bind(not_live_);  // R1 still points at mps_slots.active
+        // Under test (the agent's pre-flight, before any link holds this program) the
+        // staged generation runs here, and the preflight entry takes what this does not.
+        a_.load(BPF_W, R2, R1, offsetof(mps_slots, testing) - offsetof(mps_slots, active));
+        a_.jmp32(BPF_JEQ, R2, static_cast<int32_t>(live_), live);
+        tail_call(MPS_JMP_ENTRY + static_cast<int>(hook_));
+        a_.ret(pass());
+
+        a_.bind(not_ours_);  // not the shape taken: the entry program (or its preflight twin)
+        Label preflight = a_.label();
+        a_.ld_map_value(R1, maps_.slots, offsetof(mps_slots, active));
+        a_.load(BPF_W, R2, R1, 0);
+        a_.jmp32(BPF_JNE, R2, static_cast<int32_t>(live_), preflight);
+        tail_call(MPS_JMP_ENTRY + static_cast<int>(hook_));
+        a_.ret(pass());
+        a_.bind(preflight);
+        tail_call(MPS_JMP_PREFLIGHT + static_cast<int>(hook_));
+        a_.ret(pass());
+
+        if (a_.used(malformed_)) {
+            a_.bind(malformed_);
+            count_gen(MPS_GC_PACKETS);
+            count_gen(MPS_GC_MALFORMED);
+            a_.ret(pass());
+        }
+        if (a_.used(no_meta_)) {
+            a_.bind(no_meta_);
+            count_gen(MPS_GC_NO_META);
+            a_.ret(pass());
+        }
+        return a_.finish();
+    }
+
+private:
+    int32_t pass() const { return xdp_ ? XDP_PASS : TC_ACT_UNSPEC; }
+    int32_t drop() const { return xdp_ ? XDP_DROP : TC_ACT_SHOT; }
+    Label target(uint16_t pc) const {
+        if (pc == MPS_PC_END) return end_;
+        return step_labels_[index_of(pc)];
+    }
+    // The label of the code that follows step i's.
+    Label next(size_t i) const {
+        for (size_t j = i + 1; j < order_.size(); ++j)
+            if (reach_[j]) return step_labels_[j];
+        return end_;
+    }
+
+    // Where a step can go as emitted: a selector that can never match (or always matches)
+    // has one successor, and a step no packet reaches is not emitted at all (the verifier
+    // rejects code no path reaches).
+    std::vector<uint16_t> successors(const mps_step& st) const {
+        if (!branches(st.prog)) return {};
+        const bool never = never_ipv4(st) ||
+                           (st.prog == MPS_SEL_PORT && (!(st.p.port.dir & MPS_DIR_EITHER) ||
+                                                        st.p.port.lo > st.p.port.hi));
+        const bool always = (st.prog == MPS_SEL_SRC || st.prog == MPS_SEL_DST) && !never &&
+                            !st.p.cidr.mask[0];
+        std::vector<uint16_t> out;
+        if (!never) out.push_back(st.on_match);
+        if (!always) out.push_back(st.on_miss);
+        return out;
+    }
+    size_t index_of(uint16_t pc) const { return std::find(order_.begin(), order_.end(), pc) - order_.begin(); }
+
+    // Whether each step is reached with the options walked: 1 without, 2 with, 3 either
+    // (0: not reached).
+    void plan_scans() {
+        reach_.assign(order_.size(), 0);
+        reach_[0] = 1;
+        for (size_t i = 0; i < order_.size(); ++i) {
+            const auto& st = steps_[order_[i]];
+            if (!reach_[i]) continue;
+            const uint8_t out = st.prog == MPS_SEL_PACKET_TYPE ? 2 : reach_[i];
+            for (uint16_t n : successors(st))
+                if (n != MPS_PC_END) reach_[index_of(n)] |= out;
+        }
+        mixed_ = std::find(reach_.begin(), reach_.end(), 3) != reach_.end();
+    }
+
+    // The checks of parse_packet() for exactly one shape: Ethernet, IPv4 without options,
+    // TCP, not a fragment, not a SYN, every length consistent. Anything else: not_ours_.
+    void parse() {
+        if (xdp_) {
+            a_.load(BPF_W, kData, kCtx, offsetof(xdp_md, data));
+            a_.load(BPF_W, kEnd, kCtx, offsetof(xdp_md, data_end));
+        } else {
+            a_.load(BPF_W, kData, kCtx, offsetof(__sk_buff, data));
+            a_.load(BPF_W, kEnd, kCtx, offsetof(__sk_buff, data_end));
+        }
+        a_.alu64(BPF_MOV, R1, kData);
+        a_.alu64(BPF_ADD, R1, kOpts);
+        a_.jmp64(BPF_JGT, R1, kEnd, not_ours_);
+        // Ethernet type, IP version and ihl (TOS masked); the fragment bits and the protocol
+        // (TTL masked): two words instead of six fields.
+        a_.load(BPF_W, R1, kData, 12);
+        a_.alu32(BPF_AND, R1, wire32(0xff, 0xff, 0xff, 0));
+        a_.jmp32(BPF_JNE, R1, wire32(ETH_P_IP >> 8, ETH_P_IP & 0xff, 0x45, 0), not_ours_);
+        a_.load(BPF_W, R1, kData, kIp + 6);
+        a_.alu32(BPF_AND, R1, wire32(0x3f, 0xff, 0, 0xff));
+        a_.jmp32(BPF_JNE, R1, wire32(0, 0, 0, IPPROTO_TCP), not_ours_);
+        // The IP length fits the frame.
+        a_.load(BPF_H, R1, kData, kTotLen);
+        a_.be16(R1);
+        if (xdp_) {
+            a_.alu64(BPF_MOV, R2, kEnd);
+            a_.alu32(BPF_SUB, R2, kData);
+        } else {
+            a_.load(BPF_W, R2, kCtx, offsetof(__sk_buff, len));
+        }
+        a_.alu64(BPF_MOV, R3, R1);
+        a_.alu64(BPF_ADD, R3, ETH_HLEN);
+        a_.jmp64(BPF_JGT, R3, R2, not_ours_);
+        // Not a SYN; 20 <= TCP header length <= IP length - 20 (so the IP length >= 40).
+        a_.load(BPF_H, R2, kData, kDoffFlags);
+        a_.be16(R2);
+        a_.jmp32(BPF_JSET, R2, 0x02, not_ours_);
+        a_.alu32(BPF_RSH, R2, 10);
+        a_.alu32(BPF_AND, R2, 0x3c);
+        a_.jmp32(BPF_JLT, R2, 20, not_ours_);
+        if (!xdp_) {  // an skb's linear part may end before its length: the header must be in it
+            a_.alu64(BPF_MOV, R3, kData);
+            a_.alu64(BPF_ADD, R3, R2);
+            a_.alu64(BPF_ADD, R3, kTcp);
+            a_.jmp64(BPF_JGT, R3, kEnd, not_ours_);
+        }
+        a_.alu32(BPF_ADD, R2, 20);
+        a_.jmp32(BPF_JGT, R2, R1, not_ours_);
+    }
+
+    void step(size_t i) {
+        const auto& st = steps_[order_[i]];
+        const Label m = branches(st.prog) ? target(st.on_match) : Label{};
+        const Label n = branches(st.prog) ? target(st.on_miss) : Label{};
+        if (never_ipv4(st)) {
+            a_.ja(n, next(i));
+            return;
+        }
+        switch (st.prog) {
+        case MPS_SEL_SRC: case MPS_SEL_DST: {
+            const auto& p = st.p.cidr;
+            if (!p.mask[0]) {
+                a_.ja(m, next(i));
+                return;
+            }
+            a_.load(BPF_W, R1, kData, st.prog == MPS_SEL_SRC ? kSaddr : kDaddr);
+            if (p.mask[0] != ~0u) a_.alu32(BPF_AND, R1, static_cast<int32_t>(p.mask[0]));
+            compare(i, R1, static_cast<int32_t>(p.addr[0]), m, n);
+            return;
+        }
+        case MPS_SEL_SUBFLOW: case MPS_SEL_IP_PAIR: {
+            const auto& p = st.p.pair;
+            const bool ports = st.prog == MPS_SEL_SUBFLOW;
+            a_.load(BPF_W, R1, kData, kSaddr);
+            a_.load(BPF_W, R2, kData, kDaddr);
+            if (ports) a_.load(BPF_W, R3, kData, kPorts);
+            auto word = [](uint16_t src, uint16_t dst) {
+                return wire32(src >> 8, src & 0xff, dst >> 8, dst & 0xff);
+            };
+            Label reverse = a_.label();
+            a_.jmp32(BPF_JNE, R1, static_cast<int32_t>(p.a[0]), reverse);
+            a_.jmp32(BPF_JNE, R2, static_cast<int32_t>(p.b[0]), reverse);
+            if (ports) a_.jmp32(BPF_JNE, R3, word(p.port_a, p.port_b), reverse);
+            a_.ja(m);
+            a_.bind(reverse);
+            a_.jmp32(BPF_JNE, R1, static_cast<int32_t>(p.b[0]), n);
+            a_.jmp32(BPF_JNE, R2, static_cast<int32_t>(p.a[0]), n);
+            if (ports) a_.jmp32(BPF_JNE, R3, word(p.port_b, p.port_a), n);
+            a_.ja(m, next(i));
+            return;
+        }
+        case MPS_SEL_PORT: {
+            const auto& p = st.p.port;
+            if ((p.dir == MPS_DIR_SRC || p.dir == MPS_DIR_DST) && p.lo == p.hi) {  // one port
+                a_.load(BPF_H, R1, kData, p.dir == MPS_DIR_SRC ? kPorts : kPorts + 2);
+                a_.be16(R1);
+                compare(i, R1, p.lo, m, n);
+                return;
+            }
+            for (auto [dir, off] : {std::pair<int, int16_t>{MPS_DIR_SRC, kPorts}, {MPS_DIR_DST, kPorts + 2}}) {
+                if (!(p.dir & dir) || p.lo > p.hi) continue;
+                a_.load(BPF_H, R1, kData, static_cast<int16_t>(off));
+                a_.be16(R1);
+                if (p.lo == p.hi) {
+                    a_.jmp32(BPF_JEQ, R1, p.lo, m);
+                    continue;
+                }
+                Label below = a_.label();
+                if (p.lo) a_.jmp32(BPF_JLT, R1, p.lo, below);
+                a_.jmp32(BPF_JLE, R1, p.hi, m);
+                a_.bind(below);
+            }
+            a_.ja(n, next(i));
+            return;
+        }
+        case MPS_SEL_PACKET_TYPE: {
+            if (reach_[i] == 1) {
+                scan();
+            } else if (reach_[i] == 3) {
+                Label done = a_.label();
+                a_.load(BPF_W, R1, FP, kScanned);
+                a_.jmp32(BPF_JNE, R1, 0, done);
+                scan();
+                a_.bind(done);
+            }
+            a_.load(BPF_W, R1, FP, kKinds);
+            a_.alu32(BPF_AND, R1, static_cast<int32_t>(st.p.kinds.any_of));
+            compare(i, R1, 0, n, m);  // zero: no kind of any_of
+            return;
+        }
+        case MPS_ACT_PASS: case MPS_ACT_DROP: {
+            const bool dropped = st.prog == MPS_ACT_DROP;
+            count_gen(MPS_GC_PACKETS);
+            std::vector<int16_t> fields{kRuns, kMatched};
+            if (dropped) fields.push_back(kDrops);
+            count_step(order_[i], fields);
+            a_.ret(dropped ? drop() : pass());
+            return;
+        }
+        default:
+            hand_over(i, st);
+            return;
+        }
+    }
+
+    // `r == imm` goes to `eq`, anything else to `ne`, falling through where it can.
+    void compare(size_t i, Reg r, int32_t imm, Label eq, Label ne) {
+        if (eq == next(i)) {
+            a_.jmp32(BPF_JNE, r, imm, ne);
+        } else {
+            a_.jmp32(BPF_JEQ, r, imm, eq);
+            a_.ja(ne, next(i));
+        }
+    }
+
+    // The option walk of scan_kinds() (bpf/include/mpsteer/parse.h): the kinds to fp-12, or
+    // malformed_. parse() proved 20 <= header length <= TCP length.
+    void scan() {
+        const int32_t ts_word = wire32(1, 1, 8, 10);  // NOP NOP TS(10): Linux's usual start
+        a_.load(BPF_B, R1, kData, kDoffFlags + 1);  // FIN 0x01, SYN 0x02 (never here), RST 0x04, ACK 0x10
+        a_.alu64(BPF_MOV, kAcc, R1);
+        a_.alu32(BPF_AND, kAcc, 0x01);
+        a_.alu32(BPF_LSH, kAcc, 14);  // MPS_K_FIN
+        for (auto [bit, shift] : {std::pair{0x04, 13}, std::pair{0x10, 12}}) {  // RST, ACK
+            a_.alu64(BPF_MOV, R2, R1);
+            a_.alu32(BPF_AND, R2, bit);
+            a_.alu32(BPF_LSH, R2, shift);
+            a_.alu32(BPF_OR, kAcc, R2);
+        }
+        a_.load(BPF_B, R3, kData, kDoffFlags);  // R3: header length
+        a_.alu32(BPF_RSH, R3, 2);
+        a_.alu32(BPF_AND, R3, 0x3c);
+        a_.load(BPF_H, R4, kData, kTotLen);  // R4: TCP length
+        a_.be16(R4);
+        a_.alu32(BPF_SUB, R4, 20);
+        Label no_payload = a_.label(), walk = a_.label(), loop = a_.label(), done = a_.label();
+        Label option = a_.label(), mptcp = a_.label(), subtype = a_.label(), next_opt = a_.label();
+        a_.jmp32(BPF_JLE, R4, R3, no_payload);
+        a_.alu32(BPF_OR, kAcc, MPS_K_PAYLOAD);
+        a_.bind(no_payload);
+        a_.alu64(BPF_MOV, R2, 20);  // R2: offset in the header
+        a_.jmp32(BPF_JLT, R3, 32, walk);
+        a_.alu64(BPF_MOV, R1, kData);
+        a_.alu64(BPF_ADD, R1, kOpts + 4);
+        a_.jmp64(BPF_JGT, R1, kEnd, walk);
+        a_.load(BPF_W, R1, kData, kOpts);
+        a_.jmp32(BPF_JNE, R1, ts_word, walk);
+        a_.alu32(BPF_OR, kAcc, MPS_K_TIMESTAMP);
+        a_.alu64(BPF_MOV, R2, 32);
+        a_.bind(walk);
+        a_.alu32(BPF_ADD, R2, kTcp);  // offsets from the frame's start from here on
+        a_.alu32(BPF_ADD, R3, kTcp);
+        // What the verifier knows of these differs by the way here (payload or not, timestamp
+        // or not): forgotten, every way meets in one state and the loop is verified once.
+        opaque(R2, kOpaque);
+        opaque(R3, kOpaque + 4);
+        a_.store(BPF_W, FP, kKinds, kAcc);
+        a_.load(BPF_W, kAcc, FP, kKinds);
+        a_.alu64(BPF_MOV, R4, 0);  // R4: options seen (the bound the verifier needs)
+        a_.bind(loop);
+        a_.jmp32(BPF_JGE, R4, kTcpOptMax, done);
+        a_.jmp32(BPF_JGE, R2, R3, done);
+        // R5: the option, at an offset the verifier does not track (see opaque_u16()): the
+        // ways through one turn then meet again at the loop head.
+        a_.alu64(BPF_MOV, R5, R2);
+        opaque(R5, kOpaque);
+        a_.alu32(BPF_AND, R5, 0x3ff);
+        a_.alu64(BPF_ADD, R5, kData);
+        a_.alu64(BPF_MOV, R0, R5);
+        a_.alu64(BPF_ADD, R0, 1);
+        a_.jmp64(BPF_JGT, R0, kEnd, malformed_);
+        a_.load(BPF_B, R0, R5, 0);  // R0: kind
+        a_.jmp32(BPF_JEQ, R0, 0, done);
+        a_.jmp32(BPF_JNE, R0, 1, option);
+        a_.alu32(BPF_ADD, R2, 1);  // NOP
+        a_.alu32(BPF_ADD, R4, 1);
+        a_.ja(loop);
+        a_.bind(option);
+        a_.alu64(BPF_MOV, R1, R5);
+        a_.alu64(BPF_ADD, R1, 2);
+        a_.jmp64(BPF_JGT, R1, kEnd, malformed_);
+        a_.load(BPF_B, R1, R5, 1);  // R1: length
+        a_.jmp32(BPF_JLT, R1, 2, malformed_);
+        a_.alu32(BPF_ADD, R2, R1);
+        a_.jmp32(BPF_JGT, R2, R3, malformed_);
+        a_.jmp32(BPF_JEQ, R0, 30 /* MPTCP */, mptcp);
+        a_.jmp32(BPF_JNE, R0, 8 /* timestamp */, next_opt);
+        a_.jmp32(BPF_JNE, R1, 10, next_opt);
+        a_.alu32(BPF_OR, kAcc, MPS_K_TIMESTAMP);
+        a_.ja(next_opt);
+        a_.bind(mptcp);
+        a_.jmp32(BPF_JLT, R1, 3, malformed_);
+        a_.alu64(BPF_MOV, R0, R5);
+        a_.alu64(BPF_ADD, R0, 3);
+        a_.jmp64(BPF_JGT, R0, kEnd, malformed_);
+        a_.load(BPF_B, R0, R5, 2);  // R0: subtype
+        a_.alu32(BPF_RSH, R0, 4);
+        a_.jmp32(BPF_JNE, R0, 2 /* DSS */, subtype);
+        a_.jmp32(BPF_JLT, R1, 4, malformed_);
+        a_.alu64(BPF_MOV, R1, R5);
+        a_.alu64(BPF_ADD, R1, 4);
+        a_.jmp64(BPF_JGT, R1, kEnd, malformed_);
+        a_.load(BPF_B, R1, R5, 3);  // DSS flags: A (data ACK) 0x01, F (DATA_FIN) 0x10
+        a_.alu64(BPF_MOV, R5, R1);
+        a_.alu32(BPF_AND, R5, 0x01);
+        a_.alu32(BPF_LSH, R5, 9);
+        a_.alu32(BPF_OR, kAcc, R5);
+        a_.alu32(BPF_RSH, R1, 4);
+        a_.alu32(BPF_AND, R1, 0x01);
+        a_.alu32(BPF_LSH, R1, 10);
+        a_.alu32(BPF_OR, kAcc, R1);
+        a_.bind(subtype);
+        a_.alu64(BPF_MOV, R1, 1);
+        a_.alu32(BPF_LSH, R1, R0);
+        a_.alu32(BPF_AND, R1, 0x1ff);
+        a_.alu32(BPF_OR, kAcc, R1);
+        a_.alu32(BPF_OR, kAcc, MPS_K_ANY_MPTCP);
+        a_.bind(next_opt);
+        a_.alu32(BPF_ADD, R4, 1);
+        a_.ja(loop);
+        a_.bind(done);
+        // MPS_K_PLAIN_TCP when no MPTCP option: arithmetic, like scan_kinds().
+        a_.alu64(BPF_MOV, R1, kAcc);
+        a_.alu32(BPF_RSH, R1, 11);
+        a_.alu32(BPF_AND, R1, 1);
+        a_.alu32(BPF_LSH, R1, 12);
+        a_.alu32(BPF_XOR, R1, MPS_K_PLAIN_TCP);
+        a_.alu32(BPF_OR, kAcc, R1);
+        a_.store(BPF_W, FP, kKinds, kAcc);
+        if (mixed_) a_.store(BPF_W, FP, kScanned, MPS_CTXF_SCANNED);
+    }
+
+    // r (< 64k) through a halfword of the stack the verifier does not track (not 8-aligned):
+    // what comes back is a value it knows nothing of (opaque_u16() in parse.h).
+    void opaque(Reg r, int16_t at) {
+        a_.store(BPF_H, FP, at, r);
+        a_.load(BPF_H, r, FP, at);
+    }
+
+    // A program step: the context the interpreter would hand over, then its program. What
+    // follows runs only when that fails (counted, answered with the step's failure mode).
+    void hand_over(size_t i, const mps_step& st) {
+        const uint16_t pc = order_[i];
+        // Words of struct mps_pkt_ctx: {pc, hops 1, flags}, {family 4, hook, l3_off},
+        // {l4_off, l4_len}, kinds, scratch 0. The TCP length before the helpers clobber R1-R5.
+        a_.load(BPF_H, kAcc, kData, kTotLen);
+        a_.be16(kAcc);
+        a_.alu32(BPF_SUB, kAcc, 20);
+        a_.alu32(BPF_LSH, kAcc, 16);
+        a_.alu32(BPF_OR, kAcc, kTcp);
+        count_gen(MPS_GC_PACKETS);
+        Reg base = kCtx;
+        int16_t at = offsetof(__sk_buff, cb);
+        if (xdp_) {
+            a_.alu64(BPF_MOV, R1, kCtx);
+            a_.alu64(BPF_MOV, R2, -static_cast<int32_t>(sizeof(mps_pkt_ctx)));
+            a_.call(BPF_FUNC_xdp_adjust_meta);
+            a_.jmp64(BPF_JNE, R0, 0, no_meta_);
+            Label room = a_.label();
+            a_.load(BPF_W, R2, kCtx, offsetof(xdp_md, data_meta));
+            a_.load(BPF_W, R3, kCtx, offsetof(xdp_md, data));
+            a_.alu64(BPF_MOV, R1, R2);
+            a_.alu64(BPF_ADD, R1, sizeof(mps_pkt_ctx));
+            a_.jmp64(BPF_JLE, R1, R3, room);
+            a_.ret(pass());
+            a_.bind(room);
+            base = R2;
+            at = 0;
+        }
+        const int32_t flags = (slot_ ? MPS_CTXF_SLOT1 : 0) | (reach_[i] == 2 ? MPS_CTXF_SCANNED : 0);
+        a_.alu64(BPF_MOV, R1, pc | 1 << 16 | flags << 24);
+        if (reach_[i] == 3) {
+            a_.load(BPF_W, R4, FP, kScanned);
+            a_.alu32(BPF_LSH, R4, 24);
+            a_.alu32(BPF_OR, R1, R4);
+        }
+        a_.store(BPF_W, base, at, R1);
+        a_.alu64(BPF_MOV, R1, 4 | static_cast<int32_t>(hook_) << 8 | ETH_HLEN << 16);
+        a_.store(BPF_W, base, at + 4, R1);
+        a_.store(BPF_W, base, at + 8, kAcc);
+        if (reach_[i] == 1)
+            a_.alu64(BPF_MOV, R1, 0);
+        else
+            a_.load(BPF_W, R1, FP, kKinds);
+        a_.store(BPF_W, base, at + 12, R1);
+        a_.alu64(BPF_MOV, R1, 0);
+        a_.store(BPF_W, base, at + 16, R1);
+        tail_call(st.prog);
+        count_gen(MPS_GC_MISSED_TAIL_CALL);
+        count_step(pc, {kMissed});
+        a_.ret((st.flags & MPS_STEPF_FAIL_DROP) ? drop() : pass());
+    }
+
+    // A constant key: the verifier makes it a direct jump.
+    void tail_call(int key) {
+        a_.alu64(BPF_MOV, R1, kCtx);
+        a_.ld_map(R2, maps_.jmp);
+        a_.alu64(BPF_MOV, R3, key);
+        a_.call(BPF_FUNC_tail_call);
+    }
+
+    // Adds one to the u64 at each offset of a per-CPU array element (clobbers R0-R5).
+    void count(int map, uint32_t key, const std::vector<int16_t>& fields) {
+        Label none = a_.label();
+        a_.store(BPF_W, FP, kKey, static_cast<int32_t>(key));
+        a_.ld_map(R1, map);
+        a_.alu64(BPF_MOV, R2, FP);
+        a_.alu64(BPF_ADD, R2, kKey);
+        a_.call(BPF_FUNC_map_lookup_elem);
+        a_.jmp64(BPF_JEQ, R0, 0, none);
+        for (int16_t f : fields) {
+            a_.load(BPF_DW, R1, R0, f);
+            a_.alu64(BPF_ADD, R1, 1);
+            a_.store(BPF_DW, R0, f, R1);
+        }
+        a_.bind(none);
+    }
+    void count_gen(uint32_t which) { count(maps_.gen_counters, slot_ * MPS_GC_MAX + which, {0}); }
+    static constexpr int16_t kRuns = offsetof(mps_step_counters, runs),
+                             kMatched = offsetof(mps_step_counters, matched),
+                             kDrops = offsetof(mps_step_counters, drops),
+                             kMissed = offsetof(mps_step_counters, missed_tail_calls);
+    void count_step(uint16_t pc, const std::vector<int16_t>& fields) {
+        count(maps_.step_counters, slot_ * MPS_MAX_STEPS + pc, fields);
+    }
+
+    const std::vector<mps_step>& steps_;
+    std::vector<uint16_t> order_;
+    Hook hook_;
+    bool xdp_;
+    uint32_t live_, slot_;
+    EntryMaps maps_;
+    Asm a_;
+    std::vector<Label> step_labels_;
+    std::vector<uint8_t> reach_;
+    bool mixed_ = false;
+    Label end_, malformed_, not_live_, not_ours_, no_meta_;
+};
+
+}  // namespace
+
+std::optional<std::vector<bpf_insn>> emit_entry(const std::vector<mps_step>& steps,
+                                                uint16_t first, Hook hook, uint32_t live,
+                                                const EntryMaps& maps) {
+    auto order = chain_order(steps, first);
+    if (order.empty()) return std::nullopt;
+    return Emitter(steps, std::move(order), hook, live, maps).emit();
+}
+
+}  // namespace mpsteer::datapath
