@@ -343,15 +343,17 @@ private:
         // The IP length fits the frame.
         a_.load(BPF_H, R1, kData, kTotLen);
         a_.be16(R1);
-        if (xdp_) {
-            a_.alu64(BPF_MOV, R2, kEnd);
-            a_.alu32(BPF_SUB, R2, kData);
+        if (xdp_) {  // the frame is data..data_end
+            a_.alu64(BPF_MOV, R3, kData);
+            a_.alu64(BPF_ADD, R3, R1);
+            a_.alu64(BPF_ADD, R3, ETH_HLEN);
+            a_.jmp64(BPF_JGT, R3, kEnd, not_ours_);
         } else {
             a_.load(BPF_W, R2, kCtx, offsetof(__sk_buff, len));
+            a_.alu64(BPF_MOV, R3, R1);
+            a_.alu64(BPF_ADD, R3, ETH_HLEN);
+            a_.jmp64(BPF_JGT, R3, R2, not_ours_);
         }
-        a_.alu64(BPF_MOV, R3, R1);
-        a_.alu64(BPF_ADD, R3, ETH_HLEN);
-        a_.jmp64(BPF_JGT, R3, R2, not_ours_);
         // Not a SYN; 20 <= TCP header length <= IP length - 20 (so the IP length >= 40).
         a_.load(BPF_H, R2, kData, kDoffFlags);
         a_.be16(R2);
