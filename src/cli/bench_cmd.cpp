@@ -112,6 +112,9 @@ int run_bench(bool json, uint32_t repeat, int rounds) {
         if (r.retval != 2 /* XDP_PASS */)
             throw Error(c.key + ": unexpected verdict " + std::to_string(r.retval));
     }
+    // Everything is loaded and held by descriptors: drop the pins now, so an interrupted
+    // run (the measuring is most of it) leaves nothing in bpffs.
+    std::filesystem::remove_all(root);
     // Interleave the cases round by round so drift hits them all alike; report medians.
     for (int round = 0; round < rounds; ++round)
         for (auto& c : cases) c.samples.push_back(test_run(c.fd, frame, true, repeat).duration_ns);
