@@ -5,6 +5,8 @@
 //                           same kind of action (the in-kernel PM's MPTCP_PM_CMD_SET_FLAGS backup
 //                           on an endpoint, request -> ack; and `ip mptcp endpoint change ...
 //                           backup` as a command). LUA_BENCH_SPIN_US: adaptive's window (1000).
+//                           LUA_BENCH_CPU=N: also spin pinned to CPU N (--events-cpu N), as
+//                           SCHED_OTHER and SCHED_FIFO 10.
 //   lua_bench smallflow [N] completion time of N 100 KB uploads with and without the
 //                           small-flow policy (agent on the client, paths 10 ms / 10 ms)
 //   lua_bench ecf [RUNS]    100 MB upload, ECF script vs the kernel's default scheduler, two
@@ -190,15 +192,18 @@ void latency(int n) {
          0, json::object()}};
     const char* spin_env = getenv("LUA_BENCH_SPIN_US");
     const auto spin = std::chrono::microseconds(spin_env ? std::atoi(spin_env) : 1000);
+    const char* cpu_env = getenv("LUA_BENCH_CPU");
+    const int pin_cpu = cpu_env && *cpu_env ? std::atoi(cpu_env) : -1;
 
     // One round of n connections with the agent's event thread (lua::EventThread, as `mpsteer
     // run --events=MODE [--events-rt-priority 10]` runs it), and a thread taking the events it
     // hands over, as the agent's main loop does.
     int port0 = 6000;
-    auto round = [&](lua::PollMode mode, int rt) {
+    auto round = [&](lua::PollMode mode, int rt, int cpu) {
         Round r;
         r.name = std::string(lua::to_string(mode)) +
                  (mode == lua::PollMode::adaptive ? " " + std::to_string(spin.count()) + " us" : "") +
+                 (cpu >= 0 ? ", CPU " + std::to_string(cpu) : "") +
                  (rt ? ", SCHED_FIFO " + std::to_string(rt) : ", SCHED_OTHER");
         backend.total_us.clear();
         backend.agent_us.clear();
@@ -207,6 +212,7 @@ void latency(int n) {
         o.mode = mode;
         o.spin = spin;
         o.rt_priority = rt;
+        o.cpu = cpu;
         o.before_hooks = [&](const datapath::Event& ev) {
             backend.handler_start_ns = mono_ns();
             backend.event_ns = ev.raw.ts_ns;
@@ -255,7 +261,9 @@ void latency(int n) {
     std::vector<Round> rounds;
     for (int rt : {0, 10})
         for (auto mode : {lua::PollMode::wait, lua::PollMode::adaptive, lua::PollMode::spin})
-            rounds.push_back(round(mode, rt));
+            rounds.push_back(round(mode, rt, -1));
+    if (pin_cpu >= 0)
+        for (int rt : {0, 10}) rounds.push_back(round(lua::PollMode::spin, rt, pin_cpu));
 
     // The kernel's own path for a comparable action, same run, while a connection uses the
     // endpoint (so the kernel sends MP_PRIO on it).
