@@ -802,25 +802,14 @@ void HookLink::detach() {
 
 // ---- events ------------------------------------------------------------------------------
 
-namespace {
-void sha256_key(uint64_t key_wire, unsigned char out[SHA256_DIGEST_LENGTH]) {
-    // The key as on the wire is already big-endian bytes in memory.
-    SHA256(reinterpret_cast<const unsigned char*>(&key_wire), sizeof key_wire, out);
-}
-}  // namespace
-
-uint32_t mptcp_token(uint64_t key_wire) {
+MptcpKeyIds mptcp_key_ids(uint64_t key_wire) {
+    // The key as on the wire is already big-endian bytes in memory. One digest gives both.
     unsigned char h[SHA256_DIGEST_LENGTH];
-    sha256_key(key_wire, h);
-    return uint32_t(h[0]) << 24 | uint32_t(h[1]) << 16 | uint32_t(h[2]) << 8 | h[3];
-}
-
-uint64_t mptcp_idsn(uint64_t key_wire) {
-    unsigned char h[SHA256_DIGEST_LENGTH];
-    sha256_key(key_wire, h);
-    uint64_t v = 0;
-    for (int i = 24; i < 32; ++i) v = v << 8 | h[i];
-    return v;
+    SHA256(reinterpret_cast<const unsigned char*>(&key_wire), sizeof key_wire, h);
+    MptcpKeyIds ids;
+    ids.token = uint32_t(h[0]) << 24 | uint32_t(h[1]) << 16 | uint32_t(h[2]) << 8 | h[3];
+    for (int i = 24; i < 32; ++i) ids.idsn = ids.idsn << 8 | h[i];
+    return ids;
 }
 
 EventReader::EventReader(const StateMaps& state, Handler handler)
@@ -869,9 +858,10 @@ int EventReader::on_sample(void* self_ptr, void* data, size_t size) {
         uint32_t tok[2] = {0, 0};
         for (int i = 0; i < 2; ++i) {
             if (!keys[i]) continue;
-            tok[i] = mptcp_token(keys[i]);
-            req.token[i] = tok[i];
-            req.idsn[i] = mptcp_idsn(keys[i]);
+            const auto ids = mptcp_key_ids(keys[i]);
+            tok[i] = ids.token;
+            req.token[i] = ids.token;
+            req.idsn[i] = ids.idsn;
         }
         ev.token_a = tok[0];
         ev.token_b = tok[1];

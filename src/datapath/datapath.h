@@ -267,9 +267,12 @@ private:
     struct ring_buffer* rb_ = nullptr;
 };
 
-// MPTCP token and IDSN from a key as on the wire (RFC 8684 §3.1: SHA-256, most significant 32
-// bits / least significant 64 bits).
-uint32_t mptcp_token(uint64_t key_wire);
-uint64_t mptcp_idsn(uint64_t key_wire);
+// MPTCP token and IDSN from a key as on the wire (RFC 8684 §3.1: the most significant 32 bits
+// and the least significant 64 bits of one SHA-256 of the key).
+struct MptcpKeyIds {
+    uint32_t token = 0;
+    uint64_t idsn = 0;
+};
+MptcpKeyIds mptcp_key_ids(uint64_t key_wire);
 
 }  // namespace mpsteer::datapath

@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <string>
 
 #include "datapath/chain.h"
 #include "datapath/datapath.h"
@@ -94,12 +95,33 @@ TEST_CASE("program names round-trip and inline steps have no program", "[chain]"
     CHECK(has_program(MPS_ACT_RATE_LIMIT));
 }
 
-TEST_CASE("MPTCP token and IDSN are SHA-256 of the key as on the wire (RFC 8684 3.1)",
+TEST_CASE("MPTCP token and IDSN are the two ends of one SHA-256 of the key on the wire "
+          "(RFC 8684 3.1)",
           "[token]") {
-    // Expected values computed independently: python3 hashlib.sha256(bytes.fromhex(...)).
-    const unsigned char wire[8] = {0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef};
+    // Digests computed independently: python3 hashlib.sha256(bytes.fromhex(...)).hexdigest()
+    // (the keys of tests/bpf). The token is the digest's first 4 bytes, the IDSN its last 8.
+    struct Case {
+        unsigned char wire[8];
+        const char* digest;
+    };
+    const Case cases[] = {
+        {{0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef},
+         "55c53f5d490297900cefa825d0c8e8e9532ee8a118abe7d8570762cd38be9818"},
+        {{0xfe, 0xdc, 0xba, 0x98, 0x76, 0x54, 0x32, 0x10},
+         "18f9781b1b2c2d85dc80ea6af8a7acf9bf1911a768411d39280818bf0fa7e28e"},
+    };
+    for (const auto& c : cases) {
+        uint64_t key;
+        std::memcpy(&key, c.wire, sizeof key);
+        const std::string d = c.digest;
+        const MptcpKeyIds ids = mptcp_key_ids(key);
+        INFO("digest " << d);
+        CHECK(ids.token == std::stoul(d.substr(0, 8), nullptr, 16));
+        CHECK(ids.idsn == std::stoull(d.substr(48, 16), nullptr, 16));
+    }
+    // The first vector's figures as the earlier test had them.
     uint64_t key;
-    std::memcpy(&key, wire, sizeof key);
-    CHECK(mptcp_token(key) == 0x55c53f5du);
-    CHECK(mptcp_idsn(key) == 0x570762cd38be9818ULL);
+    std::memcpy(&key, cases[0].wire, sizeof key);
+    CHECK(mptcp_key_ids(key).token == 0x55c53f5du);
+    CHECK(mptcp_key_ids(key).idsn == 0x570762cd38be9818ULL);
 }
