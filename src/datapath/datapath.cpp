@@ -812,6 +812,18 @@ MptcpKeyIds mptcp_key_ids(uint64_t key_wire) {
     return ids;
 }
 
+namespace {
+// What ctl_flow_update (bpf/ctl.bpf.c) has just written into the flow entry, applied to the
+// reader's copy of it, so the copy handed on with the event is the entry as it is now.
+void mirror_update(mps_flow& f, const mps_ctl_flow_req& r) {
+    for (int i = 0; i < 2; ++i) {
+        if ((r.set & MPS_CTL_TOKENS) && r.token[i]) f.token[i] = r.token[i];
+        if ((r.set & MPS_CTL_IDSN) && r.idsn[i]) f.idsn[i] = r.idsn[i];
+    }
+    if (r.set & MPS_CTL_CONN) f.conn_token = r.conn_token;
+}
+}  // namespace
+
 EventReader::EventReader(const StateMaps& state, Handler handler)
     : state_(state), handler_(std::move(handler)) {
     rb_ = ring_buffer__new(state.events(), &EventReader::on_sample, this, nullptr);
@@ -843,8 +855,9 @@ int EventReader::on_sample(void* self_ptr, void* data, size_t size) {
     std::memcpy(&ev.raw, data, sizeof ev.raw);
     const auto& r = ev.raw;
     const auto& state = self->state_;
-    mps_flow f{};
-    const bool have_flow = bpf_map_lookup_elem(state.flows(), &r.flow, &f) == 0;
+    mps_flow& f = ev.flow;
+    ev.have_flow = bpf_map_lookup_elem(state.flows(), &r.flow, &f) == 0;
+    const bool have_flow = ev.have_flow;
     mps_ctl_flow_req req{};
     req.key = r.flow;
     if (r.type == MPS_EV_MP_CAPABLE) {
@@ -879,7 +892,10 @@ int EventReader::on_sample(void* self_ptr, void* data, size_t size) {
             req.conn_token = c.token[0];
             req.set |= MPS_CTL_CONN;
         }
-        if (have_flow) state.update_flow(req);
+        if (have_flow) {
+            ev.have_flow = state.update_flow(req);  // false: the entry went meanwhile
+            if (ev.have_flow) mirror_update(f, req);
+        }
     } else if (r.type == MPS_EV_MP_JOIN && have_flow) {
         // The token names the receiver's side; the connection entry gives the other one.
         mps_conn c{};
@@ -893,7 +909,8 @@ int EventReader::on_sample(void* self_ptr, void* data, size_t size) {
             // The datapath counts the subflow itself when the connection entry existed at
             // the MP_JOIN SYN (then it linked the flow already); otherwise count it here.
             if (f.conn_token != c.token[0]) req.set |= MPS_CTL_SUBFLOW;
-            state.update_flow(req);
+            ev.have_flow = state.update_flow(req);
+            if (ev.have_flow) mirror_update(f, req);
         }
     }
     self->handler_(ev);

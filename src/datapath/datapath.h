@@ -246,9 +246,13 @@ private:
 
 // Events from the ring buffer. MP_CAPABLE keys are turned into tokens here (SHA-256) and
 // written back to the flow and connection maps, so the `token` selector finds the connection.
+// The event carries the flow entry the reader looked up, with what it wrote applied, so the
+// handler need not look it up again (the counters are those of that lookup).
 struct Event {
     mps_event raw;
     uint32_t token_a = 0, token_b = 0;  // derived tokens for MP_CAPABLE (0: key unknown)
+    bool have_flow = false;             // the flows map had raw.flow
+    mps_flow flow{};                    // its entry (zero unless have_flow)
 };
 class EventReader {
 public:

@@ -307,8 +307,8 @@ int DatapathBackend::set_policy_backup(const std::string& policy, bool backup) {
 void DatapathBackend::dispatch(HookSet& hooks, const datapath::Event& ev) {
     if (hooks.size() == 0) return;
     const auto& r = ev.raw;
-    mps_flow f{};
-    bool have = bpf_map_lookup_elem(state_.flows(), &r.flow, &f) == 0;
+    const mps_flow& f = ev.flow;  // the event reader's lookup, with its own writes applied
+    const bool have = ev.have_flow;
     switch (r.type) {
     case MPS_EV_MP_CAPABLE: {
         if (!ev.token_a || !ev.token_b) return;  // keys incomplete: the later event reports it
@@ -320,8 +320,8 @@ void DatapathBackend::dispatch(HookSet& hooks, const datapath::Event& ev) {
         auto [seen, fresh] = connected_.try_emplace(key_bytes(r.flow), c.token);
         if (!fresh && seen->second == c.token) return;
         seen->second = c.token;  // the 4-tuple of a new connection (its close went unseen)
-        // From the event's own flow entry only (one lookup): no map scan, no sock_diag dump on
-        // the event path; mpsteer.connection(token) has the full view. The connection has one
+        // From the event's own flow entry only (the reader's lookup): no map scan, no sock_diag
+        // dump on the event path; mpsteer.connection(token) has the full view. The connection has one
         // subflow yet: its counters are the connection's (the connection entry, which the
         // event reader has just created, counts only from then on).
         if (have) {

@@ -35,9 +35,10 @@ public:
     // Turns a datapath event into hook calls: MP_CAPABLE with both tokens -> on_connection
     // (once per connection: the later events that repeat the keys are not passed on),
     // MP_JOIN -> on_subflow, FLOW_CLOSED -> on_subflow_closed, ADD_ADDR blocked ->
-    // on_add_addr_blocked (with the connection's token from the flow map). The tables passed
-    // are built from the event's flow entry alone (one lookup; no scan, no sock_diag): cheap
-    // enough for the event path; scripts ask mpsteer.connection() for TCP_INFO.
+    // on_add_addr_blocked (with the connection's token from the flow entry). The tables passed
+    // are built from the flow entry the event carries (the event reader looked it up; no map
+    // access here, no scan, no sock_diag): cheap enough for the event path; scripts ask
+    // mpsteer.connection() for TCP_INFO.
     void dispatch(HookSet& hooks, const datapath::Event& ev);
 
     // Whether to ask sock_diag (default on); off on a middle host saves the dump.
