@@ -27,6 +27,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <thread>
 
@@ -170,11 +171,25 @@ uint64_t thread_cpu_ns(pid_t tid) {
     return run;
 }
 
+// Minor page faults a thread of this process has taken, from /proc/self/task/<tid>/stat.
+uint64_t thread_minflt(pid_t tid) {
+    std::ifstream in("/proc/self/task/" + std::to_string(tid) + "/stat");
+    std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    auto p = s.rfind(')');
+    if (p == std::string::npos) return 0;
+    std::istringstream f(s.substr(p + 2));
+    std::string field;
+    for (int i = 3; i <= 10 && f >> field; ++i) {  // field 10: minflt
+    }
+    return std::strtoull(field.c_str(), nullptr, 10);
+}
+
 struct Round {
     std::string name;
     std::vector<double> total, agent, delivery;
     lua::EventThreadStats stats;
     double cpu_pct = 0;  // of one CPU, over the round
+    uint64_t minflt = 0;  // the event thread's minor page faults over the round
 };
 
 void latency(int n) {
@@ -233,6 +248,7 @@ void latency(int n) {
         });
         const pid_t tid = et->tid();
         const uint64_t cpu0 = thread_cpu_ns(tid);
+        const uint64_t flt0 = thread_minflt(tid);
         const auto t0 = Clock::now();
         for (int i = 0; i < n; ++i) {
             uint16_t port = uint16_t(port0 + i % 1000);
@@ -247,6 +263,7 @@ void latency(int n) {
         std::this_thread::sleep_for(300ms);
         const double wall_ns = double(std::chrono::nanoseconds(Clock::now() - t0).count());
         r.cpu_pct = 100.0 * double(thread_cpu_ns(tid) - cpu0) / wall_ns;
+        r.minflt = thread_minflt(tid) - flt0;
         r.stats = et->stats();
         et->stop();
         stop = true;
@@ -326,10 +343,10 @@ void latency(int n) {
     for (const auto& r : rounds) {
         const auto& st = r.stats;
         std::printf(" --events=%s: event thread CPU %.1f %% of one core; %llu events, %llu found "
-                    "polling, %llu wake-ups%s\n",
+                    "polling, %llu wake-ups, %llu minor page faults%s\n",
                     r.name.c_str(), r.cpu_pct, (unsigned long long)st.events,
                     (unsigned long long)st.events_while_polling, (unsigned long long)st.wakeups,
-                    st.rt_refused ? " (SCHED_FIFO refused)" : "");
+                    (unsigned long long)r.minflt, st.rt_refused ? " (SCHED_FIFO refused)" : "");
         print_row("mpsteer event (bpf_ktime) -> Lua hook -> map updated", r.total);
         print_row("  event -> handler start (wake-up/poll + token derivation)", r.delivery);
         print_row("  handler start -> Lua -> map updated", r.agent);
