@@ -143,17 +143,27 @@ bool never_ipv4(const mps_step& st) {
     }
 }
 
-// The pcs reachable from `first` through inline steps, ordered so that every jump goes forward
-// (the loader rejected cycles; lowest pc first among the ready ones). Program steps end a path:
-// their successors are the interpreter's business. Empty when the chain does not fit.
+// Where a step goes as emitted: a selector that can never match (or always matches) has one
+// successor; program steps end a path (their successors are the interpreter's business).
+// Distinct pcs, the chain's end left out.
+std::vector<uint16_t> successors(const mps_step& st) {
+    if (!branches(st.prog)) return {};
+    const bool never = never_ipv4(st) ||
+                       (st.prog == MPS_SEL_PORT &&
+                        (!(st.p.port.dir & MPS_DIR_EITHER) || st.p.port.lo > st.p.port.hi));
+    const bool always =
+        (st.prog == MPS_SEL_SRC || st.prog == MPS_SEL_DST) && !never && !st.p.cidr.mask[0];
+    std::vector<uint16_t> out;
+    for (uint16_t n : {never ? MPS_PC_END : st.on_match, always ? MPS_PC_END : st.on_miss})
+        if (n != MPS_PC_END && std::find(out.begin(), out.end(), n) == out.end()) out.push_back(n);
+    return out;
+}
+
+// The pcs a packet can reach from `first` as emitted (code no path reaches is not emitted: the
+// verifier rejects it), ordered so that every jump goes forward (the loader rejected cycles;
+// lowest pc first among the ready ones). Empty when the chain does not fit.
 std::vector<uint16_t> chain_order(const std::vector<mps_step>& steps, uint16_t first) {
-    auto successors = [&](uint16_t pc) {
-        std::vector<uint16_t> out;
-        if (!branches(steps[pc].prog)) return out;
-        for (uint16_t n : {steps[pc].on_match, steps[pc].on_miss})
-            if (n != MPS_PC_END && std::find(out.begin(), out.end(), n) == out.end()) out.push_back(n);
-        return out;
-    };
+    auto next = [&](uint16_t pc) { return successors(steps[pc]); };
     std::map<uint16_t, int> indegree;
     std::set<uint16_t> seen{first};
     std::vector<uint16_t> stack{first}, order;
@@ -164,7 +174,7 @@ std::vector<uint16_t> chain_order(const std::vector<mps_step>& steps, uint16_t f
         const uint8_t prog = steps[pc].prog;
         if (!inline_step(prog) && !has_program(static_cast<mps_prog>(prog))) return {};
         indegree.try_emplace(pc, 0);
-        for (uint16_t n : successors(pc)) {
+        for (uint16_t n : next(pc)) {
             ++indegree[n];
             if (seen.insert(n).second) stack.push_back(n);
         }
@@ -177,7 +187,7 @@ std::vector<uint16_t> chain_order(const std::vector<mps_step>& steps, uint16_t f
         const uint16_t pc = *ready.begin();
         ready.erase(ready.begin());
         order.push_back(pc);
-        for (uint16_t n : successors(pc))
+        for (uint16_t n : next(pc))
             if (--indegree[n] == 0) ready.insert(n);
     }
     if (order.size() != seen.size()) return {};
@@ -229,7 +239,6 @@ public:
             a_.store(BPF_W, FP, kScanned, 0);
         }
         for (size_t i = 0; i < order_.size(); ++i) {
-            if (!reach_[i]) continue;
             a_.bind(step_labels_[i]);
             step(i);
         }
@@ -276,45 +285,25 @@ public:
 private:
     int32_t pass() const { return xdp_ ? XDP_PASS : TC_ACT_UNSPEC; }
     int32_t drop() const { return xdp_ ? XDP_DROP : TC_ACT_SHOT; }
+    // A successor's label (none for a step that successors() left out: never jumped to).
     Label target(uint16_t pc) const {
         if (pc == MPS_PC_END) return end_;
-        return step_labels_[index_of(pc)];
+        const size_t i = index_of(pc);
+        return i < order_.size() ? step_labels_[i] : Label{};
     }
     // The label of the code that follows step i's.
-    Label next(size_t i) const {
-        for (size_t j = i + 1; j < order_.size(); ++j)
-            if (reach_[j]) return step_labels_[j];
-        return end_;
-    }
+    Label next(size_t i) const { return i + 1 < order_.size() ? step_labels_[i + 1] : end_; }
 
-    // Where a step can go as emitted: a selector that can never match (or always matches)
-    // has one successor, and a step no packet reaches is not emitted at all (the verifier
-    // rejects code no path reaches).
-    std::vector<uint16_t> successors(const mps_step& st) const {
-        if (!branches(st.prog)) return {};
-        const bool never = never_ipv4(st) ||
-                           (st.prog == MPS_SEL_PORT && (!(st.p.port.dir & MPS_DIR_EITHER) ||
-                                                        st.p.port.lo > st.p.port.hi));
-        const bool always = (st.prog == MPS_SEL_SRC || st.prog == MPS_SEL_DST) && !never &&
-                            !st.p.cidr.mask[0];
-        std::vector<uint16_t> out;
-        if (!never) out.push_back(st.on_match);
-        if (!always) out.push_back(st.on_miss);
-        return out;
-    }
     size_t index_of(uint16_t pc) const { return std::find(order_.begin(), order_.end(), pc) - order_.begin(); }
 
-    // Whether each step is reached with the options walked: 1 without, 2 with, 3 either
-    // (0: not reached).
+    // Whether each step is reached with the options walked: 1 without, 2 with, 3 either.
     void plan_scans() {
         reach_.assign(order_.size(), 0);
         reach_[0] = 1;
         for (size_t i = 0; i < order_.size(); ++i) {
             const auto& st = steps_[order_[i]];
-            if (!reach_[i]) continue;
             const uint8_t out = st.prog == MPS_SEL_PACKET_TYPE ? 2 : reach_[i];
-            for (uint16_t n : successors(st))
-                if (n != MPS_PC_END) reach_[index_of(n)] |= out;
+            for (uint16_t n : successors(st)) reach_[index_of(n)] |= out;
         }
         mixed_ = std::find(reach_.begin(), reach_.end(), 3) != reach_.end();
     }
