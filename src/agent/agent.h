@@ -61,7 +61,4 @@ void reset(const std::string& pin_root, const std::string& state_dir);
 // The status file as JSON; an "agent_running" key says whether its writer is alive.
 nlohmann::json read_status(const std::string& state_dir);
 
-// Prometheus text exposition of a status document.
-std::string to_prometheus(const nlohmann::json& status);
-
 }  // namespace mpsteer::agent

@@ -11,7 +11,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cstring>
@@ -19,17 +18,6 @@
 
 namespace mpsteer::lua {
 namespace {
-
-std::string endpoint(const uint32_t* addr, uint16_t port, uint8_t family) {
-    char buf[INET6_ADDRSTRLEN];
-    inet_ntop(family == 6 ? AF_INET6 : AF_INET, addr, buf, sizeof buf);
-    return family == 6 ? "[" + std::string(buf) + "]:" + std::to_string(port)
-                       : std::string(buf) + ":" + std::to_string(port);
-}
-
-std::string key_bytes(const mps_flow_key& k) {
-    return std::string(reinterpret_cast<const char*>(&k), sizeof k);
-}
 
 // (address bytes, port) of both ends, the smaller first.
 std::string pair_key(uint8_t family, const uint32_t* a, uint16_t pa, const uint32_t* b,
@@ -116,38 +104,9 @@ std::map<std::string, TcpInfo> tcp_sockets() {
     return out;
 }
 
-DatapathBackend::DatapathBackend(const datapath::StateMaps& state)
-    : state_(state), actors_(datapath::ActorMaps::of(state)) {}
-
-uint64_t DatapathBackend::id_of(const mps_flow_key& k) {
-    auto [it, fresh] = ids_.try_emplace(key_bytes(k), next_id_);
-    if (fresh) keys_[next_id_++] = k;
-    return it->second;
-}
-
-std::optional<mps_flow_key> DatapathBackend::key_of(uint64_t id) const {
-    auto it = keys_.find(id);
-    if (it == keys_.end()) return std::nullopt;
-    return it->second;
-}
-
-Subflow DatapathBackend::make_subflow(const mps_flow_key& k, const mps_flow& f) {
-    Subflow s;
-    s.id = id_of(k);
-    s.token = f.conn_token;
-    s.a = endpoint(k.a, k.port_a, k.family);
-    s.b = endpoint(k.b, k.port_b, k.family);
-    s.bytes_ab = f.dir[0].bytes;
-    s.bytes_ba = f.dir[1].bytes;
-    s.bytes = s.bytes_ab + s.bytes_ba;
-    s.packets = f.dir[0].packets + f.dir[1].packets;
-    s.srtt_us = f.srtt_us;
-    s.rttvar_us = f.rttvar_us;
-    s.rate = f.rate_bps;
-    s.backup = f.backup;
-    s.join = f.role == MPS_ROLE_JOIN;
-    return s;
-}
+DatapathBackend::DatapathBackend(const datapath::StateMaps& state, FlowIds& ids,
+                                 StepWriteQueue& step_writes)
+    : state_(state), actors_(datapath::ActorMaps::of(state)), ids_(ids), step_writes_(step_writes) {}
 
 std::vector<Connection> DatapathBackend::read(std::optional<uint32_t> only) {
     std::map<uint32_t, Connection> conns;
@@ -173,7 +132,7 @@ std::vector<Connection> DatapathBackend::read(std::optional<uint32_t> only) {
             mps_flow f{};
             if (bpf_map_lookup_elem(state_.flows(), &fnext, &f) == 0 && f.conn_token) {
                 auto it = conns.find(f.conn_token);
-                if (it != conns.end()) it->second.subflows.push_back(make_subflow(fnext, f));
+                if (it != conns.end()) it->second.subflows.push_back(make_subflow(ids_, fnext, f));
             }
             fk = fnext;
             fprev = &fk;
@@ -190,12 +149,12 @@ std::vector<Connection> DatapathBackend::read(std::optional<uint32_t> only) {
 }
 
 void DatapathBackend::overlay_tcp_info(std::vector<Connection>& conns) {
-    if (!sock_diag_ || conns.empty()) return;
+    if (conns.empty()) return;
     auto socks = tcp_sockets();
     for (auto& c : conns) {
         uint64_t notsent = 0;
         for (auto& s : c.subflows) {
-            auto k = key_of(s.id);
+            auto k = ids_.key_of(s.id);
             if (!k) continue;
             auto it = socks.find(canonical_pair(*k));
             if (it == socks.end()) continue;
@@ -224,15 +183,15 @@ std::optional<Connection> DatapathBackend::connection(uint32_t token) {
 }
 
 std::optional<Subflow> DatapathBackend::subflow(uint64_t id) {
-    auto k = key_of(id);
+    auto k = ids_.key_of(id);
     if (!k) return std::nullopt;
     mps_flow f{};
     if (bpf_map_lookup_elem(state_.flows(), &*k, &f) != 0) return std::nullopt;
-    return make_subflow(*k, f);
+    return make_subflow(ids_, *k, f);
 }
 
 bool DatapathBackend::set_subflow(const std::string&, uint64_t id, const SubflowSettings& s) {
-    auto k = key_of(id);
+    auto k = ids_.key_of(id);
     if (!k) return false;
     if (s.backup)
         throw std::runtime_error(
@@ -280,97 +239,20 @@ bool DatapathBackend::block_address(const std::string&, uint32_t token, uint8_t 
 }
 
 int DatapathBackend::set_policy_backup(const std::string& policy, bool backup) {
-    if (!gen_) throw std::runtime_error("set_policy_backup: no generation is running");
-    const auto& c = gen_->chains();
+    if (!running_) throw std::runtime_error("set_policy_backup: no generation is running");
+    const auto& c = running_->chains;
     auto it = std::find(c.policies.begin(), c.policies.end(), policy);
     if (it == c.policies.end()) throw std::runtime_error("set_policy_backup: policy not running");
     const auto idx = uint16_t(it - c.policies.begin());
-    int n = 0;
-    for (uint32_t pc = 0; pc < c.steps.size(); ++pc) {
-        if (c.steps[pc].prog != MPS_ACT_SET_BACKUP || c.steps[pc].policy != idx) continue;
-        mps_step st = c.steps[pc];
-        st.p.backup.backup = backup;
-        gen_->write_step(pc, st);
-        ++n;
-        // Subflows quiet for 200 ms carry no pure ACK the actor could grow: send the MP_PRIO
-        // from the actor's template (bpf/ACTORS.md); busy ones get it from the datapath.
-        try {
-            datapath::ActorMaps::of(*gen_).signal_prio(uint16_t(pc), backup, 200'000'000);
-        } catch (const std::exception& e) {
-            spdlog::warn("set_policy_backup: signalling idle subflows: {}", e.what());
-        }
-    }
-    if (!n) throw std::runtime_error("set_policy_backup: policy " + policy + " has no set_backup action");
+    std::vector<StepWrite> writes;
+    for (uint32_t pc = 0; pc < c.steps.size(); ++pc)
+        if (c.steps[pc].prog == MPS_ACT_SET_BACKUP && c.steps[pc].policy == idx)
+            writes.push_back({running_->number, pc, backup});
+    if (writes.empty())
+        throw std::runtime_error("set_policy_backup: policy " + policy + " has no set_backup action");
+    const int n = int(writes.size());
+    step_writes_.push(std::move(writes));
     return n;
-}
-
-void DatapathBackend::dispatch(HookSet& hooks, const datapath::Event& ev) {
-    if (hooks.size() == 0) return;
-    const auto& r = ev.raw;
-    const mps_flow& f = ev.flow;  // the event reader's lookup, with its own writes applied
-    const bool have = ev.have_flow;
-    switch (r.type) {
-    case MPS_EV_MP_CAPABLE: {
-        if (!ev.token_a || !ev.token_b) return;  // keys incomplete: the later event reports it
-        Connection c;
-        c.token = std::min(ev.token_a, ev.token_b);
-        c.token_b = std::max(ev.token_a, ev.token_b);
-        // Once per connection: the SYN/ACK, the third ACK and the first data packet all carry
-        // keys (v1), so up to three events follow one another with both tokens known.
-        auto [seen, fresh] = connected_.try_emplace(key_bytes(r.flow), c.token);
-        if (!fresh && seen->second == c.token) return;
-        seen->second = c.token;  // the 4-tuple of a new connection (its close went unseen)
-        // From the event's own flow entry only (the reader's lookup): no map scan, no sock_diag
-        // dump on the event path; mpsteer.connection(token) has the full view. The connection has one
-        // subflow yet: its counters are the connection's (the connection entry, which the
-        // event reader has just created, counts only from then on).
-        if (have) {
-            c.subflows.push_back(make_subflow(r.flow, f));
-            c.bytes = c.subflows.front().bytes;
-            c.packets = c.subflows.front().packets;
-        }
-        hooks.on_connection(c);
-        break;
-    }
-    case MPS_EV_MP_JOIN: {
-        if (!have) return;
-        auto s = make_subflow(r.flow, f);
-        hooks.on_subflow(s);
-        break;
-    }
-    case MPS_EV_FLOW_CLOSED: {
-        Subflow s = have ? make_subflow(r.flow, f) : Subflow{};
-        if (!have) {
-            s.id = id_of(r.flow);
-            s.a = endpoint(r.flow.a, r.flow.port_a, r.flow.family);
-            s.b = endpoint(r.flow.b, r.flow.port_b, r.flow.family);
-        }
-        hooks.on_subflow_closed(s);
-        // Forget the handle (the id map would otherwise grow with every flow ever seen); a
-        // later packet of the same 4-tuple gets a new id.
-        if (auto it = ids_.find(key_bytes(r.flow)); it != ids_.end()) {
-            keys_.erase(it->second);
-            ids_.erase(it);
-        }
-        connected_.erase(key_bytes(r.flow));
-        break;
-    }
-    case MPS_EV_ADD_ADDR_BLOCKED: {
-        AddAddr a;
-        a.token = have ? f.conn_token : 0;
-        char buf[INET6_ADDRSTRLEN];
-        inet_ntop(r.flags == 6 ? AF_INET6 : AF_INET, r.key, buf, sizeof buf);
-        a.address = buf;
-        a.port = uint16_t(r.nonce);
-        a.addr_id = r.addr_id;
-        a.subflow = endpoint(r.flow.a, r.flow.port_a, r.flow.family) + " <-> " +
-                    endpoint(r.flow.b, r.flow.port_b, r.flow.family);
-        hooks.on_add_addr_blocked(a);
-        break;
-    }
-    default:
-        break;
-    }
 }
 
 }  // namespace mpsteer::lua

@@ -126,9 +126,9 @@ void drain(int fd) {
 }
 }  // namespace
 
-EventThread::EventThread(const datapath::StateMaps& state, DatapathBackend& backend,
+EventThread::EventThread(const datapath::StateMaps& state, HookDispatcher& dispatcher,
                          HookSet& hooks, EventThreadOptions opts)
-    : state_(state), backend_(backend), hooks_(hooks), opts_(std::move(opts)) {
+    : state_(state), dispatcher_(dispatcher), hooks_(hooks), opts_(std::move(opts)) {
     stats_.mode = to_string(opts_.mode);
     stats_.rt_priority = opts_.rt_priority;
     stats_.cpu = opts_.cpu;
@@ -219,7 +219,7 @@ void EventThread::on_event(const datapath::Event& ev) {
     if (!after_sleep_) ++stats_.events_while_polling;
     const uint64_t calls = hooks_.calls();
     try {
-        backend_.dispatch(hooks_, ev);
+        dispatcher_.dispatch(hooks_, ev);
     } catch (const std::exception& e) {
         // A map or socket error outside a script (the scripts' own errors are contained in
         // HookSet): this event's hooks are lost, the next ones run.

@@ -1,9 +1,10 @@
 // The hooks' event thread: takes datapath events off the ring buffer, runs the Lua hooks on
-// them (DatapathBackend::dispatch) and owns the scripts' Lua states. Everything that touches a
-// HookSet or its DatapathBackend runs on this thread: events, on_tick, and whatever the owner
-// hands over with call() (configure after an apply, the status, the running generation). The
-// owner gets each event afterwards through take_events() (the agent counts and logs them off
-// the event path).
+// them (HookDispatcher::dispatch) and owns the scripts' Lua states. Everything that touches a
+// HookSet, its DatapathBackend or the HookDispatcher runs on this thread: events, on_tick, and
+// whatever the owner hands over with call() (configure after an apply, the status, the running
+// generation). The owner gets each event afterwards through take_events() (the agent counts and
+// logs them off the event path). The hooks never write a generation: their step writes go to
+// the agent through a StepWriteQueue (step_writes.h).
 //
 // How the thread waits for events is the latency/CPU trade-off (lua/README.md, "Event
 // latency", has figures):
@@ -35,7 +36,7 @@
 #include <nlohmann/json.hpp>
 
 #include "datapath/datapath.h"
-#include "lua/datapath_backend.h"
+#include "lua/hook_dispatcher.h"
 #include "lua/hooks.h"
 
 namespace mpsteer::lua {
@@ -90,10 +91,11 @@ struct EventThreadStats {
 
 class EventThread {
 public:
-    // Starts the thread (in the calling thread's network namespace). The backend and the hook
-    // set must outlive this object and must not be touched elsewhere until it is destroyed,
-    // except through call(). Throws datapath::Error when the ring buffer cannot be opened.
-    EventThread(const datapath::StateMaps& state, DatapathBackend& backend, HookSet& hooks,
+    // Starts the thread (in the calling thread's network namespace). The dispatcher, the hook
+    // set and its backend must outlive this object and must not be touched elsewhere until it
+    // is destroyed, except through call(). Throws datapath::Error when the ring buffer cannot
+    // be opened.
+    EventThread(const datapath::StateMaps& state, HookDispatcher& dispatcher, HookSet& hooks,
                 EventThreadOptions opts = {});
     ~EventThread();  // stop()
     EventThread(const EventThread&) = delete;
@@ -132,7 +134,7 @@ private:
     void notify_owner();
 
     const datapath::StateMaps& state_;
-    DatapathBackend& backend_;
+    HookDispatcher& dispatcher_;
     HookSet& hooks_;
     EventThreadOptions opts_;
     std::unique_ptr<datapath::EventReader> reader_;

@@ -1,4 +1,4 @@
-// Lua hooks benchmarks (issue 6); prints figures, not a test. Root, network namespaces.
+// Lua hooks benchmarks; prints figures, not a test. Root, network namespaces.
 //   lua_bench latency [N]   event -> hook -> map update, p50/p99 over N connections per round,
 //                           the agent's event thread (lua::EventThread) in each --events mode,
 //                           SCHED_OTHER and SCHED_FIFO, beside the kernel's netlink path for the
@@ -198,8 +198,11 @@ void latency(int n) {
     cfg.tag = "lb" + std::to_string(getpid() % 10000);
     Lab lab(cfg);
     Steering steer(server_chains(lab, 0), lab.server_ns(), Steering::pin_root_for("luabench"));
-    TimedBackend backend(steer.state());
+    lua::FlowIds ids;
+    lua::StepWriteQueue step_writes;
+    TimedBackend backend(steer.state(), ids, step_writes);
     lua::HookSet hooks(backend);
+    lua::HookDispatcher dispatcher(ids);
     const std::vector<lua::ScriptSpec> specs = {
         {"bench", "lua/bench.lua",
          "function on_connection(c) return {rate = 2500000} end\n"
@@ -236,7 +239,7 @@ void latency(int n) {
         std::unique_ptr<lua::EventThread> et;
         {
             NetnsGuard in(lab.server_ns());  // the thread inherits it (sock_diag, ifindexes)
-            et = std::make_unique<lua::EventThread>(steer.state(), backend, hooks, o);
+            et = std::make_unique<lua::EventThread>(steer.state(), dispatcher, hooks, o);
         }
         et->call([&] { hooks.configure(specs, "bench", 1); });
         std::atomic<bool> stop{false};

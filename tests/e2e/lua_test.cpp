@@ -1,4 +1,4 @@
-// Lua hooks end to end (issue 6): the agent, run on the lab's client with the shipped
+// Lua hooks end to end: the agent, run on the lab's client with the shipped
 // small-flow policy (policies/small-flow-pm.yaml + lua/small_flow_pm.lua), against the
 // kernel's MPTCP. A 100 KB upload completes on its one subflow (the server's ADD_ADDR stays
 // hidden); a 50 MB upload gets its second subflow once it has passed the 220 KB threshold
@@ -310,8 +310,11 @@ TEST_CASE("lua: the event thread runs the hooks in each mode: ticks, calls, a fa
     Steering steer(server_chains(lab, 0), lab.server_ns(), Steering::pin_root_for("luathread"));
     const auto mode = GENERATE(lua::PollMode::wait, lua::PollMode::adaptive, lua::PollMode::spin);
     INFO("mode " << lua::to_string(mode));
-    lua::DatapathBackend backend(steer.state());
+    lua::FlowIds ids;
+    lua::StepWriteQueue step_writes;
+    lua::DatapathBackend backend(steer.state(), ids, step_writes);
     lua::HookSet hooks(backend);
+    lua::HookDispatcher dispatcher(ids);
     const std::vector<lua::ScriptSpec> specs = {
         {"conn", "lua/conn.lua", "function on_connection(c) return {rate = 2500000} end\n", 0,
          json::object()},
@@ -326,7 +329,7 @@ TEST_CASE("lua: the event thread runs the hooks in each mode: ticks, calls, a fa
     std::unique_ptr<lua::EventThread> et;
     {
         NetnsGuard in(lab.server_ns());
-        et = std::make_unique<lua::EventThread>(steer.state(), backend, hooks, o);
+        et = std::make_unique<lua::EventThread>(steer.state(), dispatcher, hooks, o);
     }
     // call() runs on the event thread, and returns what it returns.
     const pid_t tid = et->call([] { return pid_t(gettid()); });

@@ -1,0 +1,37 @@
+#include "agent/lock_file.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+namespace mpsteer::agent {
+namespace {
+std::string lock_path(const std::string& state_dir) { return state_dir + "/agent.lock"; }
+}  // namespace
+
+std::optional<AgentLock> AgentLock::try_take(const std::string& state_dir) {
+    std::filesystem::create_directories(state_dir);
+    int fd = open(lock_path(state_dir).c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return std::nullopt;
+    if (flock(fd, LOCK_EX | LOCK_NB)) {
+        close(fd);
+        return std::nullopt;
+    }
+    return AgentLock(fd);
+}
+
+bool AgentLock::held(const std::string& state_dir) {
+    int fd = open(lock_path(state_dir).c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) return false;
+    bool held = flock(fd, LOCK_EX | LOCK_NB) != 0;
+    close(fd);  // also drops the lock if we just took it
+    return held;
+}
+
+AgentLock::~AgentLock() {
+    if (fd_ >= 0) close(fd_);
+}
+
+}  // namespace mpsteer::agent

@@ -1,0 +1,27 @@
+// The agent's lock: an flock on <state_dir>/agent.lock, held by the running agent for its
+// whole life. Whoever else needs to know whether an agent runs (status, reset) asks here.
+#pragma once
+
+#include <optional>
+#include <string>
+
+namespace mpsteer::agent {
+
+class AgentLock {
+public:
+    // The lock, or nullopt when another process holds it. Creates the state directory.
+    static std::optional<AgentLock> try_take(const std::string& state_dir);
+    // Whether a live process holds the lock (false when the lock file does not exist).
+    static bool held(const std::string& state_dir);
+
+    AgentLock(AgentLock&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+    AgentLock& operator=(AgentLock&&) = delete;
+    AgentLock(const AgentLock&) = delete;
+    ~AgentLock();
+
+private:
+    explicit AgentLock(int fd) : fd_(fd) {}
+    int fd_;
+};
+
+}  // namespace mpsteer::agent

@@ -1,0 +1,197 @@
+#include "agent/metrics.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+
+#include "agent/status.h"
+
+namespace mpsteer::agent {
+
+// A tiny HTTP server for GET /metrics on 127.0.0.1.
+class MetricsServer {
+public:
+    explicit MetricsServer(int port) {
+        fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        int one = 1;
+        setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        sockaddr_in sa{};
+        sa.sin_family = AF_INET;
+        sa.sin_port = htons(static_cast<uint16_t>(port));
+        sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if (bind(fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa) || listen(fd_, 16)) {
+            int err = errno;
+            close(fd_);
+            throw std::runtime_error("metrics on 127.0.0.1:" + std::to_string(port) + ": " +
+                                     std::strerror(err));
+        }
+        thread_ = std::thread([this] { serve(); });
+    }
+    ~MetricsServer() {
+        stop_ = true;
+        shutdown(fd_, SHUT_RDWR);
+        thread_.join();
+        close(fd_);
+    }
+    void set(std::string text) {
+        std::lock_guard lock(mu_);
+        text_ = std::move(text);
+    }
+
+private:
+    void serve() {
+        while (!stop_) {
+            int c = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+            if (c < 0) {
+                if (stop_) return;
+                continue;
+            }
+            timeval tv{2, 0};
+            setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+            char req[2048];
+            ssize_t n = recv(c, req, sizeof req - 1, 0);
+            std::string head(req, n > 0 ? static_cast<size_t>(n) : 0);
+            std::string body, status = "200 OK";
+            if (head.rfind("GET /metrics", 0) == 0) {
+                std::lock_guard lock(mu_);
+                body = text_;
+            } else {
+                status = "404 Not Found";
+                body = "try /metrics\n";
+            }
+            std::string resp = "HTTP/1.1 " + status +
+                               "\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: " +
+                               std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+            send(c, resp.data(), resp.size(), MSG_NOSIGNAL);
+            close(c);
+        }
+    }
+    int fd_ = -1;
+    std::atomic<bool> stop_{false};
+    std::mutex mu_;
+    std::string text_;
+    std::thread thread_;
+};
+
+MetricsOutput::MetricsOutput(int port, std::string textfile) : textfile_(std::move(textfile)) {
+    if (port > 0) try {
+            server_ = std::make_unique<MetricsServer>(port);
+        } catch (const std::exception& e) {
+            spdlog::error("{} (carrying on without the metrics endpoint)", e.what());
+        }
+}
+
+MetricsOutput::~MetricsOutput() = default;
+
+void MetricsOutput::publish(const nlohmann::json& status) {
+    auto text = to_prometheus(status);
+    if (server_) server_->set(text);
+    if (!textfile_.empty()) {
+        try {
+            write_atomic(textfile_, text);
+        } catch (const std::exception& e) {
+            spdlog::warn("metrics textfile: {}", e.what());
+        }
+    }
+}
+
+std::string to_prometheus(const nlohmann::json& s) {
+    std::string out;
+    auto esc = [](std::string v) {
+        std::string r;
+        for (char c : v) {
+            if (c == '\\' || c == '"') r += '\\';
+            if (c == '\n') {
+                r += "\\n";
+                continue;
+            }
+            r += c;
+        }
+        return r;
+    };
+    auto metric = [&](const std::string& name, const std::string& type, const std::string& help) {
+        out += "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+    };
+    auto num = [](const nlohmann::json& v) { return v.is_number() ? v.dump() : "0"; };
+    metric("mpsteer_ready", "gauge", "1 when the last revision is applied and running");
+    out += "mpsteer_ready " + std::string(s.value("ready", false) ? "1" : "0") + "\n";
+    metric("mpsteer_generation", "gauge", "Number of the active datapath generation");
+    out += "mpsteer_generation " + num(s["generation"]) + "\n";
+    metric("mpsteer_revision_info", "gauge", "Applied and last attempted revision");
+    out += "mpsteer_revision_info{applied=\"" + esc(s.value("applied_revision", "")) +
+           "\",attempted=\"" + esc(s.value("attempted_revision", "")) + "\"} 1\n";
+    metric("mpsteer_errors", "gauge", "Errors in the last attempted revision");
+    out += "mpsteer_errors " + std::to_string(s["errors"].size()) + "\n";
+    const std::pair<const char*, const char*> pol[] = {
+        {"selected", "Packets that reached the policy's actions"},
+        {"applied", "Actions that changed or reported a packet"},
+        {"drops", "Packets the policy dropped"},
+        {"missed_tail_calls", "Tail calls that missed in the policy's chain"}};
+    for (auto [key, help] : pol) {
+        std::string name = std::string("mpsteer_policy_") + key + "_total";
+        metric(name, "counter", help);
+        for (const auto& p : s["policies"])
+            out += name + "{policy=\"" + esc(p.value("name", "")) + "\"} " + num(p[key]) + "\n";
+    }
+    metric("mpsteer_datapath_packets_total", "counter",
+           "Packets seen by the active generation's entry programs, by outcome");
+    for (const auto& [k, v] : s["datapath"].items())
+        out += "mpsteer_datapath_packets_total{outcome=\"" + k + "\"} " + num(v) + "\n";
+    metric("mpsteer_applies_total", "counter", "Revisions applied, by result");
+    out += "mpsteer_applies_total{result=\"success\"} " + num(s["applies"]["succeeded"]) + "\n";
+    out += "mpsteer_applies_total{result=\"failure\"} " + num(s["applies"]["failed"]) + "\n";
+    metric("mpsteer_last_apply_duration_seconds", "gauge", "Time the last successful apply took");
+    out += "mpsteer_last_apply_duration_seconds " +
+           std::to_string(s["applies"].value("last_duration_ms", 0.0) / 1000.0) + "\n";
+    metric("mpsteer_events_total", "counter", "Datapath events, by type");
+    for (const auto& [k, v] : s["events"].items())
+        out += "mpsteer_events_total{type=\"" + k + "\"} " + num(v) + "\n";
+    if (s.contains("lua_hooks") && !s["lua_hooks"].empty()) {
+        const std::pair<const char*, const char*> lh[] = {
+            {"calls", "Lua hook calls"}, {"failures", "Lua hook calls that failed"},
+            {"writes", "Map writes requested by Lua hooks"}};
+        for (auto [key, help] : lh) {
+            std::string name = std::string("mpsteer_lua_hook_") + key + "_total";
+            metric(name, "counter", help);
+            for (const auto& h : s["lua_hooks"])
+                out += name + "{policy=\"" + esc(h.value("policy", "")) + "\"} " + num(h[key]) + "\n";
+        }
+        metric("mpsteer_lua_hook_disabled", "gauge", "1 when the policy's Lua hook is disabled");
+        for (const auto& h : s["lua_hooks"])
+            out += "mpsteer_lua_hook_disabled{policy=\"" + esc(h.value("policy", "")) + "\"} " +
+                   (h.value("state", "") == "disabled" ? "1" : "0") + "\n";
+    }
+    if (s.contains("event_thread") && s["event_thread"].contains("latency_us")) {
+        const auto& e = s["event_thread"];
+        const auto& l = e["latency_us"];
+        auto sec = [&](const char* k) { return std::to_string(l.value(k, 0.0) / 1e6); };
+        metric("mpsteer_lua_event_latency_seconds", "summary",
+               "Datapath event (its BPF timestamp) to the end of the Lua hooks it reached");
+        out += "mpsteer_lua_event_latency_seconds{quantile=\"0.5\"} " + sec("p50") + "\n";
+        out += "mpsteer_lua_event_latency_seconds{quantile=\"0.99\"} " + sec("p99") + "\n";
+        out += "mpsteer_lua_event_latency_seconds_sum " + sec("sum") + "\n";
+        out += "mpsteer_lua_event_latency_seconds_count " + num(l["count"]) + "\n";
+        metric("mpsteer_event_thread_events_total", "counter",
+               "Datapath events taken by the event thread, by how it found them");
+        const uint64_t all = e.value("events", uint64_t(0)),
+                       polled = e.value("events_while_polling", uint64_t(0));
+        out += "mpsteer_event_thread_events_total{found=\"polling\"} " + std::to_string(polled) + "\n";
+        out += "mpsteer_event_thread_events_total{found=\"after_wakeup\"} " +
+               std::to_string(all - std::min(all, polled)) + "\n";
+        metric("mpsteer_event_thread_wakeups_total", "counter",
+               "Times the event thread slept in epoll and was woken");
+        out += "mpsteer_event_thread_wakeups_total " + num(e["wakeups"]) + "\n";
+    }
+    return out;
+}
+
+}  // namespace mpsteer::agent

@@ -1,0 +1,55 @@
+#include "lua/flows.h"
+
+#include <arpa/inet.h>
+
+namespace mpsteer::lua {
+
+std::string key_bytes(const mps_flow_key& k) {
+    return std::string(reinterpret_cast<const char*>(&k), sizeof k);
+}
+
+std::string endpoint(const uint32_t* addr, uint16_t port, uint8_t family) {
+    char buf[INET6_ADDRSTRLEN];
+    inet_ntop(family == 6 ? AF_INET6 : AF_INET, addr, buf, sizeof buf);
+    return family == 6 ? "[" + std::string(buf) + "]:" + std::to_string(port)
+                       : std::string(buf) + ":" + std::to_string(port);
+}
+
+uint64_t FlowIds::id_of(const mps_flow_key& k) {
+    auto [it, fresh] = ids_.try_emplace(key_bytes(k), next_id_);
+    if (fresh) keys_[next_id_++] = k;
+    return it->second;
+}
+
+std::optional<mps_flow_key> FlowIds::key_of(uint64_t id) const {
+    auto it = keys_.find(id);
+    if (it == keys_.end()) return std::nullopt;
+    return it->second;
+}
+
+void FlowIds::forget(const mps_flow_key& k) {
+    if (auto it = ids_.find(key_bytes(k)); it != ids_.end()) {
+        keys_.erase(it->second);
+        ids_.erase(it);
+    }
+}
+
+Subflow make_subflow(FlowIds& ids, const mps_flow_key& k, const mps_flow& f) {
+    Subflow s;
+    s.id = ids.id_of(k);
+    s.token = f.conn_token;
+    s.a = endpoint(k.a, k.port_a, k.family);
+    s.b = endpoint(k.b, k.port_b, k.family);
+    s.bytes_ab = f.dir[0].bytes;
+    s.bytes_ba = f.dir[1].bytes;
+    s.bytes = s.bytes_ab + s.bytes_ba;
+    s.packets = f.dir[0].packets + f.dir[1].packets;
+    s.srtt_us = f.srtt_us;
+    s.rttvar_us = f.rttvar_us;
+    s.rate = f.rate_bps;
+    s.backup = f.backup;
+    s.join = f.role == MPS_ROLE_JOIN;
+    return s;
+}
+
+}  // namespace mpsteer::lua

@@ -1,0 +1,37 @@
+// The scripts' handles for flows, and a flow entry as a script sees it. Shared by what the
+// scripts call (DatapathBackend) and what calls the scripts (HookDispatcher), both on the event
+// thread.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "datapath/datapath.h"
+#include "lua/hooks.h"
+
+namespace mpsteer::lua {
+
+// Flow key <-> the id scripts hold (Subflow::id): stable while the flow lives, forgotten when
+// it closes (a later flow with the same 4-tuple gets a new id).
+class FlowIds {
+public:
+    uint64_t id_of(const mps_flow_key& k);
+    std::optional<mps_flow_key> key_of(uint64_t id) const;
+    void forget(const mps_flow_key& k);
+
+private:
+    std::map<std::string, uint64_t> ids_;  // flow key bytes -> id
+    std::map<uint64_t, mps_flow_key> keys_;
+    uint64_t next_id_ = 1;
+};
+
+// The flow key's bytes, as a map key.
+std::string key_bytes(const mps_flow_key& k);
+// "addr:port" ("[addr]:port" for IPv6).
+std::string endpoint(const uint32_t* addr, uint16_t port, uint8_t family);
+// A flow entry as a script's subflow table (without TCP_INFO).
+Subflow make_subflow(FlowIds& ids, const mps_flow_key& k, const mps_flow& f);
+
+}  // namespace mpsteer::lua

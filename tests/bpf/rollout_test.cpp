@@ -1,0 +1,104 @@
+// The agent's rollout (src/agent/rollout.h) is a generation's one writer: the hooks' in-place
+// writes (set_policy_backup) reach it through the StepWriteQueue and land in the generation
+// they were meant for, and a write from a second thread is refused.
+#include <catch2/catch.hpp>
+
+#include <poll.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+#include <thread>
+
+#include "agent/rollout.h"
+#include "bpf_env.h"
+#include "lua/datapath_backend.h"
+#include "lua/step_writes.h"
+
+namespace fs = std::filesystem;
+using namespace mpsteer;
+
+namespace {
+// A directory under /tmp, removed with everything in it.
+struct TempDir {
+    TempDir() {
+        char tmpl[] = "/tmp/mps-rollout-XXXXXX";
+        path = mkdtemp(tmpl);
+    }
+    ~TempDir() {
+        std::error_code ec;
+        fs::remove_all(path, ec);
+    }
+    std::string path;
+};
+
+bool backup_flag(const agent::Rollout& r, uint32_t pc) {
+    return r.running_generation()->chains.steps.at(pc).p.backup.backup;
+}
+}  // namespace
+
+TEST_CASE("rollout: hooks' step writes reach the running generation through the queue, from "
+          "one writer only",
+          "[bpf][rollout]") {
+    test::PinRoot pins;
+    TempDir policies, state;
+    std::ofstream(policies.path + "/p.yaml")
+        << "apiVersion: mpsteer.dev/v1\nkind: Policy\nmetadata: {name: p}\nspec:\n"
+           "  attach: {hooks: [tc_egress]}\n  priority: 100\n  select:\n    - dst: 192.0.2.7\n"
+           "  actions:\n    - set_backup: {backup: true}\n";
+    agent::Config cfg;
+    cfg.policies_dir = policies.path;
+    cfg.state_dir = state.path;
+    cfg.pin_root = pins.path();
+    cfg.interfaces = {"mps-absent0"};  // no such interface: nothing is attached
+    auto maps = datapath::StateMaps::open(pins.path());
+    agent::Rollout rollout(cfg, maps);
+    auto outcome = rollout.apply(agent::snapshot(policies.path));
+    INFO(outcome.message);
+    REQUIRE(outcome.applied());
+    const auto running = rollout.running_generation();
+    REQUIRE(running);
+    CHECK(running->number == outcome.generation);
+    uint32_t pc = 0;
+    while (pc < running->chains.steps.size() && running->chains.steps[pc].prog != MPS_ACT_SET_BACKUP)
+        ++pc;
+    REQUIRE(pc < running->chains.steps.size());
+    REQUIRE(backup_flag(rollout, pc));
+
+    // The script's call counts the steps and queues the write; nothing changes until the owner
+    // drains the queue.
+    lua::FlowIds ids;
+    lua::StepWriteQueue queue;
+    lua::DatapathBackend backend(maps, ids, queue);
+    CHECK_THROWS_WITH(backend.set_policy_backup("p", false),
+                      "set_policy_backup: no generation is running");
+    backend.set_running(running);
+    CHECK(backend.set_policy_backup("p", false) == 1);
+    CHECK_THROWS_WITH(backend.set_policy_backup("q", false), "set_policy_backup: policy not running");
+    pollfd p{queue.fd(), POLLIN, 0};
+    CHECK(poll(&p, 1, 0) == 1);
+    auto writes = queue.take();
+    REQUIRE(writes.size() == 1);
+    CHECK(poll(&p, 1, 0) == 0);
+    CHECK(backup_flag(rollout, pc));
+
+    // A second writer is refused and changes nothing.
+    bool refused = false;
+    std::thread([&] {
+        try {
+            rollout.write_steps(writes);
+        } catch (const std::logic_error&) {
+            refused = true;
+        }
+    }).join();
+    CHECK(refused);
+    CHECK(backup_flag(rollout, pc));
+
+    // A write meant for another generation is dropped; the owner's write lands.
+    rollout.write_steps({{running->number + 1, pc, false}});
+    CHECK(backup_flag(rollout, pc));
+    rollout.write_steps(writes);
+    CHECK_FALSE(backup_flag(rollout, pc));
+    rollout.release_links(true);
+}
