@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
- * The prog arrays and counters a chain runs with (compiled entries, emitted in
- * src/datapath/compiled_entry.cpp, use the same maps by file descriptor) and the branch-free
+ * The prog arrays and counters a chain runs with (compiled entries, emitted by
+ * src/datapath/entry_emitter.cpp, use the same maps by file descriptor) and the branch-free
  * comparisons the interpreter's inline selectors are made of.
  */
 #ifndef MPSTEER_CHAIN_BPF_H

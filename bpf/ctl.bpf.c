@@ -7,23 +7,9 @@
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 #include "mpsteer/abi.h"
+#include "state_maps.bpf.h" /* the pinned maps the agent reuses (used here: flows, conns) */
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
-
-/* Same definition as in datapath.bpf.c; the agent reuses the pinned map. */
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, MPS_FLOWS_MAX);
-	__type(key, struct mps_flow_key);
-	__type(value, struct mps_flow);
-} flows SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, MPS_CONNS_MAX);
-	__type(key, __u32);
-	__type(value, struct mps_conn);
-} conns SEC(".maps");
 
 /* Input: one struct mps_ctl_flow_req as the frame. XDP_PASS: updated; XDP_DROP: no such
  * flow; XDP_ABORTED: short request. */

@@ -15,6 +15,7 @@
 #include "mpsteer/abi.h"
 #include "mpsteer/parse.h"
 #include "shim.bpf.h"
+#include "state_maps.bpf.h"
 #include "chain.bpf.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
@@ -34,31 +35,10 @@ struct mps_slots mps_slots;
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 512);
+	__uint(max_entries, MPS_IFACE_ENTRIES_MAX);
 	__type(key, struct mps_iface_key);
 	__type(value, __u16);
 } iface_entries SEC(".maps");
-
-/* ---- shared state (pinned, reused by every generation) ---------------------------------- */
-
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, MPS_FLOWS_MAX);
-	__type(key, struct mps_flow_key);
-	__type(value, struct mps_flow);
-} flows SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, MPS_CONNS_MAX);
-	__type(key, __u32);
-	__type(value, struct mps_conn);
-} conns SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, MPS_EVENTS_BYTES);
-} events SEC(".maps");
 
 static __always_inline __u32 ctx_slot(const struct mps_pkt_ctx *pc)
 {

@@ -29,55 +29,9 @@
 
 /* ---- state ------------------------------------------------------------------------------ */
 
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, MPS_ANNOUNCES_MAX);
-	__type(key, struct mps_announce_key);
-	__type(value, struct mps_announce);
-} announces SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 1024);
-	__type(key, struct mps_flow_key);
-	__type(value, struct mps_add_request);
-} add_requests SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, MPS_FLOWS_MAX);
-	__type(key, struct mps_flow_key);
-	__type(value, struct mps_prio_sent);
-} prio_sent SEC(".maps");
-
-/*
- * set_backup's packet templates: per subflow and direction, the headers (L2 + IP + TCP with
- * options, <= MPS_PRIO_TMPL_HDR bytes) of the latest ACK-bearing packet the actor saw, with its
- * payload length, so userspace (ActorMaps::signal_prio) can send the pure ACK that would follow
- * it, carrying MP_PRIO, on a subflow that has gone idle: after B=1 moved the data off a subflow
- * nobody sends on it any more, and B=0 would have no packet to ride on. Linux ignores MP_PRIO
- * with an address id (length 4) and applies a length-3 MP_PRIO to the subflow it arrives on
- * (options.c, mptcp_pm_mp_prio_received), so a sibling's packets cannot carry it.
- * Mirrored in src/datapath/actors.h (static_asserts there); belongs in abi.h.
- */
-#define MPS_PRIO_TMPL_HDR 128
-struct mps_prio_tmpl_key {
-	struct mps_flow_key flow;
-	__u8 dir;                 /* 0: from a to b (as mps_prio_sent.sent[]) */
-	__u8 pad[3];
-};
-struct mps_prio_tmpl {
-	__u64 ns;                 /* bpf_ktime_get_ns() of the packet */
-	__u32 ifindex;            /* where it was seen */
-	__u16 pc;                 /* the set_backup step that saw it */
-	__u8 hook;                /* enum mps_hook */
-	__u8 family;              /* 4 or 6 */
-	__u16 l3_off, l4_off;     /* in hdr */
-	__u16 len;                /* header bytes in hdr: l4_off + TCP header length */
-	__u16 next;               /* TCP payload bytes (+1 for a FIN): next seq = seq + next */
-	__u8 hdr[MPS_PRIO_TMPL_HDR];
-};
-
+/* The shared maps (announces, add_requests, prio_sent) are in state_maps.bpf.h. set_backup's
+ * packet templates (struct mps_prio_tmpl, abi.h) live with the loaded datapath: pinned under
+ * <pin root>/dp/<object id>/, they survive generations and agent restarts. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, MPS_FLOWS_MAX);

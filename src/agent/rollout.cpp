@@ -291,7 +291,7 @@ void Rollout::compile_entries() {
     if (!current_) return;
     const auto t0 = Clock::now();
     try {
-        current_->compile();
+        current_->emit_entries();
         preflight(*current_);
     } catch (const std::exception& e) {
         spdlog::warn("generation {} stays on the entry programs: {}", current_->number(), e.what());

@@ -1,6 +1,8 @@
 // The userspace side of the option-rewriting actors; see actors.h.
 #include "datapath/actors.h"
 
+#include "datapath/inet_csum.h"
+
 #include <arpa/inet.h>
 #include <bpf/bpf.h>
 #include <fcntl.h>
@@ -16,15 +18,6 @@
 #include <cstddef>
 #include <cstring>
 #include <ctime>
-
-static_assert(sizeof(mps_announce_key) == 44, "mps_announce_key layout (abi.h)");
-static_assert(sizeof(mps_announce) == 96, "mps_announce layout (abi.h)");
-static_assert(offsetof(mps_announce, opt) == 60, "mps_announce layout (abi.h)");
-static_assert(sizeof(mps_add_request) == 16, "mps_add_request layout (abi.h)");
-static_assert(sizeof(mps_prio_sent) == 24, "mps_prio_sent layout (abi.h)");
-static_assert(sizeof(mpsteer::datapath::mps_prio_tmpl_key) == 44, "prio_tmpl key (rewrite.bpf.h)");
-static_assert(sizeof(mpsteer::datapath::mps_prio_tmpl) == 152, "prio_tmpl value (rewrite.bpf.h)");
-static_assert(offsetof(mpsteer::datapath::mps_prio_tmpl, hdr) == 24, "prio_tmpl value (rewrite.bpf.h)");
 
 namespace mpsteer::datapath {
 
@@ -157,15 +150,6 @@ std::optional<mps_prio_sent> ActorMaps::prio_sent(const mps_flow_key& k) const {
 void ActorMaps::forget_prio(const mps_flow_key& k) { bpf_map_delete_elem(prio_.get(), &k); }
 
 namespace {
-uint32_t sum16(const uint8_t* p, size_t n, uint32_t s = 0) {
-    for (size_t i = 0; i + 1 < n; i += 2) s += uint32_t(p[i]) << 8 | p[i + 1];
-    if (n & 1) s += uint32_t(p[n - 1]) << 8;
-    return s;
-}
-uint16_t fold(uint32_t s) {
-    while (s >> 16) s = (s & 0xffff) + (s >> 16);
-    return uint16_t(~s);
-}
 void put16(uint8_t* p, uint16_t v) {
     p[0] = uint8_t(v >> 8);
     p[1] = uint8_t(v);
@@ -177,7 +161,7 @@ uint32_t get32(const uint8_t* p) {
 
 std::vector<uint8_t> prio_frame(const mps_prio_tmpl& t, bool backup) {
     const size_t l3 = t.l3_off, l4 = t.l4_off, len = t.len;
-    if (len > kPrioTmplHdr || l4 + 20 > len || l3 > l4 || (t.family != 4 && t.family != 6))
+    if (len > MPS_PRIO_TMPL_HDR || l4 + 20 > len || l3 > l4 || (t.family != 4 && t.family != 6))
         return {};
     const uint8_t* h = t.hdr;
     const size_t hlen = size_t(h[l4 + 12] >> 4) * 4;
@@ -219,14 +203,14 @@ std::vector<uint8_t> prio_frame(const mps_prio_tmpl& t, bool backup) {
     if (t.family == 4) {
         put16(ip + 2, uint16_t(f.size() - l3));
         put16(ip + 10, 0);
-        put16(ip + 10, fold(sum16(ip, l4 - l3)));
-        ps = sum16(ip + 12, 8);
+        put16(ip + 10, csum_fold(csum_add(ip, l4 - l3)));
+        ps = csum_add(ip + 12, 8);
     } else {
         put16(ip + 4, uint16_t(tcplen));
-        ps = sum16(ip + 8, 32);
+        ps = csum_add(ip + 8, 32);
     }
     ps += IPPROTO_TCP + uint32_t(tcplen);
-    uint16_t c = fold(sum16(tcp, tcplen, ps));
+    uint16_t c = csum_fold(csum_add(tcp, tcplen, ps));
     put16(tcp + 16, c);
     return f;
 }

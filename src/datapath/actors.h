@@ -17,23 +17,7 @@
 
 namespace mpsteer::datapath {
 
-// set_backup's packet templates (bpf/rewrite.bpf.h, map "prio_tmpl"): mirrored here until
-// abi.h carries them; layouts checked in actors.cpp.
-constexpr size_t kPrioTmplHdr = 128;
-struct mps_prio_tmpl_key {
-    mps_flow_key flow;
-    uint8_t dir;  // 0: from a to b
-    uint8_t pad[3];
-};
-struct mps_prio_tmpl {
-    uint64_t ns;
-    uint32_t ifindex;
-    uint16_t pc;
-    uint8_t hook, family;
-    uint16_t l3_off, l4_off, len, next;
-    uint8_t hdr[kPrioTmplHdr];
-};
-
+// One of set_backup's packet templates (map "prio_tmpl"; struct mps_prio_tmpl in abi.h).
 struct PrioTemplate {
     mps_prio_tmpl_key key{};
     mps_prio_tmpl value{};

@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <functional>
@@ -9,9 +10,6 @@
 #include <sstream>
 
 namespace mpsteer::datapath {
-
-static_assert(sizeof(mps_step) == 48, "step layout is ABI");
-static_assert(sizeof(mps_pkt_ctx) == 20, "must fit skb->cb");
 
 std::string_view to_string(Hook h) {
     switch (h) {
@@ -55,6 +53,12 @@ constexpr std::array kProgNames{
     ProgName{MPS_ACT_NO_SUBFLOWS, "act_no_subflows"},
     ProgName{MPS_ACT_REDIRECT, "act_redirect"},
 };
+// A program's prog-array slot is its value: every one between the interpreter (slot 0) and
+// the entry programs (MPS_JMP_ENTRY..., abi_check.cpp places those below MPS_PROG_MAX).
+static_assert(std::ranges::all_of(kProgNames, [](const ProgName& p) {
+                  return p.prog > MPS_PROG_NONE && p.prog < MPS_JMP_ENTRY;
+              }),
+              "a program's slot collides with the interpreter or the entry programs");
 
 std::string addr_str(uint8_t family, const __u32* a) {
     char buf[INET6_ADDRSTRLEN] = {};

@@ -1,6 +1,9 @@
 // The userspace side of the datapath: loading a generation from a ChainSet, the shared state
 // maps, attaching to interfaces, counters, BPF_PROG_TEST_RUN and the event ring buffer.
 // Errors are exceptions (datapath::Error) carrying what failed and why; nothing here exits.
+// Implemented by concept: state_maps.cpp (Fd, StateMaps), datapath.cpp (Datapath),
+// generation.cpp (Generation), entry_emitter.cpp (a chain emitted as BPF instructions),
+// hook_link.cpp (HookLink), test_run.cpp (test_run), events.cpp (EventReader).
 #pragma once
 
 #include <chrono>
@@ -139,7 +142,8 @@ RunResult test_run(int prog_fd, std::span<const uint8_t> frame, bool xdp, uint32
                    uint32_t ifindex = 0);
 
 // One generation: a chain set written into a slot of a Datapath, and its compiled entries:
-// each hook's chain specialised into a small program of its own (compiled_entry.cpp), which
+// each hook's chain specialised into a small program of its own (emitted by entry_emitter.cpp:
+// "compile" is the step from manifests to chains, src/compile; "emit" from chains to BPF), which
 // runs while the generation is active and hands other packets to the entry program.
 class Generation {
 public:
@@ -154,7 +158,7 @@ public:
     // Writes the chain set into the slot no packet runs (waiting out packets that ran it
     // before) and makes it the staged slot: preflight_fd() runs it, packets do not until
     // activate(). Overwrites whatever generation had that slot. Compiled entries come with
-    // compile() (build() does both).
+    // emit_entries() (build() does both).
     static std::unique_ptr<Generation> stage(std::shared_ptr<Datapath> dp, const ChainSet& chains,
                                              uint32_t number);
     // The generation an earlier process activated in `slot` of an adopted datapath.
@@ -166,9 +170,10 @@ public:
 
     // Every packet that enters from now on runs this generation (one store).
     void activate();
-    // Loads the compiled entries (milliseconds each: the agent does it after the switch, the
-    // entry programs run the generation meanwhile). Throws Error when one fails to load.
-    void compile();
+    // Emits and loads the compiled entries (milliseconds each: the agent does it after the
+    // switch, the entry programs run the generation meanwhile). Throws Error when one fails
+    // to load.
+    void emit_entries();
     bool active() const { return dp_->active_slot() == slot_; }
 
     uint32_t number() const { return number_; }

@@ -1,5 +1,7 @@
 #include "datapath/frames.h"
 
+#include "datapath/inet_csum.h"
+
 #include <arpa/inet.h>
 
 #include <cstring>
@@ -7,15 +9,6 @@
 namespace mpsteer::datapath {
 
 namespace {
-uint32_t sum16(const uint8_t* p, size_t n, uint32_t acc = 0) {
-    for (size_t i = 0; i + 1 < n; i += 2) acc += uint32_t(p[i]) << 8 | p[i + 1];
-    if (n & 1) acc += uint32_t(p[n - 1]) << 8;
-    return acc;
-}
-uint16_t fold(uint32_t acc) {
-    while (acc >> 16) acc = (acc & 0xffff) + (acc >> 16);
-    return static_cast<uint16_t>(~acc);
-}
 void put16(uint8_t* p, uint16_t v) { p[0] = v >> 8, p[1] = v & 0xff; }
 void put32(uint8_t* p, uint32_t v) { put16(p, v >> 16), put16(p + 2, v & 0xffff); }
 }  // namespace
@@ -37,7 +30,7 @@ std::vector<uint8_t> mptcp_data_frame(const FrameSpec& s) {
     i[9] = 6;
     put32(i + 12, s.saddr);
     put32(i + 16, s.daddr);
-    put16(i + 10, fold(sum16(i, ip)));
+    put16(i + 10, csum_fold(csum_add(i, ip)));
     uint8_t* t = i + ip;
     put16(t, s.sport);
     put16(t + 2, s.dport);
@@ -48,8 +41,8 @@ std::vector<uint8_t> mptcp_data_frame(const FrameSpec& s) {
     put16(t + 14, 512);
     std::memcpy(t + 20, opts, sizeof opts);
     for (size_t k = 0; k < s.payload; ++k) t[tcp + k] = static_cast<uint8_t>(k);
-    uint32_t pseudo = sum16(i + 12, 8) + 6 + static_cast<uint32_t>(tcp + s.payload);
-    put16(t + 16, fold(sum16(t, tcp + s.payload, pseudo)));
+    uint32_t pseudo = csum_add(i + 12, 8) + 6 + static_cast<uint32_t>(tcp + s.payload);
+    put16(t + 16, csum_fold(csum_add(t, tcp + s.payload, pseudo)));
     return f;
 }
 

@@ -1,14 +1,15 @@
-// Compiled entries (src/datapath/compiled_entry.cpp): each one must do exactly what the entry program's
-// interpreter does with the same generation — verdict, output bytes, counters — for the packets
-// it takes and for the ones it hands on; it runs only while its generation is active, in test
-// mode during pre-flight, and steps aside when a step it holds is rewritten.
+// Compiled entries (emitted by src/datapath/entry_emitter.cpp): each one must do exactly what
+// the entry program's interpreter does with the same generation — verdict, output bytes,
+// counters — for the packets it takes and for the ones it hands on; it runs only while its
+// generation is active, in test mode during pre-flight, and steps aside when a step it holds
+// is rewritten.
 #include <catch2/catch.hpp>
 
 #include <bpf/bpf.h>
 #include <unistd.h>
 
 #include "bpf_env.h"
-#include "datapath/compiled_entry.h"
+#include "datapath/entry_emitter.h"
 
 using namespace mpsteer::test;
 namespace mt = mptcp;
@@ -167,7 +168,7 @@ TEST_CASE("compiled entries: only while their generation is active, and staged i
                                     {"preflight_xdp", "preflight_tc_egress", "preflight_tc_ingress"});
     auto g2 = dp::Generation::stage(g1->datapath(),
                                     chain_of({sel_dst("10.2.0.0/16", 1, END), step(MPS_ACT_DROP)}), 2);
-    g2->compile();
+    g2->emit_entries();
     Bytes data = Packet::v4("10.1.0.1", 40000, "10.2.0.1", 80).payload(4).build();
     Bytes syn = Packet::v4("10.1.0.1", 40000, "10.2.0.1", 80).flags(tcpf::SYN).build();
     for (Hook h : kAllHooks) {

@@ -405,7 +405,7 @@ TEST_CASE("rewrite: set_backup keeps a template of each subflow direction's late
                     CHECK(checksum_errors(got) == "");
                 }
             // An unusable template builds nothing.
-            dp::mps_prio_tmpl bad = t;
+            mps_prio_tmpl bad = t;
             bad.len = 10;
             CHECK(dp::prio_frame(bad, false).empty());
         }

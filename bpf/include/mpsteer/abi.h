@@ -1,29 +1,42 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
  * The ABI between the BPF datapath and the agent: map layouts, the step table, events and
- * counters. Included by BPF C (clang -target bpf) and by C++ (which static_asserts the sizes
- * in src/datapath/abi_check.cpp). Numeric values are stable: append, never renumber.
- * The protocol is described in bpf/README.md.
+ * counters. Included by BPF C (clang -target bpf) and by C++; src/datapath/abi_check.cpp
+ * pins the size and every field offset of each struct here, so a layout change fails the
+ * build until that file (and MPS_STATE_LAYOUT, for a shared map) says it is meant.
+ * Numeric values are stable: append, never renumber. The protocol is described in
+ * bpf/README.md.
+ *
+ * Sections: sizes and versions; hooks and prog-array slots; the per-packet context; steps;
+ * generations (tables and slots); counters; shared state (flows, connections); events; the
+ * option-rewriting actors' state; control requests.
  */
 #ifndef MPSTEER_ABI_H
 #define MPSTEER_ABI_H
 
 #include <linux/types.h>
 
+/* ---- sizes and versions -------------------------------------------------------------------
+ * The shared maps outlive a generation, a load of the BPF object and the agent itself, so
+ * their layout is versioned: a changed layout gets maps of its own instead of misreading old
+ * entries. */
+
 /* Bumped whenever a shared (cross-generation) map changes layout; pinned names carry it. */
 #define MPS_STATE_LAYOUT 1
-
-#define MPS_MAX_STEPS 1024 /* steps per table slot (a power of two: pcs are masked) */
-#define MPS_SLOTS 2        /* table slots: the live generation and the one being staged */
-#define MPS_MAX_CHAIN 32   /* steps on any path (the loader checks; the interpreter cuts
-			    * longer inline runs); program steps on a path: at most 16, each
-			    * costs two of the kernel's 33 tail calls */
-#define MPS_PC_END 0xffff  /* "no next step": the chain ends, the packet passes */
 
 /* Sizes of the shared maps (the agent creates them; every generation reuses them). */
 #define MPS_FLOWS_MAX 65536
 #define MPS_CONNS_MAX 16384
 #define MPS_EVENTS_BYTES (256 * 1024)
+#define MPS_ANNOUNCES_MAX 4096
+#define MPS_ADD_REQUESTS_MAX 1024
+
+/* ---- hooks and prog-array slots -----------------------------------------------------------
+ * A step names its program by enum value, and that value is its slot in the prog arrays
+ * (jmp_xdp / jmp_tc), so reaching a program is a constant-index tail call (a direct jump).
+ * Slot layout: 0 the interpreter, 1..47 the programs below, MPS_JMP_ENTRY + hook the entry
+ * programs, MPS_JMP_PREFLIGHT + hook their preflight twins; all below MPS_PROG_MAX (checked
+ * in abi_check.cpp). */
 
 /* Hooks; index of the entry table. */
 enum mps_hook {
@@ -53,7 +66,7 @@ enum mps_prog {
 	MPS_ACT_GET_CONNECT = 35,
 	MPS_ACT_GET_SUBFLOW = 36,
 	MPS_ACT_RATE_LIMIT = 37,
-	/* option-rewriting actors (issue 3); reserved so manifests can name them */
+	/* option-rewriting actors (bpf/rewrite.bpf.h) */
 	MPS_ACT_BLK_SUBFLOW = 38,  /* hide ADD_ADDR, store it per connection */
 	MPS_ACT_ADD_SUBFLOW = 39,  /* re-inject a stored ADD_ADDR on command */
 	MPS_ACT_SET_BACKUP = 40,   /* insert MP_PRIO B=1 / B=0 */
@@ -62,6 +75,17 @@ enum mps_prog {
 	MPS_PROG_MAX = 64,
 };
 #define MPS_PROG_IS_ACTOR(p) ((p) >= MPS_ACT_PASS)
+
+/* Where a compiled entry (a chain emitted as a program of its own, src/datapath/
+ * entry_emitter.cpp) hands what it does not take (another generation, SYNs, IPv6, VLAN, IP
+ * options, anything malformed): jmp_*[MPS_JMP_ENTRY + hook] is entry_*,
+ * jmp_*[MPS_JMP_PREFLIGHT + hook] preflight_*. */
+#define MPS_JMP_ENTRY 48
+#define MPS_JMP_PREFLIGHT 52
+
+/* ---- the per-packet context ---------------------------------------------------------------
+ * What one program of a chain tells the next across a tail call. It must fit where the kernel
+ * lets it travel: XDP data_meta, TC skb->cb (20 bytes at most). */
 
 /* Packet kinds found by the option walk (packet_type selector mask and ctx->kinds).
  * The MPTCP bits are 1 << subtype, which keeps the walk branch-free for the verifier. */
@@ -87,7 +111,6 @@ enum mps_kind {
 	MPS_K_TIMESTAMP = 1u << 18, /* carries the TCP timestamp option */
 };
 
-/* Per-packet context carried across tail calls: XDP data_meta, TC skb->cb (20 bytes max). */
 struct mps_pkt_ctx {
 	__u16 pc;      /* step being executed */
 	__u8 hops;     /* tail calls taken so far */
@@ -104,7 +127,17 @@ struct mps_pkt_ctx {
 #define MPS_CTXF_ACCOUNTED 0x02 /* flow counters already updated for this packet */
 #define MPS_CTXF_SLOT1 0x04     /* the packet runs the generation in table slot 1 */
 
-/* Step parameters. Addresses in network byte order, ports in host order. */
+/* ---- steps --------------------------------------------------------------------------------
+ * A chain is a table of steps; AND, OR and NOT are branch targets (on_match / on_miss), so
+ * there are no combinator steps. Parameters are a union of fixed size so a step is 48 bytes
+ * and a pc indexes the table directly. Addresses in network byte order, ports in host order. */
+
+#define MPS_MAX_STEPS 1024 /* steps per table slot (a power of two: pcs are masked) */
+#define MPS_MAX_CHAIN 32   /* steps on any path (the loader checks; the interpreter cuts
+			    * longer inline runs); program steps on a path: at most 16, each
+			    * costs two of the kernel's 33 tail calls */
+#define MPS_PC_END 0xffff  /* "no next step": the chain ends, the packet passes */
+
 /* Which port a port selector looks at (a bit mask: either = both bits). */
 enum mps_dir { MPS_DIR_SRC = 1, MPS_DIR_DST = 2, MPS_DIR_EITHER = 3 };
 
@@ -151,7 +184,6 @@ struct mps_p_rate {
 	__u32 rtt_us;        /* used when no RTT sample exists (0: leave the window alone) */
 	__u32 min_window;    /* bytes; never advertise less (keeps the flow alive) */
 };
-
 struct mps_p_backup {
 	__u8 backup;         /* B flag to signal */
 	__u8 every_packet;   /* 0: once per subflow (default), 1: on every selected packet */
@@ -184,6 +216,12 @@ struct mps_step {
 };
 #define MPS_STEPF_FAIL_DROP 0x01 /* failure mode: drop instead of pass on a missed tail call */
 
+/* ---- generations: tables and slots --------------------------------------------------------
+ * A generation is data, not programs: the contents of one of two table slots. Switching is
+ * one store to the live word, so every hook changes at once and a rollback is another store. */
+
+#define MPS_SLOTS 2        /* table slots: the live generation and the one being staged */
+
 /* Where each hook's chain starts. */
 struct mps_entry {
 	__u16 pc;            /* MPS_PC_END: no policy on this hook */
@@ -196,6 +234,7 @@ struct mps_iface_key {       /* iface_entries (HASH) -> __u16 pc */
 	__u16 hook;
 	__u16 slot;
 };
+#define MPS_IFACE_ENTRIES_MAX 512
 
 /* A generation: the contents of one table slot. */
 struct mps_table {
@@ -204,7 +243,7 @@ struct mps_table {
 };
 /* The global `mps_slots` (.bss, mmapped by the agent): which slot packets run, which one the
  * preflight entries run, and the slots. `active` is the live word: bit 0 the slot, the rest an
- * epoch that changes whenever compiled entries of that slot are rebuilt (see below). */
+ * epoch that changes whenever compiled entries of that slot are emitted again. */
 struct mps_slots {
 	__u32 active;
 	__u32 staged;
@@ -212,6 +251,10 @@ struct mps_slots {
 	__u32 pad;
 	struct mps_table tables[MPS_SLOTS];
 };
+
+/* ---- counters -----------------------------------------------------------------------------
+ * Per-CPU arrays, one block per slot, zeroed when a generation is written there: counting
+ * needs no atomics and a generation's counters start from zero. */
 
 /* Per-step counters (PERCPU_ARRAY, MPS_SLOTS * MPS_MAX_STEPS; index slot * MPS_MAX_STEPS + pc). */
 struct mps_step_counters {
@@ -232,8 +275,12 @@ enum mps_gen_counter {
 	MPS_GC_MAX = 8,
 };
 
-/* Flow state (LRU_HASH, shared across generations), keyed by the subflow 4-tuple with the
- * lower (address, port) first so both directions find the same entry. */
+/* ---- shared state: flows and connections --------------------------------------------------
+ * LRU_HASH maps shared across generations (pinned by the agent as "<name>_v<MPS_STATE_LAYOUT>",
+ * defined once for both BPF objects in bpf/state_maps.bpf.h). */
+
+/* Flow state, keyed by the subflow 4-tuple with the lower (address, port) first so both
+ * directions find the same entry. */
 struct mps_flow_key {
 	__u32 a[4];
 	__u32 b[4];
@@ -269,23 +316,34 @@ struct mps_flow {
 };
 enum mps_role { MPS_ROLE_UNKNOWN = 0, MPS_ROLE_INITIAL = 1, MPS_ROLE_JOIN = 2 };
 
-/* Connection state (LRU_HASH, shared across generations), created by the agent when it derives
- * the tokens from the keys. The entry under the lower token holds the counters; the one under
- * the higher token is an alias (its key differs from token[0]) so either token finds it. */
+/* Connection state, created by the agent when it derives the tokens from the keys. The entry
+ * under the lower token holds the counters; the one under the higher token is an alias (its
+ * key differs from token[0]) so either token finds it. */
 struct mps_conn {
 	__u64 packets, bytes;
 	__u64 first_ns, last_ns;
 	__u32 token[2];      /* both tokens, lower first */
 	__u32 subflows;
 	__u32 pad;
+#ifdef MPS_ABI_LAYOUT_PROBE
+	__u32 layout_probe;  /* only in the test that proves abi_check.cpp catches a change */
+#endif
 };
 
-/* Events (one RINGBUF, shared across generations). */
+/* ---- events -------------------------------------------------------------------------------
+ * One RINGBUF shared across generations. State is stored in the maps before an event is
+ * reserved, so a full ring loses a notification, never state. */
 enum mps_event_type {
 	MPS_EV_MP_CAPABLE = 1,  /* keys seen: agent derives tokens and fills flows/conns */
 	MPS_EV_MP_JOIN = 2,     /* MP_JOIN SYN: token of the receiver, nonce */
 	MPS_EV_FLOW_CLOSED = 3, /* FIN or RST seen */
 };
+/* An ADD_ADDR was hidden by blk_subflow (first copy only; retransmissions just count).
+ * addr_id and the announced address travel in the event: flags = address family (4 or 6),
+ * nonce = port (0: none), key[0..1] = the 16 address bytes (IPv4 in the first 4). The full
+ * option (with its HMAC) is in the announces map, which keeps it even when the ring is full. */
+#define MPS_EV_ADD_ADDR_BLOCKED 4
+
 struct mps_event {
 	__u32 type;
 	__u32 gen;
@@ -302,20 +360,12 @@ struct mps_event {
 	__u64 key[2];        /* MP_CAPABLE: sender's key, receiver's key (0 if absent) */
 };
 
-
-/* ---- option-rewriting actors (bpf/rewrite.bpf.h; userspace side src/datapath/actors.h) -------
- * Appended block: values here are as stable as the ones above. */
-
-/* Event: an ADD_ADDR was hidden by blk_subflow (first copy only; retransmissions just count).
- * addr_id and the announced address travel in the event: flags = address family (4 or 6),
- * nonce = port (0: none), key[0..1] = the 16 address bytes (IPv4 in the first 4). The full
- * option (with its HMAC) is in the announces map, which keeps it even when the ring is full. */
-#define MPS_EV_ADD_ADDR_BLOCKED 4
+/* ---- the option-rewriting actors' state (bpf/rewrite.bpf.h; src/datapath/actors.h) --------
+ * Memory the actors keep between packets and hand to userspace: announcements hidden,
+ * add_subflow requests, what set_backup signalled, and its packet templates. */
 
 /* Announcements hidden by blk_subflow, per connection: LRU_HASH keyed by the subflow the
- * ADD_ADDR travelled on and its address id (shared across generations, pinned as
- * "announces_v<MPS_STATE_LAYOUT>"). */
-#define MPS_ANNOUNCES_MAX 4096
+ * ADD_ADDR travelled on and its address id (shared, pinned as "announces_v<layout>"). */
 struct mps_announce_key {
 	struct mps_flow_key flow;
 	__u8 addr_id;
@@ -360,6 +410,32 @@ struct mps_prio_sent {
 	__u64 ns[2];
 };
 
+/* set_backup's packet templates (LRU_HASH "prio_tmpl", per loaded datapath): per subflow and
+ * direction, the headers (L2 + IP + TCP with options) of the latest ACK-bearing packet the
+ * actor saw, with its payload length, so userspace (ActorMaps::signal_prio) can send the pure
+ * ACK that would follow it, carrying MP_PRIO, on a subflow that has gone idle: after B=1
+ * moved the data off a subflow nobody sends on it any more, and B=0 would have no packet to
+ * ride on. Linux ignores MP_PRIO with an address id (length 4) and applies a length-3 MP_PRIO
+ * to the subflow it arrives on (options.c, mptcp_pm_mp_prio_received), so a sibling's packets
+ * cannot carry it. */
+#define MPS_PRIO_TMPL_HDR 128
+struct mps_prio_tmpl_key {
+	struct mps_flow_key flow;
+	__u8 dir;                 /* 0: from a to b (as mps_prio_sent.sent[]) */
+	__u8 pad[3];
+};
+struct mps_prio_tmpl {
+	__u64 ns;                 /* bpf_ktime_get_ns() of the packet */
+	__u32 ifindex;            /* where it was seen */
+	__u16 pc;                 /* the set_backup step that saw it */
+	__u8 hook;                /* enum mps_hook */
+	__u8 family;              /* 4 or 6 */
+	__u16 l3_off, l4_off;     /* in hdr */
+	__u16 len;                /* header bytes in hdr: l4_off + TCP header length */
+	__u16 next;               /* TCP payload bytes (+1 for a FIN): next seq = seq + next */
+	__u8 hdr[MPS_PRIO_TMPL_HDR];
+};
+
 /* skb->mark values of add_subflow's own clones (TC only): a copy to be turned into the
  * carrier, then the carrier itself; the low byte is the address id. The datapath restores
  * mark 0 on the carrier before it reaches the stack. */
@@ -367,7 +443,8 @@ struct mps_prio_sent {
 #define MPS_MARK_COPY 0x6d707300u    /* "mps\0" */
 #define MPS_MARK_CARRIER 0x6d707400u
 
-/* Agent-to-datapath flow updates. The agent never writes a whole flow entry (that would undo
+/* ---- control requests ---------------------------------------------------------------------
+ * Agent-to-datapath flow updates. The agent never writes a whole flow entry (that would undo
  * counters the datapath adds meanwhile); it runs the `ctl_flow_update` program (bpf/ctl.bpf.c)
  * with BPF_PROG_TEST_RUN on this request, which writes just the named fields. */
 enum mps_ctl_set {
@@ -386,14 +463,5 @@ struct mps_ctl_flow_req {
 	__u64 idsn[2];
 	__u64 rate_bps;
 };
-
-
-/* ---- compiled entries (src/datapath/compiled_entry.cpp) --------------------------------------
- * A hook's chain emitted as a program of its own, attached instead of the entry. It runs while
- * mps_slots.active equals its live word and hands everything else (another generation, SYNs,
- * IPv6, VLAN, IP options, anything malformed) to the entry program through these slots, and
- * program steps to their programs as the interpreter does. */
-#define MPS_JMP_ENTRY 48       /* jmp_*[MPS_JMP_ENTRY + hook]: entry_* */
-#define MPS_JMP_PREFLIGHT 52   /* jmp_*[MPS_JMP_PREFLIGHT + hook]: preflight_* */
 
 #endif

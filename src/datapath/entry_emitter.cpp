@@ -1,4 +1,36 @@
-#include "datapath/compiled_entry.h"
+// The entry emitter (entry_emitter.h): a hook's chain as BPF instructions, written with the
+// assembler of bpf_asm.h. chain_order() picks the steps a packet can reach and orders them so
+// every jump goes forward; Emitter writes the program: the live-word check, the IPv4/TCP
+// shape checks of parse_packet(), each step, and the cold hand-overs to the entry programs.
+//
+// A selector's meaning is written three times: the interpreter (bpf/datapath.bpf.c), the
+// option walks (bpf/include/mpsteer/parse.h) and this emitter. tests/bpf/compiled_test.cpp
+// holds them together. Adding a selector, in order:
+//  1. bpf/include/mpsteer/abi.h: a value in enum mps_prog after the last selector (below
+//     MPS_ACT_PASS; never renumber) and, with parameters, a struct mps_p_<name> in
+//     union mps_param (40 bytes at most); its size and offsets in src/datapath/abi_check.cpp.
+//  2. The manifest: schemas/selector-set.schema.json, src/manifest/model.cpp
+//     (Selector::Kind and its key), schemas/README.md.
+//  3. src/compile/compile.cpp, Builder::encode(): the Selector as step parameters.
+//  4. src/datapath/chain.h, has_program(): inline (cheap: the addresses, ports or kinds the
+//     entry already has) or a program of its own (flow state, options with offsets);
+//     src/datapath/chain.cpp: "sel_<name>" in kProgNames, its parameters in params_str().
+//  5. bpf/datapath.bpf.c: inline, a branch-free m_<name>() and its case in walk() (the
+//     interpreter); a program, sel_<name>() and a SELECTOR(sel_<name>, ...) line. A new
+//     packet kind goes into both option walks of parse.h, scan_options() and scan_kinds(),
+//     and into Emitter::scan() here.
+//  6. Here, for an inline selector only (program steps need nothing: hand_over() gives them
+//     the interpreter's context): its case in Emitter::step(), for the one shape taken
+//     (without one it would fall to hand_over() and an empty prog-array slot); parameters
+//     that decide the answer alone (never / always matches) in successors() and never_ipv4();
+//     a selector that needs the option walk marked as packet_type is in plan_scans().
+//  7. Tests: its meaning in tests/bpf/selectors_test.cpp; the equivalence in
+//     tests/bpf/compiled_test.cpp, chains(): a chain using it (each parameter shape the
+//     emitter treats apart), checked against the interpreter on every frame of frames() and
+//     every hook. bpf/README.md lists the inline selectors ("How a packet runs a chain").
+#include "datapath/entry_emitter.h"
+
+#include "datapath/bpf_asm.h"
 
 #include <linux/if_ether.h>
 #include <linux/in.h>
@@ -18,19 +50,7 @@ namespace {
 // mps_pkt_ctx words are built from shifted fields below (the layout is host order).
 static_assert(std::endian::native == std::endian::little, "compiled entries assume little endian");
 
-// ---- a small assembler: instructions, labels, forward and backward jumps --------------------
-
-enum Reg : uint8_t { R0, R1, R2, R3, R4, R5, R6, R7, R8, R9, FP };
-
-bpf_insn insn(uint8_t code, uint8_t dst, uint8_t src, int16_t off, int32_t imm) {
-    bpf_insn i{};
-    i.code = code;
-    i.dst_reg = dst;
-    i.src_reg = src;
-    i.off = off;
-    i.imm = imm;
-    return i;
-}
+using namespace bpfasm;
 
 // A value as it sits in memory, read as the host's u32 (what a 4-byte load from the packet
 // gives): addresses and port pairs compare without byte swaps.
@@ -40,85 +60,6 @@ int32_t wire32(uint8_t b0, uint8_t b1, uint8_t b2, uint8_t b3) {
     std::memcpy(&v, b, 4);
     return static_cast<int32_t>(v);
 }
-
-struct Label {
-    int id = -1;
-    bool operator==(const Label&) const = default;
-};
-
-class Asm {
-public:
-    Label label() {
-        at_.push_back(-1);
-        return {static_cast<int>(at_.size()) - 1};
-    }
-    void bind(Label l) { at_[l.id] = static_cast<int>(code_.size()); }
-    // Whether the code so far can run on into what comes next.
-    bool falls_through() const {
-        return code_.empty() || (code_.back().code != (BPF_JMP | BPF_EXIT) &&
-                                 code_.back().code != (BPF_JMP | BPF_JA));
-    }
-    bool used(Label l) const {
-        return std::any_of(fixups_.begin(), fixups_.end(), [&](auto& f) { return f.second == l.id; });
-    }
-
-    void put(bpf_insn i) { code_.push_back(i); }
-    // ALU on the low 32 bits (zero-extends) and on 64 bits; immediate or register source.
-    void alu32(uint8_t op, Reg d, int32_t imm) { put(insn(BPF_ALU | op | BPF_K, d, 0, 0, imm)); }
-    void alu32(uint8_t op, Reg d, Reg s) { put(insn(BPF_ALU | op | BPF_X, d, s, 0, 0)); }
-    void alu64(uint8_t op, Reg d, int32_t imm) { put(insn(BPF_ALU64 | op | BPF_K, d, 0, 0, imm)); }
-    void alu64(uint8_t op, Reg d, Reg s) { put(insn(BPF_ALU64 | op | BPF_X, d, s, 0, 0)); }
-    void be16(Reg d) { put(insn(BPF_ALU | BPF_END | BPF_TO_BE, d, 0, 0, 16)); }
-    void load(uint8_t size, Reg d, Reg base, int16_t off) {
-        put(insn(BPF_LDX | size | BPF_MEM, d, base, off, 0));
-    }
-    void store(uint8_t size, Reg base, int16_t off, Reg s) {
-        put(insn(BPF_STX | size | BPF_MEM, base, s, off, 0));
-    }
-    void store(uint8_t size, Reg base, int16_t off, int32_t imm) {
-        put(insn(BPF_ST | size | BPF_MEM, base, 0, off, imm));
-    }
-    void ld_map(Reg d, int fd) { ld64(d, BPF_PSEUDO_MAP_FD, fd, 0); }
-    void ld_map_value(Reg d, int fd, int32_t off) { ld64(d, BPF_PSEUDO_MAP_VALUE, fd, off); }
-    void call(int32_t helper) { put(insn(BPF_JMP | BPF_CALL, 0, 0, 0, helper)); }
-    void exit() { put(insn(BPF_JMP | BPF_EXIT, 0, 0, 0, 0)); }
-    void ret(int32_t verdict) {
-        alu64(BPF_MOV, R0, verdict);
-        exit();
-    }
-
-    void jmp32(uint8_t op, Reg d, int32_t imm, Label l) { jump(BPF_JMP32 | op | BPF_K, d, R0, imm, l); }
-    void jmp32(uint8_t op, Reg d, Reg s, Label l) { jump(BPF_JMP32 | op | BPF_X, d, s, 0, l); }
-    void jmp64(uint8_t op, Reg d, int32_t imm, Label l) { jump(BPF_JMP | op | BPF_K, d, R0, imm, l); }
-    void jmp64(uint8_t op, Reg d, Reg s, Label l) { jump(BPF_JMP | op | BPF_X, d, s, 0, l); }
-    // Unconditional; nothing when `l` is `next`, the code that follows.
-    void ja(Label l, Label next = Label{}) {
-        if (!(l == next)) jump(BPF_JMP | BPF_JA, R0, R0, 0, l);
-    }
-
-    std::vector<bpf_insn> finish() {
-        for (auto [at, id] : fixups_) {
-            const int off = at_.at(id) - static_cast<int>(at) - 1;
-            if (at_[id] < 0 || off < INT16_MIN || off > INT16_MAX)
-                throw std::logic_error("compiled entry: unbound or distant label");
-            code_[at].off = static_cast<int16_t>(off);
-        }
-        return std::move(code_);
-    }
-
-private:
-    void jump(uint8_t code, Reg d, Reg s, int32_t imm, Label l) {
-        fixups_.emplace_back(code_.size(), l.id);
-        put(insn(code, d, s, 0, imm));
-    }
-    void ld64(Reg d, uint8_t pseudo, int32_t imm, int32_t imm2) {
-        put(insn(BPF_LD | BPF_DW | BPF_IMM, d, pseudo, 0, imm));
-        put(insn(0, 0, 0, 0, imm2));
-    }
-    std::vector<bpf_insn> code_;
-    std::vector<int> at_;
-    std::vector<std::pair<size_t, int>> fixups_;
-};
 
 // ---- the chain as the entry sees it -----------------------------------------------------------
 

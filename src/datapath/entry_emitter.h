@@ -1,8 +1,10 @@
-// Compiled entries: one hook's chain turned into a BPF program of its own, instruction by
-// instruction, attached in place of the datapath's entry program (bpf/README.md, "Compiled
+// The entry emitter: one hook's chain (a ChainSet's steps, what src/compile made of the
+// manifests) emitted as a BPF program of its own, instruction by instruction: a compiled
+// entry, attached in place of the datapath's entry program (bpf/README.md, "Compiled
 // entries"). Parameters become immediates and every step a compare and a jump; the program
 // takes the common shape (Ethernet, IPv4 without options, TCP, not a SYN) and hands anything
-// else, unchanged, to the entry program, which does it all.
+// else, unchanged, to the entry program, which does it all. Generation::emit_entries() loads
+// what this returns. Adding a selector: the checklist at the top of entry_emitter.cpp.
 #pragma once
 
 #include <linux/bpf.h>

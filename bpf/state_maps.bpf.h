@@ -1,0 +1,57 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * The shared state maps, defined once for both BPF objects (datapath.bpf.c and ctl.bpf.c).
+ * The agent creates and pins them (StateMaps::open, "<name>_v<MPS_STATE_LAYOUT>") and every
+ * load of either object reuses them by file descriptor, so these definitions must match what
+ * StateMaps creates: one definition here keeps the two objects from drifting apart.
+ * Layouts in include/mpsteer/abi.h.
+ */
+#ifndef MPSTEER_STATE_MAPS_BPF_H
+#define MPSTEER_STATE_MAPS_BPF_H
+
+/* Flow state, both directions of a subflow in one entry. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MPS_FLOWS_MAX);
+	__type(key, struct mps_flow_key);
+	__type(value, struct mps_flow);
+} flows SEC(".maps");
+
+/* Connection state under the lower token (and an alias under the higher one). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MPS_CONNS_MAX);
+	__type(key, __u32);
+	__type(value, struct mps_conn);
+} conns SEC(".maps");
+
+/* struct mps_event records for the agent. */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, MPS_EVENTS_BYTES);
+} events SEC(".maps");
+
+/* The option-rewriting actors' memory (rewrite.bpf.h): ADD_ADDRs blk_subflow hid,
+ * add_subflow requests from userspace, what set_backup signalled per subflow. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MPS_ANNOUNCES_MAX);
+	__type(key, struct mps_announce_key);
+	__type(value, struct mps_announce);
+} announces SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MPS_ADD_REQUESTS_MAX);
+	__type(key, struct mps_flow_key);
+	__type(value, struct mps_add_request);
+} add_requests SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MPS_FLOWS_MAX);
+	__type(key, struct mps_flow_key);
+	__type(value, struct mps_prio_sent);
+} prio_sent SEC(".maps");
+
+#endif

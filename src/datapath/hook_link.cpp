@@ -1,0 +1,143 @@
+// Attachments (HookLink): a program on one interface and hook, through an XDP link (native,
+// generic as fallback), a TCX link, or a clsact filter on kernels without TCX; swapping the
+// program atomically, pinning, adopting and detaching.
+#include "datapath/internal.h"
+
+#include <bpf/bpf.h>
+#include <bpf/libbpf.h>
+#include <linux/if_link.h>
+#include <net/if.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+namespace fs = std::filesystem;
+
+namespace mpsteer::datapath {
+
+using detail::fail;
+
+namespace {
+// Not in Debian 12's UAPI headers (Linux 6.1); values from Linux 6.6's enum bpf_attach_type.
+constexpr int kAttachTcxIngress = 46;
+constexpr int kAttachTcxEgress = 47;
+// Handle and priority of our clsact filter on kernels without TCX.
+constexpr uint32_t kTcHandle = 0x6d70;  // "mp"
+constexpr uint32_t kTcPriority = 1;
+}  // namespace
+
+std::unique_ptr<HookLink> HookLink::attach(const std::string& ifname, Hook hook, int prog_fd) {
+    std::unique_ptr<HookLink> l(new HookLink());
+    l->ifname_ = ifname;
+    l->hook_ = hook;
+    l->ifindex_ = static_cast<int>(detail::ifindex_of(ifname));
+    l->prog_fd_ = prog_fd;
+    if (hook == Hook::xdp) {
+        // Native first (fast path), generic where the driver has no XDP support.
+        for (auto [flags, mode] : {std::pair{XDP_FLAGS_DRV_MODE, "xdp-native"},
+                                   std::pair{XDP_FLAGS_SKB_MODE, "xdp-generic"}}) {
+            LIBBPF_OPTS(bpf_link_create_opts, opts, .flags = flags);
+            int fd = bpf_link_create(prog_fd, l->ifindex_, BPF_XDP, &opts);
+            if (fd >= 0) {
+                l->link_ = Fd(fd);
+                l->mode_ = mode;
+                return l;
+            }
+            spdlog::debug("{}: {} attach failed: {}", ifname, mode, std::strerror(errno));
+        }
+        fail("attaching XDP to " + ifname, errno);
+    }
+    const bool egress = hook == Hook::tc_egress;
+    int fd = bpf_link_create(prog_fd, l->ifindex_,
+                             static_cast<bpf_attach_type>(egress ? kAttachTcxEgress
+                                                                 : kAttachTcxIngress),
+                             nullptr);
+    if (fd >= 0) {
+        l->link_ = Fd(fd);
+        l->mode_ = "tcx";
+        return l;
+    }
+    spdlog::debug("{}: TCX unavailable ({}), using a clsact filter", ifname, std::strerror(errno));
+    LIBBPF_OPTS(bpf_tc_hook, th, .ifindex = l->ifindex_,
+                .attach_point = egress ? BPF_TC_EGRESS : BPF_TC_INGRESS);
+    if (int err = bpf_tc_hook_create(&th); err && err != -EEXIST)
+        fail("creating clsact on " + ifname, err);
+    LIBBPF_OPTS(bpf_tc_opts, to, .prog_fd = prog_fd, .handle = kTcHandle,
+                .priority = kTcPriority);
+    if (int err = bpf_tc_attach(&th, &to)) fail("attaching TC to " + ifname, err);
+    l->mode_ = "tc-filter";
+    return l;
+}
+
+std::unique_ptr<HookLink> HookLink::adopt(const std::string& pin_path, const std::string& ifname,
+                                          Hook hook, int prog_fd) {
+    std::unique_ptr<HookLink> l(new HookLink());
+    l->ifname_ = ifname;
+    l->hook_ = hook;
+    l->pin_path_ = pin_path;
+    l->prog_fd_ = prog_fd;
+    int fd = bpf_obj_get(pin_path.c_str());
+    if (fd < 0) fail("adopting link " + pin_path, errno);
+    l->link_ = Fd(fd);
+    l->mode_ = hook == Hook::xdp ? "xdp" : "tcx";
+    unsigned idx = if_nametoindex(ifname.c_str());
+    l->ifindex_ = static_cast<int>(idx);
+    return l;
+}
+
+HookLink::~HookLink() {
+    if (released_ || link_) return;  // closing an unpinned link fd detaches it
+    LIBBPF_OPTS(bpf_tc_hook, th, .ifindex = ifindex_,
+                .attach_point = hook_ == Hook::tc_egress ? BPF_TC_EGRESS : BPF_TC_INGRESS);
+    LIBBPF_OPTS(bpf_tc_opts, to, .handle = kTcHandle, .priority = kTcPriority);
+    bpf_tc_detach(&th, &to);
+}
+
+void HookLink::update(int new_prog_fd, bool expect_current) {
+    if (link_) {
+        // BPF_F_REPLACE: fails instead of clobbering if someone else swapped the program.
+        LIBBPF_OPTS(bpf_link_update_opts, opts);
+        if (expect_current) {
+            opts.flags = BPF_F_REPLACE;
+            opts.old_prog_fd = static_cast<__u32>(prog_fd_);
+        }
+        if (bpf_link_update(link_.get(), new_prog_fd, &opts))
+            fail("swapping the program on " + ifname_ + " " + std::string(to_string(hook_)),
+                 errno);
+    } else {
+        LIBBPF_OPTS(bpf_tc_hook, th, .ifindex = ifindex_,
+                    .attach_point = hook_ == Hook::tc_egress ? BPF_TC_EGRESS : BPF_TC_INGRESS);
+        LIBBPF_OPTS(bpf_tc_opts, to, .prog_fd = new_prog_fd, .flags = BPF_TC_F_REPLACE,
+                    .handle = kTcHandle, .priority = kTcPriority);
+        if (int err = bpf_tc_attach(&th, &to)) fail("replacing the TC program on " + ifname_, err);
+    }
+    prog_fd_ = new_prog_fd;
+}
+
+void HookLink::pin(const std::string& path) {
+    if (!link_) return;  // clsact filters stay until removed
+    std::error_code ec;
+    fs::create_directories(fs::path(path).parent_path(), ec);
+    unlink(path.c_str());  // a stale pin of a link that is gone
+    if (bpf_obj_pin(link_.get(), path.c_str())) fail("pinning link " + path, errno);
+    pin_path_ = path;
+}
+
+void HookLink::detach() {
+    if (!pin_path_.empty()) unlink(pin_path_.c_str());
+    if (link_) {
+        bpf_link_detach(link_.get());
+        link_ = Fd();
+    } else {
+        LIBBPF_OPTS(bpf_tc_hook, th, .ifindex = ifindex_,
+                    .attach_point = hook_ == Hook::tc_egress ? BPF_TC_EGRESS : BPF_TC_INGRESS);
+        LIBBPF_OPTS(bpf_tc_opts, to, .handle = kTcHandle, .priority = kTcPriority);
+        bpf_tc_detach(&th, &to);
+    }
+    released_ = true;
+}
+
+}  // namespace mpsteer::datapath

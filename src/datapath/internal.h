@@ -1,0 +1,57 @@
+// What the datapath's own files share and nothing outside them uses: error reporting, program
+// and interface names, the shared state maps by name, per-CPU counter access.
+#pragma once
+
+#include <bpf/bpf.h>
+#include <bpf/libbpf.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "datapath/datapath.h"
+
+namespace mpsteer::datapath::detail {
+
+// Throws Error("what: strerror(err)"); err may be negative (libbpf) or positive (errno).
+[[noreturn]] inline void fail(const std::string& what, int err) {
+    throw Error(what + ": " + std::strerror(err < 0 ? -err : err));
+}
+
+// "sel_token_xdp", "act_record_tc", ...: a step program's name in the BPF object.
+inline std::string program_name(mps_prog p, bool xdp) {
+    return std::string(prog_name(p)) + (xdp ? "_xdp" : "_tc");
+}
+
+// The hook's entry program ("entry_xdp", ...) or its preflight twin ("preflight_xdp", ...).
+const char* entry_name(Hook h, bool preflight);
+// Programs every chain needs (the entries and the interpreters): always loaded.
+inline constexpr const char* kAlwaysLoaded[] = {"entry_xdp", "entry_tc_egress",
+                                                "entry_tc_ingress", "interp_xdp", "interp_tc"};
+inline constexpr const char* kPreflightEntries[] = {"preflight_xdp", "preflight_tc_egress",
+                                                    "preflight_tc_ingress"};
+
+// In the calling thread's network namespace; throws Error when there is no such interface.
+uint32_t ifindex_of(const std::string& ifname);
+
+// The shared state maps (bpf/state_maps.bpf.h): makes every load of a BPF object use the
+// pinned ones, and tells them apart from the maps a Datapath owns.
+void reuse_state_maps(bpf_object* obj, const StateMaps& state);
+bool is_state_map(std::string_view name);
+
+// Per-CPU array values, one per possible CPU (8-byte strides).
+int possible_cpus();
+template <typename T>
+std::vector<T> read_percpu(int fd, uint32_t key) {
+    static_assert(sizeof(T) % 8 == 0);
+    std::vector<T> vals(possible_cpus());
+    if (bpf_map_lookup_elem(fd, &key, vals.data())) fail("reading counters", errno);
+    return vals;
+}
+// Zeroes keys [first, first + n) of a per-CPU array in one syscall.
+void zero_percpu(int fd, uint32_t first, uint32_t n, size_t value_size);
+
+}  // namespace mpsteer::datapath::detail

@@ -1,0 +1,180 @@
+// The shared state maps (StateMaps: flows, connections, events, the actors' memory), pinned
+// and adopted across generations and agent restarts, with the control program that writes
+// flow fields; and the small things every part of the datapath starts from: owned file
+// descriptors, libbpf's logging, bpffs, interface names, per-CPU arrays.
+#include "datapath/internal.h"
+
+#include <bpf/bpf.h>
+#include <bpf/libbpf.h>
+#include <net/if.h>
+#include <spdlog/spdlog.h>
+#include <sys/mount.h>
+#include <sys/statfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "mps_ctl.skel.h"
+
+namespace fs = std::filesystem;
+
+namespace mpsteer::datapath {
+
+using detail::fail;
+
+namespace {
+constexpr unsigned long kBpfFsMagic = 0xcafe4a11;
+
+int libbpf_print(enum libbpf_print_level level, const char* fmt, va_list args) {
+    char buf[4096];
+    int n = std::vsnprintf(buf, sizeof buf, fmt, args);
+    while (n > 0 && static_cast<size_t>(n) <= sizeof buf && (buf[n - 1] == '\n')) buf[--n] = 0;
+    switch (level) {  // one level quieter than libbpf says: it is chatty about normal events
+    case LIBBPF_WARN: spdlog::info("libbpf: {}", buf); break;
+    case LIBBPF_INFO: spdlog::debug("libbpf: {}", buf); break;
+    default: spdlog::trace("libbpf: {}", buf); break;
+    }
+    return n;
+}
+
+Fd create_or_adopt(const std::string& path, bpf_map_type type, uint32_t key, uint32_t value,
+                   uint32_t max_entries, const char* name) {
+    int fd = bpf_obj_get(path.c_str());
+    if (fd >= 0) return Fd(fd);
+    fd = bpf_map_create(type, name, key, value, max_entries, nullptr);
+    if (fd < 0) fail(std::string("creating map ") + name, errno);
+    if (bpf_obj_pin(fd, path.c_str())) {
+        int err = errno;
+        close(fd);
+        // Someone else pinned it first: use theirs.
+        if (err == EEXIST && (fd = bpf_obj_get(path.c_str())) >= 0) return Fd(fd);
+        fail("pinning " + path, err);
+    }
+    return Fd(fd);
+}
+}  // namespace
+
+namespace detail {
+uint32_t ifindex_of(const std::string& ifname) {
+    unsigned idx = if_nametoindex(ifname.c_str());
+    if (!idx) throw Error("interface " + ifname + " not found");
+    return idx;
+}
+
+int possible_cpus() {
+    int ncpu = libbpf_num_possible_cpus();
+    if (ncpu <= 0) fail("counting CPUs", ncpu);
+    return ncpu;
+}
+
+void zero_percpu(int fd, uint32_t first, uint32_t n, size_t value_size) {
+    std::vector<uint32_t> keys(n);
+    for (uint32_t i = 0; i < n; ++i) keys[i] = first + i;
+    std::vector<uint8_t> zeros(size_t(n) * possible_cpus() * value_size);
+    uint32_t count = n;
+    if (bpf_map_update_batch(fd, keys.data(), zeros.data(), &count, nullptr))
+        fail("clearing counters", errno);
+}
+
+namespace {
+// The shared maps by their names in the BPF objects (bpf/state_maps.bpf.h).
+struct StateMapRef {
+    const char* name;
+    int (StateMaps::*fd)() const;
+};
+constexpr StateMapRef kStateMaps[] = {
+    {"flows", &StateMaps::flows},         {"conns", &StateMaps::conns},
+    {"events", &StateMaps::events},       {"announces", &StateMaps::announces},
+    {"add_requests", &StateMaps::add_requests}, {"prio_sent", &StateMaps::prio_sent},
+};
+}  // namespace
+
+void reuse_state_maps(bpf_object* obj, const StateMaps& state) {
+    for (const auto& m : kStateMaps) {
+        bpf_map* map = bpf_object__find_map_by_name(obj, m.name);
+        if (!map) throw Error(std::string("the BPF object has no map ") + m.name);
+        if (int err = bpf_map__reuse_fd(map, (state.*m.fd)()))
+            fail(std::string("reusing ") + m.name, err);
+    }
+}
+
+bool is_state_map(std::string_view name) {
+    for (const auto& m : kStateMaps)
+        if (name == m.name) return true;
+    return false;
+}
+}  // namespace detail
+
+Fd& Fd::operator=(Fd&& o) noexcept {
+    if (this != &o) {
+        if (fd_ >= 0) close(fd_);
+        fd_ = std::exchange(o.fd_, -1);
+    }
+    return *this;
+}
+
+Fd::~Fd() {
+    if (fd_ >= 0) close(fd_);
+}
+
+void init_libbpf_logging() { libbpf_set_print(libbpf_print); }
+
+void ensure_bpffs(const std::string& pin_root) {
+    struct statfs st {};
+    if (statfs("/sys/fs/bpf", &st) != 0 || st.f_type != kBpfFsMagic) {
+        spdlog::info("bpffs is not mounted on /sys/fs/bpf: mounting it");
+        fs::create_directories("/sys/fs/bpf");
+        if (mount("bpf", "/sys/fs/bpf", "bpf", 0, "mode=0700") != 0)
+            fail("mounting bpffs on /sys/fs/bpf", errno);
+    }
+    std::error_code ec;
+    fs::create_directories(pin_root, ec);
+    if (ec) throw Error("creating " + pin_root + ": " + ec.message());
+}
+
+StateMaps StateMaps::open(const std::string& pin_root) {
+    ensure_bpffs(pin_root);
+    const std::string dir = pin_root + "/maps";
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) throw Error("creating " + dir + ": " + ec.message());
+    const std::string v = "_v" + std::to_string(MPS_STATE_LAYOUT);
+    StateMaps m;
+    m.root_ = pin_root;
+    m.flows_ = create_or_adopt(dir + "/flows" + v, BPF_MAP_TYPE_LRU_HASH, sizeof(mps_flow_key),
+                               sizeof(mps_flow), MPS_FLOWS_MAX, "flows");
+    m.conns_ = create_or_adopt(dir + "/conns" + v, BPF_MAP_TYPE_LRU_HASH, sizeof(__u32),
+                               sizeof(mps_conn), MPS_CONNS_MAX, "conns");
+    m.events_ = create_or_adopt(dir + "/events" + v, BPF_MAP_TYPE_RINGBUF, 0, 0,
+                                MPS_EVENTS_BYTES, "events");
+    m.announces_ = create_or_adopt(dir + "/announces" + v, BPF_MAP_TYPE_LRU_HASH,
+                                   sizeof(mps_announce_key), sizeof(mps_announce),
+                                   MPS_ANNOUNCES_MAX, "announces");
+    m.add_requests_ = create_or_adopt(dir + "/add_requests" + v, BPF_MAP_TYPE_HASH,
+                                      sizeof(mps_flow_key), sizeof(mps_add_request),
+                                      MPS_ADD_REQUESTS_MAX,
+                                      "add_requests");
+    m.prio_sent_ = create_or_adopt(dir + "/prio_sent" + v, BPF_MAP_TYPE_LRU_HASH,
+                                   sizeof(mps_flow_key), sizeof(mps_prio_sent), MPS_FLOWS_MAX,
+                                   "prio_sent");
+    m.ctl_.reset(mps_ctl__open());
+    if (!m.ctl_) fail("opening the control programs", errno);
+    detail::reuse_state_maps(m.ctl_->obj, m);
+    if (int err = mps_ctl__load(m.ctl_.get())) fail("loading the control programs", err);
+    return m;
+}
+
+void StateMaps::CtlDeleter::operator()(mps_ctl* c) const { mps_ctl__destroy(c); }
+
+bool StateMaps::update_flow(const mps_ctl_flow_req& req) const {
+    auto r = test_run(bpf_program__fd(ctl_->progs.ctl_flow_update),
+                      {reinterpret_cast<const uint8_t*>(&req), sizeof req}, true);
+    if (r.retval == XDP_ABORTED) throw Error("flow update: request rejected");
+    return r.retval == XDP_PASS;
+}
+
+}  // namespace mpsteer::datapath
