@@ -145,7 +145,7 @@ public:
     std::chrono::steady_clock::time_point next_tick() const { return next_tick_; }
     void schedule_from(std::chrono::steady_clock::time_point now);
 
-    struct Impl;  // the Lua side (hooks.cpp)
+    struct Impl;  // the sandboxed Lua state (sandbox.h)
 private:
     bool call(const char* hook, std::function<int(lua_State*)> push,
               std::function<void(lua_State*)> returns);
