@@ -1,4 +1,4 @@
-// Lua hooks (DESIGN "Lua hooks"): operators' scripts that the agent runs on datapath events
+// Lua hooks (lua/README.md): operators' scripts that the agent runs on datapath events
 // and timers, turning their decisions into in-place map writes. One Lua 5.4 state per script,
 // sandboxed: base (without dofile, loadfile, collectgarbage; `load` takes text only), string
 // (without dump), table, math, utf8; an instruction budget per call, a memory cap per state,

@@ -1,4 +1,4 @@
-// Lua hooks benchmarks (issue 6); prints figures, not a test. Root, network namespaces.
+// Lua hooks benchmarks; prints figures, not a test. Root, network namespaces.
 //   lua_bench latency [N]   event -> hook -> map update, p50/p99 over N connections per round,
 //                           the agent's event thread (lua::EventThread) in each --events mode,
 //                           SCHED_OTHER and SCHED_FIFO, beside the kernel's netlink path for the

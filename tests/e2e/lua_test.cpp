@@ -1,4 +1,4 @@
-// Lua hooks end to end (issue 6): the agent, run on the lab's client with the shipped
+// Lua hooks end to end: the agent, run on the lab's client with the shipped
 // small-flow policy (policies/small-flow-pm.yaml + lua/small_flow_pm.lua), against the
 // kernel's MPTCP. A 100 KB upload completes on its one subflow (the server's ADD_ADDR stays
 // hidden); a 50 MB upload gets its second subflow once it has passed the 220 KB threshold
