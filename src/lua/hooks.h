@@ -1,4 +1,4 @@
-// Lua hooks (DESIGN "Lua hooks"): operators' scripts that the agent runs on datapath events
+// Lua hooks (lua/README.md): operators' scripts that the agent runs on datapath events
 // and timers, turning their decisions into in-place map writes. One Lua 5.4 state per script,
 // sandboxed: base (without dofile, loadfile, collectgarbage; `load` takes text only), string
 // (without dump), table, math, utf8; an instruction budget per call, a memory cap per state,
@@ -87,8 +87,9 @@ public:
     // Hide it again (blk_subflow keeps hiding its retransmissions).
     virtual bool block_address(const std::string& policy, uint32_t token, uint8_t addr_id) = 0;
     // The B flag of `policy`'s set_backup actions, in place (and MP_PRIO sent on subflows
-    // that are idle, so the peer hears it). Returns the number of actions changed; throws when
-    // the policy has none.
+    // that are idle, so the peer hears it). Returns the number of actions changed; the writes
+    // themselves may land later (the agent queues them to the generation's one writer).
+    // Throws when the policy has none.
     virtual int set_policy_backup(const std::string& policy, bool backup) = 0;
 };
 
@@ -145,7 +146,7 @@ public:
     std::chrono::steady_clock::time_point next_tick() const { return next_tick_; }
     void schedule_from(std::chrono::steady_clock::time_point now);
 
-    struct Impl;  // the Lua side (hooks.cpp)
+    struct Impl;  // the sandboxed Lua state (sandbox.h)
 private:
     bool call(const char* hook, std::function<int(lua_State*)> push,
               std::function<void(lua_State*)> returns);

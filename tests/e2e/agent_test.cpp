@@ -1,4 +1,4 @@
-// The agent (issue 5) against live MPTCP between two namespaces, run as a child process the
+// The agent against live MPTCP between two namespaces, run as a child process the
 // way an operator runs it (`mpsteer run --netns <server> ...`):
 //  (1) a long transfer (at least 500 MB, content checksum) while 200 revisions are published
 //      the git-sync way: policies added, modified and removed, invalid revisions in between.

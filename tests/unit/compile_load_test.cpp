@@ -132,7 +132,7 @@ TEST_CASE("compiled policies load as a generation", "[bpf][compile]") {
     CHECK(gen->entry_fd(datapath::Hook::xdp) >= 0);
 }
 
-// The shipped policies and the valid examples, with the option-rewriting actors of issue 3
+// The shipped policies and the valid examples, with the option-rewriting actors
 // (blk_subflow, add_subflow, set_backup, no_subflows, redirect).
 TEST_CASE("shipped policies load as a generation", "[bpf][compile]") {
     datapath::init_libbpf_logging();

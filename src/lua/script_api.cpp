@@ -1,0 +1,318 @@
+// The script API (see script_api.h): the `mpsteer` functions, each checking its arguments,
+// calling the Backend and pushing the result, and the conversions they and the hooks share.
+#include "lua/script_api.h"
+
+#include <lua5.4/lauxlib.h>
+#include <lua5.4/lua.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+
+#include "lua/sandbox.h"
+#include "manifest/manifest.h"
+
+namespace mpsteer::lua {
+namespace {
+using Clock = std::chrono::steady_clock;
+using Impl = Script::Impl;
+
+void set_int(lua_State* L, const char* k, uint64_t v) {
+    lua_pushinteger(L, static_cast<lua_Integer>(v));
+    lua_setfield(L, -2, k);
+}
+void set_str(lua_State* L, const char* k, const std::string& v) {
+    lua_pushlstring(L, v.data(), v.size());
+    lua_setfield(L, -2, k);
+}
+void set_bool(lua_State* L, const char* k, bool v) {
+    lua_pushboolean(L, v);
+    lua_setfield(L, -2, k);
+}
+
+void push_json_at(lua_State* L, const nlohmann::json& j, int depth) {
+    if (depth > 16) luaL_error(L, "params nested too deeply");
+    switch (j.type()) {
+    case nlohmann::json::value_t::boolean: lua_pushboolean(L, j.get<bool>()); break;
+    case nlohmann::json::value_t::number_integer: lua_pushinteger(L, j.get<int64_t>()); break;
+    case nlohmann::json::value_t::number_unsigned:
+        lua_pushinteger(L, static_cast<lua_Integer>(j.get<uint64_t>()));
+        break;
+    case nlohmann::json::value_t::number_float: lua_pushnumber(L, j.get<double>()); break;
+    case nlohmann::json::value_t::string: {
+        const auto& s = j.get_ref<const std::string&>();
+        lua_pushlstring(L, s.data(), s.size());
+        break;
+    }
+    case nlohmann::json::value_t::array: {
+        lua_createtable(L, static_cast<int>(j.size()), 0);
+        lua_Integer i = 1;
+        for (const auto& v : j) {
+            push_json_at(L, v, depth + 1);
+            lua_rawseti(L, -2, i++);
+        }
+        break;
+    }
+    case nlohmann::json::value_t::object:
+        lua_createtable(L, 0, static_cast<int>(j.size()));
+        for (const auto& [k, v] : j.items()) {
+            push_json_at(L, v, depth + 1);
+            lua_setfield(L, -2, k.c_str());
+        }
+        break;
+    default: lua_pushnil(L);
+    }
+}
+
+// A non-negative integer from a number argument (floats are rounded).
+uint64_t check_u64(lua_State* L, int idx, const char* what) {
+    int isnum = 0;
+    lua_Number v = lua_tonumberx(L, idx, &isnum);
+    if (!isnum || !std::isfinite(v) || v < 0 || v > 1.8e19)
+        luaL_error(L, "%s must be a non-negative number (got %s)", what, luaL_typename(L, idx));
+    if (lua_isinteger(L, idx)) return static_cast<uint64_t>(lua_tointeger(L, idx));
+    return static_cast<uint64_t>(std::llround(v));
+}
+
+uint32_t check_token(lua_State* L, int idx) {
+    uint64_t t = check_u64(L, idx, "token");
+    if (t > 0xffffffffu) luaL_error(L, "token out of range");
+    return static_cast<uint32_t>(t);
+}
+
+// Runs f (a Backend call storing its result in Impl or in a trivially destructible local) and
+// raises its exception's message as a Lua error, once the exception is gone.
+template <typename F>
+void guarded(lua_State* L, F&& f) {
+    Impl* im = impl_of(L);
+    bool failed = false;
+    try {
+        f();
+    } catch (const std::exception& e) {
+        std::snprintf(im->err, sizeof im->err, "%s", e.what());
+        failed = true;
+    }
+    if (failed) luaL_error(L, "%s", im->err);
+}
+
+void count_writes(lua_State* L, uint64_t n) {
+    const_cast<ScriptStatus&>(impl_of(L)->owner->status()).writes += n;
+}
+
+}  // namespace
+
+void push_subflow(lua_State* L, const Subflow& s) {
+    lua_createtable(L, 0, 20);
+    set_int(L, "id", s.id);
+    set_int(L, "token", s.token);
+    set_str(L, "a", s.a);
+    set_str(L, "b", s.b);
+    set_int(L, "bytes", s.bytes);
+    set_int(L, "packets", s.packets);
+    set_int(L, "bytes_ab", s.bytes_ab);
+    set_int(L, "bytes_ba", s.bytes_ba);
+    set_int(L, "srtt_us", s.srtt_us);
+    set_int(L, "rttvar_us", s.rttvar_us);
+    set_int(L, "cwnd", s.cwnd);
+    set_int(L, "inflight", s.inflight);
+    set_int(L, "notsent", s.notsent);
+    set_int(L, "delivery_rate", s.delivery_rate);
+    set_int(L, "rate", s.rate);
+    set_bool(L, "backup", s.backup);
+    set_bool(L, "local_socket", s.local);
+    set_bool(L, "join", s.join);
+}
+
+void push_connection(lua_State* L, const Connection& c) {
+    lua_createtable(L, 0, 8);
+    set_int(L, "token", c.token);
+    set_int(L, "token_b", c.token_b);
+    set_int(L, "bytes", c.bytes);
+    set_int(L, "packets", c.packets);
+    set_int(L, "unsent", c.unsent);
+    lua_createtable(L, static_cast<int>(c.subflows.size()), 0);
+    for (size_t i = 0; i < c.subflows.size(); ++i) {
+        push_subflow(L, c.subflows[i]);
+        lua_rawseti(L, -2, static_cast<lua_Integer>(i + 1));
+    }
+    lua_setfield(L, -2, "subflows");
+}
+
+void push_add_addr(lua_State* L, const AddAddr& a) {
+    lua_createtable(L, 0, 5);
+    set_int(L, "token", a.token);
+    set_str(L, "address", a.address);
+    set_int(L, "port", a.port);
+    set_int(L, "addr_id", a.addr_id);
+    set_str(L, "subflow", a.subflow);
+}
+
+void push_json(lua_State* L, const nlohmann::json& j) { push_json_at(L, j, 0); }
+
+SubflowSettings check_settings(lua_State* L, int idx, const char* what) {
+    idx = lua_absindex(L, idx);
+    luaL_checktype(L, idx, LUA_TTABLE);
+    SubflowSettings s;
+    lua_pushnil(L);
+    while (lua_next(L, idx)) {
+        if (lua_type(L, -2) != LUA_TSTRING)
+            luaL_error(L, "%s: keys must be names, got a %s key", what, luaL_typename(L, -2));
+        const char* k = lua_tostring(L, -2);
+        if (std::strcmp(k, "rate") == 0) {
+            s.rate = check_u64(L, -1, "rate");
+        } else if (std::strcmp(k, "backup") == 0) {
+            if (!lua_isboolean(L, -1)) luaL_error(L, "%s: backup must be a boolean", what);
+            s.backup = lua_toboolean(L, -1);
+        } else {
+            luaL_error(L, "%s: unknown key '%s' (expected rate, backup)", what, k);
+        }
+        lua_pop(L, 1);
+    }
+    return s;
+}
+
+int apply_settings(lua_State* L, uint64_t id, const SubflowSettings& s) {
+    Impl* im = impl_of(L);
+    bool ok = false;
+    guarded(L, [&] { ok = im->backend->set_subflow(im->owner->spec().policy, id, s); });
+    if (ok) count_writes(L, 1);
+    lua_pushboolean(L, ok);
+    return 1;
+}
+
+namespace {
+
+// ---- the mpsteer table ---------------------------------------------------------------------
+
+int api_connections(lua_State* L) {
+    Impl* im = impl_of(L);
+    guarded(L, [im] { im->conns = im->backend->connections(); });
+    lua_createtable(L, static_cast<int>(im->conns.size()), 0);
+    for (size_t i = 0; i < im->conns.size(); ++i) {
+        push_connection(L, im->conns[i]);
+        lua_rawseti(L, -2, static_cast<lua_Integer>(i + 1));
+    }
+    return 1;
+}
+
+int api_connection(lua_State* L) {
+    Impl* im = impl_of(L);
+    uint32_t token = check_token(L, 1);
+    guarded(L, [im, token] { im->conn = im->backend->connection(token); });
+    if (!im->conn) return lua_pushnil(L), 1;
+    push_connection(L, *im->conn);
+    return 1;
+}
+
+int api_subflow(lua_State* L) {
+    Impl* im = impl_of(L);
+    uint64_t id = check_u64(L, 1, "subflow id");
+    guarded(L, [im, id] { im->sf = im->backend->subflow(id); });
+    if (!im->sf) return lua_pushnil(L), 1;
+    push_subflow(L, *im->sf);
+    return 1;
+}
+
+int api_set_subflow(lua_State* L) {
+    uint64_t id = check_u64(L, 1, "subflow id");
+    SubflowSettings s = check_settings(L, 2, "set_subflow");
+    return apply_settings(L, id, s);
+}
+
+int api_set_rate(lua_State* L) {
+    SubflowSettings s;
+    uint64_t id = check_u64(L, 1, "subflow id");
+    s.rate = check_u64(L, 2, "rate");
+    return apply_settings(L, id, s);
+}
+
+int api_set_backup(lua_State* L) {
+    SubflowSettings s;
+    uint64_t id = check_u64(L, 1, "subflow id");
+    luaL_checktype(L, 2, LUA_TBOOLEAN);
+    s.backup = lua_toboolean(L, 2);
+    return apply_settings(L, id, s);
+}
+
+// add_subflow / block_address (token, address id): re-inject or hide an announcement.
+int address_call(lua_State* L, bool add) {
+    Impl* im = impl_of(L);
+    uint32_t token = check_token(L, 1);
+    uint64_t id = check_u64(L, 2, "address id");
+    if (id > 255) return luaL_error(L, "address id out of range");
+    bool ok = false;
+    guarded(L, [&] {
+        const auto& pol = im->owner->spec().policy;
+        ok = add ? im->backend->add_subflow(pol, token, uint8_t(id))
+                 : im->backend->block_address(pol, token, uint8_t(id));
+    });
+    if (ok) count_writes(L, 1);
+    lua_pushboolean(L, ok);
+    return 1;
+}
+int api_add_subflow(lua_State* L) { return address_call(L, true); }
+int api_block_address(lua_State* L) { return address_call(L, false); }
+
+int api_set_policy_backup(lua_State* L) {
+    Impl* im = impl_of(L);
+    luaL_checktype(L, 1, LUA_TBOOLEAN);
+    bool b = lua_toboolean(L, 1);
+    int n = 0;
+    guarded(L, [&] { n = im->backend->set_policy_backup(im->owner->spec().policy, b); });
+    count_writes(L, uint64_t(n));
+    lua_pushinteger(L, n);
+    return 1;
+}
+
+int api_log(lua_State* L) {
+    Impl* im = impl_of(L);
+    const char* level = luaL_checkstring(L, 1);
+    const char* msg = luaL_checkstring(L, 2);
+    spdlog::level::level_enum lv;
+    if (!std::strcmp(level, "debug")) lv = spdlog::level::debug;
+    else if (!std::strcmp(level, "info")) lv = spdlog::level::info;
+    else if (!std::strcmp(level, "warn")) lv = spdlog::level::warn;
+    else if (!std::strcmp(level, "error")) lv = spdlog::level::err;
+    else return luaL_error(L, "log: unknown level '%s' (debug, info, warn, error)", level);
+    spdlog::log(lv, "lua {}: {}", im->owner->spec().policy, msg);
+    return 0;
+}
+
+int api_time(lua_State* L) {
+    lua_pushnumber(L, std::chrono::duration<double>(Clock::now().time_since_epoch()).count());
+    return 1;
+}
+
+int api_rate(lua_State* L) {
+    const char* s = luaL_checkstring(L, 1);
+    auto r = manifest::parse_rate_bytes_per_sec(s);
+    if (!r) return luaL_error(L, "rate: '%s' is not a rate like 20Mbit or 2MB/s", s);
+    lua_pushinteger(L, static_cast<lua_Integer>(*r));
+    return 1;
+}
+
+}  // namespace
+
+void open_script_api(lua_State* L) {
+    Impl* im = impl_of(L);
+    const luaL_Reg api[] = {{"connections", api_connections}, {"connection", api_connection},
+                            {"subflow", api_subflow},         {"set_subflow", api_set_subflow},
+                            {"set_rate", api_set_rate},       {"set_backup", api_set_backup},
+                            {"add_subflow", api_add_subflow}, {"block_address", api_block_address},
+                            {"set_policy_backup", api_set_policy_backup},
+                            {"log", api_log},                 {"time", api_time},
+                            {"rate", api_rate},               {nullptr, nullptr}};
+    lua_pushglobaltable(L);
+    luaL_newlib(L, api);
+    set_str(L, "policy", im->owner->spec().policy);
+    set_int(L, "every_ms", im->owner->spec().every_ms);
+    lua_setfield(L, -2, "mpsteer");
+    push_json(L, im->owner->spec().params);
+    lua_setfield(L, -2, "params");
+    lua_pop(L, 1);  // _G
+}
+
+}  // namespace mpsteer::lua
