@@ -8,7 +8,7 @@
 
 using namespace mpsteer::datapath::bpfasm;
 
-TEST_CASE("bpf_asm: a forward jump lands on the label bound after it", "[unit][bpf_asm]")
+TEST_CASE("a forward jump lands on the label bound after it", "[unit][bpf_asm]")
 {
     Asm a;
     Label out = a.label();
@@ -26,7 +26,7 @@ TEST_CASE("bpf_asm: a forward jump lands on the label bound after it", "[unit][b
     CHECK(code[0].off == 2);  // counted from the instruction after the jump: 1 + 2 = 3
 }
 
-TEST_CASE("bpf_asm: a backward jump (a loop) gets a negative offset", "[unit][bpf_asm]")
+TEST_CASE("a backward jump (a loop) gets a negative offset", "[unit][bpf_asm]")
 {
     Asm a;
     Label loop = a.label(), done = a.label();
@@ -44,7 +44,7 @@ TEST_CASE("bpf_asm: a backward jump (a loop) gets a negative offset", "[unit][bp
     CHECK(code[3].off == -3);  // 3 + 1 - 3 = 1
 }
 
-TEST_CASE("bpf_asm: ja to the code that follows emits nothing; ld_imm64 takes two slots",
+TEST_CASE("ja to the code that follows emits nothing, ld_imm64 takes two slots",
           "[unit][bpf_asm]")
 {
     Asm a;
@@ -68,7 +68,7 @@ TEST_CASE("bpf_asm: ja to the code that follows emits nothing; ld_imm64 takes tw
     CHECK(code[2].off == 0);
 }
 
-TEST_CASE("bpf_asm: a jump to a label never bound is refused", "[unit][bpf_asm]")
+TEST_CASE("a jump to a label never bound is refused", "[unit][bpf_asm]")
 {
     Asm a;
     Label nowhere = a.label();
