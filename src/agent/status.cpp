@@ -11,6 +11,7 @@
 
 #include "agent/agent.h"
 #include "agent/lock_file.h"
+#include "net/address.h"
 
 namespace fs = std::filesystem;
 
@@ -62,15 +63,6 @@ std::string now_iso() {
     return buf;
 }
 
-std::string flow_text(const mps_flow_key& k) {
-    char a[INET6_ADDRSTRLEN], b[INET6_ADDRSTRLEN];
-    int af = k.family == 6 ? AF_INET6 : AF_INET;
-    inet_ntop(af, k.a, a, sizeof a);
-    inet_ntop(af, k.b, b, sizeof b);
-    return std::string(a) + ":" + std::to_string(k.port_a) + " <-> " + b + ":" +
-           std::to_string(k.port_b);
-}
-
 std::string hex32(uint32_t v) {
     char buf[16];
     std::snprintf(buf, sizeof buf, "%08x", v);
@@ -93,7 +85,7 @@ EventLog::EventLog(const std::string& path) : out_(path, std::ios::app) {}
 
 void EventLog::record(const datapath::Event& ev) {
     const auto& r = ev.raw;
-    nlohmann::json j = {{"time", now_iso()}, {"flow", flow_text(r.flow)},
+    nlohmann::json j = {{"time", now_iso()}, {"flow", datapath::to_string(r.flow)},
                         {"hook", std::string(datapath::to_string(static_cast<datapath::Hook>(r.hook)))}};
     if (r.type < 5) ++counts_[r.type];
     if (r.type == MPS_EV_MP_CAPABLE) {
@@ -108,9 +100,7 @@ void EventLog::record(const datapath::Event& ev) {
         j["addr_id"] = r.addr_id;
     } else if (r.type == MPS_EV_ADD_ADDR_BLOCKED) {
         j["type"] = "add_addr_blocked";
-        char addr[INET6_ADDRSTRLEN];
-        inet_ntop(r.flags == 6 ? AF_INET6 : AF_INET, r.key, addr, sizeof addr);
-        j["address"] = addr;
+        j["address"] = net::address_text(r.flags == 6 ? 6 : 4, r.key);
         j["addr_id"] = r.addr_id;
         if (r.nonce) j["port"] = r.nonce;
     } else {

@@ -26,6 +26,7 @@
 #include "cli/commands.h"
 #include "datapath/datapath.h"
 #include "lab/lab.h"
+#include "net/address.h"
 
 namespace mpsteer::cli {
 namespace {
@@ -44,21 +45,15 @@ std::string hex(uint32_t v) {
     return b;
 }
 
-std::string addr4(const __u32* a) {
-    char buf[INET_ADDRSTRLEN] = {};
-    inet_ntop(AF_INET, a, buf, sizeof buf);
-    return buf;
-}
-
 // "10.0.2.1:40991 -> 10.0.2.2:5201", client first (the lower address in the lab).
 std::string subflow_name(const mps_flow_key& k) {
-    return addr4(k.a) + ":" + std::to_string(k.port_a) + " -> " + addr4(k.b) + ":" +
+    return net::address_text(4, k.a) + ":" + std::to_string(k.port_a) + " -> " + net::address_text(4, k.b) + ":" +
            std::to_string(k.port_b);
 }
 
 int path_of(const mps_flow_key& k) {
     for (int p = 1; p <= 2; p++)
-        if (addr4(k.b) == Lab::server_addr(p)) return p;
+        if (net::address_text(4, k.b) == Lab::server_addr(p)) return p;
     return 0;
 }
 

@@ -2,6 +2,7 @@
 #include "datapath/actors.h"
 
 #include "datapath/inet_csum.h"
+#include "net/address.h"
 
 #include <arpa/inet.h>
 #include <bpf/bpf.h>
@@ -46,12 +47,8 @@ uint64_t monotonic_ns() {
 }  // namespace
 
 std::string Announcement::address() const {
-    char buf[INET6_ADDRSTRLEN] = {};
-    const bool v6 = value.family == 6;
-    inet_ntop(v6 ? AF_INET6 : AF_INET, value.addr, buf, sizeof buf);
-    std::string a = buf;
-    if (!value.port) return a;
-    return (v6 ? "[" + a + "]" : a) + ":" + std::to_string(value.port);
+    return value.port ? net::endpoint_text(value.family, value.addr, value.port)
+                      : net::address_text(value.family, value.addr);
 }
 
 std::string_view to_string(mps_announce_state s) {

@@ -1,5 +1,7 @@
 #include "datapath/chain.h"
 
+#include "net/address.h"
+
 #include <arpa/inet.h>
 
 #include <algorithm>
@@ -60,11 +62,6 @@ static_assert(std::ranges::all_of(kProgNames, [](const ProgName& p) {
               }),
               "a program's slot collides with the interpreter or the entry programs");
 
-std::string addr_str(uint8_t family, const __u32* a) {
-    char buf[INET6_ADDRSTRLEN] = {};
-    inet_ntop(family == 6 ? AF_INET6 : AF_INET, a, buf, sizeof buf);
-    return buf;
-}
 
 std::string pc_str(uint16_t pc) { return pc == MPS_PC_END ? "end" : std::to_string(pc); }
 
@@ -74,14 +71,14 @@ std::string params_str(const mps_step& s) {
     switch (s.prog) {
     case MPS_SEL_SRC:
     case MPS_SEL_DST:
-        o << addr_str(p.cidr.family, p.cidr.addr) << '/' << int(p.cidr.prefix);
+        o << net::address_text(p.cidr.family, p.cidr.addr) << '/' << int(p.cidr.prefix);
         break;
     case MPS_SEL_SUBFLOW:
-        o << addr_str(p.pair.family, p.pair.a) << ':' << p.pair.port_a << " <-> "
-          << addr_str(p.pair.family, p.pair.b) << ':' << p.pair.port_b;
+        o << net::address_text(p.pair.family, p.pair.a) << ':' << p.pair.port_a << " <-> "
+          << net::address_text(p.pair.family, p.pair.b) << ':' << p.pair.port_b;
         break;
     case MPS_SEL_IP_PAIR:
-        o << addr_str(p.pair.family, p.pair.a) << " <-> " << addr_str(p.pair.family, p.pair.b);
+        o << net::address_text(p.pair.family, p.pair.a) << " <-> " << net::address_text(p.pair.family, p.pair.b);
         break;
     case MPS_SEL_PORT:
         o << (p.port.dir == MPS_DIR_SRC ? "src " : p.port.dir == MPS_DIR_DST ? "dst " : "")
@@ -249,6 +246,11 @@ std::vector<std::string> ChainSet::check() const {
                                std::to_string(kMaxActorsPerPath));
     }
     return problems;
+}
+
+std::string to_string(const mps_flow_key& k) {
+    return net::endpoint_text(k.family, k.a, k.port_a) + " <-> " +
+           net::endpoint_text(k.family, k.b, k.port_b);
 }
 
 }  // namespace mpsteer::datapath

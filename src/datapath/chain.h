@@ -62,6 +62,9 @@ constexpr int kMaxActorsPerPath = 16;
 mps_step make_step(mps_prog prog, uint16_t on_match, uint16_t on_miss = MPS_PC_END,
                    uint16_t policy = 0);
 std::string_view prog_name(mps_prog p);
+
+// "10.0.1.1:40000 <-> 10.0.2.2:80" (IPv6 endpoints in brackets), in the key's own order.
+std::string to_string(const mps_flow_key& k);
 // Whether a step runs in its own program (reached by tail call) rather than inline in the
 // interpreter (the cheap selectors, pass and drop).
 constexpr bool has_program(mps_prog p) {

@@ -291,7 +291,5 @@ private:
     std::vector<std::unique_ptr<datapath::HookLink>> links_;
 };
 
-// "10.0.1.1:40000 <-> 10.0.1.2:5201" for a flow key.
-std::string to_string(const mps_flow_key& k);
 
 }  // namespace mpsteer::lab

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "lab/lab.h"
+#include "net/address.h"
 
 namespace mpsteer::lab {
 
@@ -36,12 +37,6 @@ T attr_val(const char* data, size_t len) {
     T v{};
     std::memcpy(&v, data, len < sizeof v ? len : sizeof v);
     return v;
-}
-
-std::string addr_str(int family, const char* data) {
-    char buf[INET6_ADDRSTRLEN] = {};
-    inet_ntop(family, data, buf, sizeof buf);
-    return buf;
 }
 
 // Resolves the mptcp_pm family's event multicast group id.
@@ -160,10 +155,10 @@ std::vector<MptcpEvent> MptcpMonitor::poll(std::chrono::milliseconds timeout) {
                 case MPTCP_ATTR_TOKEN: e.token = attr_val<uint32_t>(v, l); break;
                 case MPTCP_ATTR_LOC_ID: e.loc_id = attr_val<uint8_t>(v, l); break;
                 case MPTCP_ATTR_REM_ID: e.rem_id = attr_val<uint8_t>(v, l); break;
-                case MPTCP_ATTR_SADDR4: e.saddr = addr_str(AF_INET, v); break;
-                case MPTCP_ATTR_DADDR4: e.daddr = addr_str(AF_INET, v); break;
-                case MPTCP_ATTR_SADDR6: e.saddr = addr_str(AF_INET6, v); break;
-                case MPTCP_ATTR_DADDR6: e.daddr = addr_str(AF_INET6, v); break;
+                case MPTCP_ATTR_SADDR4: e.saddr = net::address_text(4, v); break;
+                case MPTCP_ATTR_DADDR4: e.daddr = net::address_text(4, v); break;
+                case MPTCP_ATTR_SADDR6: e.saddr = net::address_text(6, v); break;
+                case MPTCP_ATTR_DADDR6: e.daddr = net::address_text(6, v); break;
                 case MPTCP_ATTR_SPORT: e.sport = ntohs(attr_val<uint16_t>(v, l)); break;
                 case MPTCP_ATTR_DPORT: e.dport = ntohs(attr_val<uint16_t>(v, l)); break;
                 }

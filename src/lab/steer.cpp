@@ -152,14 +152,5 @@ std::optional<mps_conn> Steering::conn(uint32_t lower_token) const {
     return c;
 }
 
-std::string to_string(const mps_flow_key& k) {
-    auto ep = [&](const __u32* a, uint16_t port) {
-        char buf[INET6_ADDRSTRLEN] = {};
-        inet_ntop(k.family == 6 ? AF_INET6 : AF_INET, a, buf, sizeof buf);
-        return (k.family == 6 ? "[" + std::string(buf) + "]" : std::string(buf)) + ":" +
-               std::to_string(port);
-    };
-    return ep(k.a, k.port_a) + " <-> " + ep(k.b, k.port_b);
-}
 
 }  // namespace mpsteer::lab

@@ -1,4 +1,5 @@
 #include "lua/flows.h"
+#include "net/address.h"
 
 #include <arpa/inet.h>
 
@@ -6,13 +7,6 @@ namespace mpsteer::lua {
 
 std::string key_bytes(const mps_flow_key& k) {
     return std::string(reinterpret_cast<const char*>(&k), sizeof k);
-}
-
-std::string endpoint(const uint32_t* addr, uint16_t port, uint8_t family) {
-    char buf[INET6_ADDRSTRLEN];
-    inet_ntop(family == 6 ? AF_INET6 : AF_INET, addr, buf, sizeof buf);
-    return family == 6 ? "[" + std::string(buf) + "]:" + std::to_string(port)
-                       : std::string(buf) + ":" + std::to_string(port);
 }
 
 uint64_t FlowIds::id_of(const mps_flow_key& k) {
@@ -38,8 +32,8 @@ Subflow make_subflow(FlowIds& ids, const mps_flow_key& k, const mps_flow& f) {
     Subflow s;
     s.id = ids.id_of(k);
     s.token = f.conn_token;
-    s.a = endpoint(k.a, k.port_a, k.family);
-    s.b = endpoint(k.b, k.port_b, k.family);
+    s.a = net::endpoint_text(k.family, k.a, k.port_a);
+    s.b = net::endpoint_text(k.family, k.b, k.port_b);
     s.bytes_ab = f.dir[0].bytes;
     s.bytes_ba = f.dir[1].bytes;
     s.bytes = s.bytes_ab + s.bytes_ba;

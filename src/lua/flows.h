@@ -29,8 +29,6 @@ private:
 
 // The flow key's bytes, as a map key.
 std::string key_bytes(const mps_flow_key& k);
-// "addr:port" ("[addr]:port" for IPv6).
-std::string endpoint(const uint32_t* addr, uint16_t port, uint8_t family);
 // A flow entry as a script's subflow table (without TCP_INFO).
 Subflow make_subflow(FlowIds& ids, const mps_flow_key& k, const mps_flow& f);
 

@@ -1,4 +1,5 @@
 #include "lua/hook_dispatcher.h"
+#include "net/address.h"
 
 #include <arpa/inet.h>
 
@@ -44,8 +45,8 @@ void HookDispatcher::dispatch(HookSet& hooks, const datapath::Event& ev) {
         Subflow s = have ? make_subflow(ids_, r.flow, f) : Subflow{};
         if (!have) {
             s.id = ids_.id_of(r.flow);
-            s.a = endpoint(r.flow.a, r.flow.port_a, r.flow.family);
-            s.b = endpoint(r.flow.b, r.flow.port_b, r.flow.family);
+            s.a = net::endpoint_text(r.flow.family, r.flow.a, r.flow.port_a);
+            s.b = net::endpoint_text(r.flow.family, r.flow.b, r.flow.port_b);
         }
         hooks.on_subflow_closed(s);
         // Forget the handle (the id map would otherwise grow with every flow ever seen); a
@@ -57,13 +58,10 @@ void HookDispatcher::dispatch(HookSet& hooks, const datapath::Event& ev) {
     case MPS_EV_ADD_ADDR_BLOCKED: {
         AddAddr a;
         a.token = have ? f.conn_token : 0;
-        char buf[INET6_ADDRSTRLEN];
-        inet_ntop(r.flags == 6 ? AF_INET6 : AF_INET, r.key, buf, sizeof buf);
-        a.address = buf;
+        a.address = net::address_text(r.flags == 6 ? 6 : 4, r.key);
         a.port = uint16_t(r.nonce);
         a.addr_id = r.addr_id;
-        a.subflow = endpoint(r.flow.a, r.flow.port_a, r.flow.family) + " <-> " +
-                    endpoint(r.flow.b, r.flow.port_b, r.flow.family);
+        a.subflow = datapath::to_string(r.flow);
         hooks.on_add_addr_blocked(a);
         break;
     }

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "manifest/internal.h"
+#include "net/address.h"
 
 namespace mpsteer::manifest {
 
@@ -78,11 +79,7 @@ std::string_view to_string(HookPoint h) {
     return "?";
 }
 
-std::string to_string(const IpAddr& a) {
-    char buf[INET6_ADDRSTRLEN] = {};
-    inet_ntop(a.family == 4 ? AF_INET : AF_INET6, a.bytes.data(), buf, sizeof buf);
-    return buf;
-}
+std::string to_string(const IpAddr& a) { return net::address_text(a.family, a.bytes.data()); }
 
 std::optional<IpAddr> parse_ip(std::string_view s) {
     if (s.size() >= INET6_ADDRSTRLEN) return std::nullopt;

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "lab/lab.h"
+#include "net/address.h"
 
 using namespace mpsteer;
 using namespace mpsteer::lab;
@@ -26,12 +27,6 @@ LabConfig config(const char* what) {
     LabConfig cfg;
     cfg.tag = what + std::to_string(getpid() % 1000000);
     return cfg;
-}
-
-std::string ip4(const __u32* a) {
-    char buf[INET_ADDRSTRLEN] = {};
-    inet_ntop(AF_INET, a, buf, sizeof buf);
-    return buf;
 }
 
 std::string hex(uint32_t v) {
@@ -118,18 +113,18 @@ TEST_CASE("datapath: record, get_connect, get_subflow see both subflows with the
         for (const auto& e : evs) {
             if (e.raw.type == MPS_EV_MP_CAPABLE) {
                 mpc++;
-                INFO("MP_CAPABLE " << to_string(e.raw.flow) << " tokens " << hex(e.token_a)
+                INFO("MP_CAPABLE " << datapath::to_string(e.raw.flow) << " tokens " << hex(e.token_a)
                                    << "/" << hex(e.token_b));
-                CHECK(ip4(e.raw.flow.a) == Lab::client_addr(1));
+                CHECK(net::address_text(4, e.raw.flow.a) == Lab::client_addr(1));
                 CHECK(e.raw.flow.port_b == 5201);
                 if (e.token_a) CHECK(e.token_a == cli_token);
                 if (e.token_b) CHECK(e.token_b == srv_token);
                 if (e.token_a && e.token_b) mpc_both++;
             } else if (e.raw.type == MPS_EV_MP_JOIN) {
                 joins++;
-                INFO("MP_JOIN " << to_string(e.raw.flow) << " token " << hex(e.raw.token));
-                CHECK(ip4(e.raw.flow.a) == Lab::client_addr(2));
-                CHECK(ip4(e.raw.flow.b) == Lab::server_addr(2));
+                INFO("MP_JOIN " << datapath::to_string(e.raw.flow) << " token " << hex(e.raw.token));
+                CHECK(net::address_text(4, e.raw.flow.a) == Lab::client_addr(2));
+                CHECK(net::address_text(4, e.raw.flow.b) == Lab::server_addr(2));
                 CHECK(e.raw.token == srv_token);  // the receiver's (server's) token
                 CHECK(e.raw.from_a == 1);
             }
@@ -144,11 +139,11 @@ TEST_CASE("datapath: record, get_connect, get_subflow see both subflows with the
         for (const auto& [k, f] : steer.flows()) {
             if (k.port_b != 5201) continue;
             seen++;
-            INFO("flow " << to_string(k) << " c->s " << f.dir[0].packets << " pkts "
+            INFO("flow " << datapath::to_string(k) << " c->s " << f.dir[0].packets << " pkts "
                          << f.dir[0].bytes << " B, s->c " << f.dir[1].packets << " pkts, srtt "
                          << f.srtt_us << " us, tokens " << hex(f.token[0]) << "/"
                          << hex(f.token[1]));
-            const bool join = ip4(k.a) == Lab::client_addr(2);
+            const bool join = net::address_text(4, k.a) == Lab::client_addr(2);
             CHECK(f.role == (join ? MPS_ROLE_JOIN : MPS_ROLE_INITIAL));
             CHECK(f.dir[0].packets > 0);
             CHECK(f.dir[0].bytes > 0);
@@ -225,9 +220,9 @@ TEST_CASE("datapath: rate_limit holds one subflow to its configured rate", "[e2e
     char line[256];
     for (const auto& [k, f] : steer.flows()) {
         if (k.port_b != 5201) continue;
-        if (ip4(k.a) == Lab::client_addr(2)) srtt = f.srtt_us;
+        if (net::address_text(4, k.a) == Lab::client_addr(2)) srtt = f.srtt_us;
         std::snprintf(line, sizeof line, "flow %s: wscale %d/%d (known %d/%d), srtt %u us\n",
-                      to_string(k).c_str(), f.dir[0].wscale, f.dir[1].wscale,
+                      datapath::to_string(k).c_str(), f.dir[0].wscale, f.dir[1].wscale,
                       f.dir[0].wscale_known, f.dir[1].wscale_known, f.srtt_us);
         diag += line;
     }

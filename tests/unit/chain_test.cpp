@@ -1,6 +1,8 @@
 // The chain set (structural checks, deterministic serialisation) and MPTCP token derivation.
 #include <catch2/catch.hpp>
 
+#include <arpa/inet.h>
+
 #include <cstring>
 #include <string>
 
@@ -124,4 +126,25 @@ TEST_CASE("MPTCP token and IDSN are the two ends of one SHA-256 of the key on th
     std::memcpy(&key, cases[0].wire, sizeof key);
     CHECK(mptcp_key_ids(key).token == 0x55c53f5du);
     CHECK(mptcp_key_ids(key).idsn == 0x570762cd38be9818ULL);
+}
+
+TEST_CASE("flow keys print as endpoints, IPv6 in brackets", "[chain]") {
+    mps_flow_key v4{};
+    v4.family = 4;
+    const uint8_t a4[4] = {10, 0, 1, 1}, b4[4] = {10, 0, 2, 2};
+    std::memcpy(v4.a, a4, 4);
+    std::memcpy(v4.b, b4, 4);
+    v4.port_a = 40000;
+    v4.port_b = 80;
+    CHECK(mpsteer::datapath::to_string(v4) == "10.0.1.1:40000 <-> 10.0.2.2:80");
+
+    mps_flow_key v6{};
+    v6.family = 6;
+    const uint8_t a6[16] = {0xfd, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+    std::memcpy(v6.a, a6, 16);
+    std::memcpy(v6.b, a6, 16);
+    v6.b[3] = htonl(2);
+    v6.port_a = 1;
+    v6.port_b = 2;
+    CHECK(mpsteer::datapath::to_string(v6) == "[fd00:1::1]:1 <-> [fd00:1::2]:2");
 }
