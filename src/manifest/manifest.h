@@ -101,8 +101,10 @@ struct Action {
     std::string describe() const;
 };
 std::string_view to_string(Action::Kind k);
-// Where an actor may run (documented in schemas/README.md).
-bool applicable(Action::Kind k, HookPoint h);
+// Where an actor may run (documented in schemas/README.md): the one table of the hooks each
+// action accepts, read by the check and by its hint. Sorted; every hook when unrestricted.
+std::vector<HookPoint> allowed_hooks(Action::Kind k);
+bool applicable(Action::Kind k, HookPoint h);  // h is in allowed_hooks(k)
 
 struct LuaHook {
     std::string script;       // as written (relative to the repository)

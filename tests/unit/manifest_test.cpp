@@ -115,7 +115,7 @@ TEST_CASE("the shipped policies are valid", "[manifest][policies]") {
     Options o = test_options();
     o.known_interfaces = std::set<std::string>{"eth0", "eth1", "eth2"};
     o.repo_root = root.string();
-    // The Lua scripts are written in another issue; check them once they exist.
+    // Check the Lua scripts when they are present in this tree.
     o.check_scripts = fs::exists(root / "lua/ecf.lua") && fs::exists(root / "lua/small_flow_pm.lua");
     auto r = load_paths({(root / "policies").string()}, o);
     for (const auto& d : r.diagnostics) INFO(d.format());
@@ -230,4 +230,42 @@ TEST_CASE("number parsers", "[manifest]") {
     CHECK_FALSE(parse_duration_us("1h"));
     CHECK(parse_ip("2001:db8::1")->family == 6);
     CHECK_FALSE(parse_ip("10.0.0.256"));
+}
+
+TEST_CASE("each action is accepted on exactly the hooks of its table, and the hint names them",
+          "[manifest]") {
+    const std::vector<std::pair<Action::Kind, std::string>> actions = {
+        {Action::Kind::pass, "pass: {}"},
+        {Action::Kind::drop, "drop: {}"},
+        {Action::Kind::record, "record: {}"},
+        {Action::Kind::get_connect, "get_connect: {}"},
+        {Action::Kind::get_subflow, "get_subflow: {}"},
+        {Action::Kind::rate_limit, "rate_limit: {rate: 20Mbit}"},
+        {Action::Kind::blk_subflow, "blk_subflow: {}"},
+        {Action::Kind::add_subflow, "add_subflow: {}"},
+        {Action::Kind::set_backup, "set_backup: {}"},
+        {Action::Kind::no_subflows, "no_subflows: {}"},
+        {Action::Kind::redirect, "redirect: {interface: eth1}"},
+    };
+    for (const auto& [kind, text] : actions) {
+        auto allowed = allowed_hooks(kind);
+        CHECK(std::is_sorted(allowed.begin(), allowed.end()));
+        std::string hint;
+        for (auto h : allowed) hint += (hint.empty() ? "" : " or ") + std::string(to_string(h));
+        for (auto hook : {HookPoint::xdp, HookPoint::tc_egress, HookPoint::tc_ingress}) {
+            INFO(text << " on " << to_string(hook));
+            bool in_table = std::find(allowed.begin(), allowed.end(), hook) != allowed.end();
+            CHECK(applicable(kind, hook) == in_table);
+            std::string t = kPolicy;
+            t.replace(t.find("[xdp]"), 5, "[" + std::string(to_string(hook)) + "]");
+            t.replace(t.find("record: {}"), 10, text);
+            auto r = load_text(t);
+            CHECK(r.ok() == in_table);
+            if (in_table) continue;
+            REQUIRE(r.diagnostics.size() == 1);
+            CHECK(r.diagnostics[0].message ==
+                  "action '" + std::string(to_string(kind)) + "' cannot run on hook '" +
+                      std::string(to_string(hook)) + "' of policy 'p' (use " + hint + ")");
+        }
+    }
 }
