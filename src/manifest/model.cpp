@@ -6,6 +6,7 @@
 #include <set>
 
 #include "manifest/checker.h"
+#include "mpsteer/abi.h"
 
 namespace mpsteer::manifest::detail {
 
@@ -17,7 +18,48 @@ std::string fmt_pos(const Position& p) {
 
 namespace {
 
-constexpr size_t kMaxChain = 32;  // MPS_MAX_CHAIN: steps one packet may run through
+constexpr size_t kMaxChain = MPS_MAX_CHAIN;  // steps one packet may run through
+
+// A problem that depends on the policy an action runs in: at the action, or at the policy's
+// `action_chain:` entry that brought it in, with the action's own place as a note.
+void context_error(Checker& ck, const Action& a, std::string msg) {
+    if (a.via_chain.empty()) return ck.error_at(a.pos, a.pointer, std::move(msg));
+    ck.error_at(a.via_pos, a.via_pointer,
+                msg + "; note: from action chain '" + a.via_chain + "', the action is at " +
+                    fmt_pos(a.pos));
+}
+
+// The semantic checks of the parts of a schema-invalid document that the schema accepted:
+// each selector, action and interface name with no schema error at or below it.
+void check_accepted_parts(Checker& ck, const Doc& d, const std::vector<std::string>& bad) {
+    auto clean = [&](const std::string& p) {
+        return std::none_of(bad.begin(), bad.end(), [&](const std::string& b) {
+            return b == p || b.starts_with(p + "/");
+        });
+    };
+    auto each = [&](const std::string& list, auto&& check) {
+        const json* l = nullptr;
+        try {
+            l = &d.json.at(json::json_pointer(list));
+        } catch (const json::exception&) {
+            return;
+        }
+        if (!l->is_array()) return;
+        for (size_t i = 0; i < l->size(); ++i) {
+            std::string p = pointer_join(list, i);
+            if (clean(p)) check(p, (*l)[i]);
+        }
+    };
+    each("/spec/select", [&](const std::string& p, const json& item) {
+        if (item.is_object() && item.size() == 1) ck.selector(d, p, item);
+    });
+    each("/spec/actions", [&](const std::string& p, const json& item) {
+        if (item.is_object() && item.size() == 1) ck.action(d, p, item);
+    });
+    each("/spec/attach/interfaces", [&](const std::string& p, const json& item) {
+        if (item.is_string()) ck.check_interface(d, p, item);
+    });
+}
 
 json canonical(const Policy& p) {
     json j;
@@ -58,8 +100,15 @@ Result load_docs(std::vector<Doc> docs, std::vector<Diagnostic> diags,
     // it do not produce a second, misleading error.
     std::map<std::string, Named> policy_names, set_names, chain_names;
     for (const auto& d : docs) {
+        size_t before = diags.size();
         bool valid = schema_validate(d, diags);
         const json& j = d.json;
+        if (!valid && j.is_object() && j.contains("kind") &&
+            (j["kind"] == "Policy" || j["kind"] == "SelectorSet" || j["kind"] == "ActionChain")) {
+            std::vector<std::string> bad;
+            for (size_t i = before; i < diags.size(); ++i) bad.push_back(diags[i].pointer);
+            check_accepted_parts(ck, d, bad);
+        }
         if (!j.is_object() || !j.contains("kind") || !j["kind"].is_string() ||
             !j.contains("metadata") || !j["metadata"].is_object() ||
             !j["metadata"].contains("name") || !j["metadata"]["name"].is_string())
@@ -135,14 +184,13 @@ Result load_docs(std::vector<Doc> docs, std::vector<Diagnostic> diags,
                 std::string where;
                 for (auto allowed : allowed_hooks(a.kind))
                     where += (where.empty() ? "" : " or ") + std::string(to_string(allowed));
-                ck.error_at(a.pos, a.pointer, "action '" + std::string(to_string(a.kind)) +
-                                                 "' cannot run on hook '" +
-                                                 std::string(to_string(h)) + "' of policy '" +
-                                                 p->name + "' (use " + where + ")");
+                context_error(ck, a, "action '" + std::string(to_string(a.kind)) +
+                                         "' cannot run on hook '" + std::string(to_string(h)) +
+                                         "' of policy '" + p->name + "' (use " + where + ")");
                 ok = false;
             }
             if (i > 0 && terminal(p->actions[i - 1].kind)) {
-                ck.error_at(a.pos, a.pointer, "action '" + std::string(to_string(a.kind)) +
+                context_error(ck, a, "action '" + std::string(to_string(a.kind)) +
                                            "' is never reached: '" +
                                            std::string(to_string(p->actions[i - 1].kind)) +
                                            "' before it ends the chain");

@@ -31,6 +31,16 @@ const std::optional<std::set<std::string>>& Checker::known_interfaces() {
     return interfaces_cache;
 }
 void Checker::check_interface(const Doc& d, const std::string& ptr, const std::string& name) {
+    // The rest of Linux's dev_valid_name (1-15 bytes, no '/', ':' or whitespace) is the
+    // schema's pattern, which counts bytes.
+    if (name == "." || name == "..") {
+        error(d, ptr, "'" + name + "' is not a valid interface name (Linux refuses '.' and '..')");
+        return;
+    }
+    if (name.find('\0') != std::string::npos) {
+        error(d, ptr, "interface name contains a NUL character");
+        return;
+    }
     const auto& known = known_interfaces();
     if (known && !known->count(name)) {
         std::string msg = "interface '" + name + "' does not exist on this host";
@@ -63,6 +73,8 @@ std::optional<Policy> Checker::policy(const Doc& d) {
     Policy p;
     p.name = d.json["metadata"]["name"];
     p.pos = d.root;
+    p.attach_pos = d.at("/spec/attach");
+    p.priority_pos = d.at("/spec/priority");
     bool ok = true;
     const json& attach = spec["attach"];
     if (attach.contains("interfaces")) {

@@ -80,7 +80,12 @@ bool Resolver::actions(std::vector<Action>& list, std::vector<std::string>& stac
         stack.push_back(a.ref);
         ok = actions(inner, stack) && ok;
         stack.pop_back();
-        for (auto& x : inner) out.push_back(std::move(x));
+        for (auto& x : inner) {
+            x.via_pos = a.pos;
+            x.via_pointer = a.pointer;
+            x.via_chain = a.ref;
+            out.push_back(std::move(x));
+        }
     }
     list = std::move(out);
     return ok;

@@ -86,8 +86,9 @@ std::optional<uint64_t> Checker::size(const Doc& d, const std::string& ptr, cons
     else if (unit == "KiB") mul = 1ull << 10;
     else if (unit == "MiB") mul = 1ull << 20;
     else if (unit == "GiB") mul = 1ull << 30;
-    if (n > UINT64_MAX / mul) {
-        error(d, ptr, "'" + s + "' is too large");
+    if (n > uint64_t(INT64_MAX) / mul) {  // the schema's range for plain integers too
+        error(d, ptr, "'" + s + "' is out of range (0 to " + std::to_string(INT64_MAX) +
+                          " bytes)");
         return std::nullopt;
     }
     return n * mul;
@@ -177,6 +178,11 @@ std::optional<Selector> Checker::selector(const Doc& d, const std::string& ptr, 
             s.hi > (1ull << 32)) {
             error(d, pointer_join(vp, "to"),
                   "subflow sequence numbers are 32-bit: 'to' must be at most 4294967296");
+            return std::nullopt;
+        }
+        if (seq && s.seq_kind == SeqKind::subflow && s.lo > UINT32_MAX) {
+            error(d, pointer_join(vp, "from"),
+                  "subflow sequence numbers are 32-bit: 'from' must be at most 4294967295");
             return std::nullopt;
         }
     } else if (key == "any") {
