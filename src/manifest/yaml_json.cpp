@@ -185,7 +185,7 @@ struct Builder : YAML::EventHandler {
     std::map<YAML::anchor_t, Anchored> anchors;  // complete anchored nodes of this document
     size_t skipping = 0;   // > 0: inside a collection that is being dropped (a complex key)
     size_t nodes = 0;
-    bool failed = false, depth_reported = false, has_root = false;
+    bool failed = false, depth_reported = false;
     std::optional<nlohmann::json> root;
 
     Builder(const std::string& f, const Lines& l, std::vector<Diagnostic>& d)
