@@ -33,13 +33,11 @@ int run_validate(const std::vector<std::string>& paths, const std::string& outpu
     }
     auto result = manifest::load_paths(paths);
     if (result.ok()) {
-        // The compiler has limits of its own (the datapath's step table).
-        try {
-            compile::compile(result.model);
-        } catch (const compile::Error& e) {
-            result.diagnostics.push_back(
-                {manifest::Severity::error, {paths.front(), 0, 0}, "", e.what()});
-        }
+        // The limits of the datapath's step table, at the policy to edit.
+        auto limits = compile::check_limits(result.model);
+        result.diagnostics.insert(result.diagnostics.end(), limits.begin(), limits.end());
+        manifest::sort_diagnostics(result.diagnostics);
+        if (!limits.empty()) result.model.policies.clear();
     }
     size_t errors = 0, warnings = 0;
     for (const auto& d : result.diagnostics)

@@ -217,11 +217,16 @@ bool on_hook(const Policy& p, HookPoint h) {
     return std::binary_search(p.hooks.begin(), p.hooks.end(), h);
 }
 
-}  // namespace
+// The steps of every entry point, labels not yet resolved to pcs.
+struct Layout {
+    Builder b;
+    std::vector<std::pair<datapath::EntryPoint, int>> entries;  // entry, label
+    // Per entry (same order): its policies in run order, each with the label of its first step.
+    std::vector<std::vector<std::pair<const Policy*, int>>> chains;
+    std::set<std::pair<std::string, uint8_t>> attach;
+};
 
-Output compile(const manifest::Model& model) {
-    Output out;
-    auto& cs = out.chains;
+Layout lay_out(const manifest::Model& model, datapath::ChainSet& cs) {
     std::vector<const Policy*> order;
     for (const auto& p : model.policies) {
         cs.policies.push_back(p.name);
@@ -236,9 +241,8 @@ Output compile(const manifest::Model& model) {
                         cs.policies.begin());
     };
 
-    Builder b;
-    std::vector<std::pair<datapath::EntryPoint, int>> entries;  // entry, label
-    std::set<std::pair<std::string, uint8_t>> attach;
+    Layout l;
+    Builder& b = l.b;
     for (HookPoint h : {HookPoint::xdp, HookPoint::tc_egress, HookPoint::tc_ingress}) {
         auto dh = *datapath::hook_from_string(manifest::to_string(h));
         std::set<std::string> named;
@@ -247,8 +251,8 @@ Output compile(const manifest::Model& model) {
             if (!on_hook(*p, h)) continue;
             named.insert(p->interfaces.begin(), p->interfaces.end());
             some_unnamed |= p->interfaces.empty();
-            for (const auto& i : p->interfaces) attach.emplace(i, uint8_t(dh));
-            if (p->interfaces.empty()) attach.emplace("", uint8_t(dh));
+            for (const auto& i : p->interfaces) l.attach.emplace(i, uint8_t(dh));
+            if (p->interfaces.empty()) l.attach.emplace("", uint8_t(dh));
         }
         std::vector<std::string> ifnames;
         if (some_unnamed) ifnames.push_back("");  // every other interface
@@ -264,27 +268,48 @@ Output compile(const manifest::Model& model) {
             if (chain.empty()) continue;
             int start = b.label();
             b.bind(start);
-            entries.push_back({datapath::EntryPoint{dh, ifn, 0}, start});
+            l.entries.push_back({datapath::EntryPoint{dh, ifn, 0}, start});
+            l.chains.emplace_back();
+            int first = start;
             for (size_t i = 0; i < chain.size(); ++i) {
+                l.chains.back().emplace_back(chain[i], first);
                 int next = i + 1 < chain.size() ? b.label() : kEnd;
                 b.policy_steps(*chain[i], index_of(chain[i]->name), next);
                 if (next != kEnd) b.bind(next);
+                first = next;
             }
         }
     }
-    if (b.steps.size() > MPS_MAX_STEPS)
-        throw Error("the policies need " + std::to_string(b.steps.size()) +
-                    " steps; the datapath holds at most " + std::to_string(MPS_MAX_STEPS));
+    return l;
+}
+
+void resolve_targets(Builder& b) {
     for (size_t pc = 0; pc < b.steps.size(); ++pc) {
         b.steps[pc].on_match = b.resolve(b.targets[pc][0]);
         b.steps[pc].on_miss =
             MPS_PROG_IS_ACTOR(b.steps[pc].prog) ? MPS_PC_END : b.resolve(b.targets[pc][1]);
     }
-    for (auto& [e, l] : entries) {
-        e.pc = b.resolve(l);
+}
+
+std::string too_many_steps(size_t n) {
+    return "the policies need " + std::to_string(n) + " steps; the datapath holds at most " +
+           std::to_string(MPS_MAX_STEPS);
+}
+
+}  // namespace
+
+Output compile(const manifest::Model& model) {
+    Output out;
+    auto& cs = out.chains;
+    Layout l = lay_out(model, cs);
+    Builder& b = l.b;
+    if (b.steps.size() > MPS_MAX_STEPS) throw Error(too_many_steps(b.steps.size()));
+    resolve_targets(b);
+    for (auto& [e, label] : l.entries) {
+        e.pc = b.resolve(label);
         cs.entries.push_back(e);
     }
-    for (const auto& [ifn, h] : attach) cs.attachments.push_back({ifn, datapath::Hook(h)});
+    for (const auto& [ifn, h] : l.attach) cs.attachments.push_back({ifn, datapath::Hook(h)});
     std::sort(cs.attachments.begin(), cs.attachments.end(), [](const auto& x, const auto& y) {
         return std::tie(x.hook, x.ifname) < std::tie(y.hook, y.ifname);
     });
@@ -292,6 +317,61 @@ Output compile(const manifest::Model& model) {
     cs.step_ifnames = std::move(b.ifnames);
     out.step_text = std::move(b.text);
     if (auto problems = cs.check(); !problems.empty()) throw Error(problems.front());
+    return out;
+}
+
+std::vector<manifest::Diagnostic> check_limits(const manifest::Model& model) {
+    std::vector<manifest::Diagnostic> out;
+    auto error = [&](const manifest::Position& pos, const char* ptr, std::string msg) {
+        out.push_back({manifest::Severity::error, pos, ptr, std::move(msg)});
+    };
+    datapath::ChainSet cs;
+    Layout l = lay_out(model, cs);
+    Builder& b = l.b;
+    auto policy_of = [&](size_t pc) -> const Policy& {
+        const std::string& name = cs.policies.at(b.steps[pc].policy);
+        return *std::find_if(model.policies.begin(), model.policies.end(),
+                             [&](const Policy& p) { return p.name == name; });
+    };
+    if (b.steps.size() > MPS_MAX_STEPS) {
+        // Each hook, and each interface named on it, has its own copy of its policies' steps.
+        const Policy& p = policy_of(MPS_MAX_STEPS);
+        error(p.attach_pos, "/spec/attach",
+              too_many_steps(b.steps.size()) + " (every hook, and every interface named on it, "
+              "has its own copy of its policies' steps); this policy's steps pass the limit");
+        return out;
+    }
+    resolve_targets(b);
+    // Programs entered on the longest path from each step; jumps only go forward.
+    std::vector<int> programs(b.steps.size() + 1, 0);
+    auto from = [&](uint16_t pc) { return pc == MPS_PC_END ? 0 : programs[pc]; };
+    for (size_t pc = b.steps.size(); pc-- > 0;) {
+        const mps_step& s = b.steps[pc];
+        int next = from(s.on_match);
+        if (!MPS_PROG_IS_ACTOR(s.prog)) next = std::max(next, from(s.on_miss));
+        programs[pc] = next + (datapath::has_program(static_cast<mps_prog>(s.prog)) ? 1 : 0);
+    }
+    std::set<std::string> reported;
+    for (size_t e = 0; e < l.entries.size(); ++e) {
+        const auto& entry = l.entries[e].first;
+        const auto& chain = l.chains[e];
+        for (size_t k = chain.size(); k-- > 0;) {
+            const auto& [p, label] = chain[k];
+            int n = from(b.resolve(label));
+            if (n <= datapath::kMaxActorsPerPath) continue;
+            if (reported.insert(p->name).second) {
+                std::string where = "on hook '" + std::string(datapath::to_string(entry.hook)) +
+                                    "'" + (entry.ifname.empty() ? "" : " interface '" +
+                                                                           entry.ifname + "'");
+                error(p->priority_pos, "/spec/priority",
+                      where + " a packet may enter " + std::to_string(n) +
+                          " step programs from this policy on; at most " +
+                          std::to_string(datapath::kMaxActorsPerPath) +
+                          " (each costs two of the kernel's 33 tail calls)");
+            }
+            break;
+        }
+    }
     return out;
 }
 

@@ -41,6 +41,12 @@ struct Output {
 // Throws Error when the result does not fit the datapath (more than MPS_MAX_STEPS steps).
 Output compile(const manifest::Model& model);
 
+// The datapath limits that depend on the layout above, as diagnostics at the policy a
+// manifest author must edit: the step table (MPS_MAX_STEPS, counting every per-interface
+// copy) and step programs on one path (datapath::kMaxActorsPerPath, from this policy on).
+// Steps on one path (MPS_MAX_CHAIN) are checked by the manifest stage itself.
+std::vector<manifest::Diagnostic> check_limits(const manifest::Model& model);
+
 // ---- plan ----------------------------------------------------------------------------------
 
 struct PlanPolicy {

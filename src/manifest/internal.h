@@ -46,6 +46,10 @@ bool schema_validate(const Doc& doc, std::vector<Diagnostic>& diags);
 // "did you mean" helper: the closest candidate within a small edit distance, or "".
 std::string closest(const std::string& word, const std::vector<std::string>& candidates);
 
+// The semantic checks over every parsed document, and the model (model.cpp).
+Result load_docs(std::vector<Doc> docs, std::vector<Diagnostic> diags,
+                 std::vector<std::string> files, const Options& opts);
+
 // Embedded schema texts, generated from schemas/*.json at build time: {file name, text}.
 const std::vector<std::pair<std::string, std::string>>& embedded_schemas();
 

@@ -178,21 +178,27 @@ std::string_view to_string(Action::Kind k) {
 
 // Where each actor makes sense (documented in schemas/README.md):
 // - set_backup and no_subflows add or change options in packets this host sends: tc_egress.
-// - blk_subflow hides ADD_ADDR from this host's stack, add_subflow re-injects it into the
-//   stack: ingress (xdp, tc_ingress).
+// - blk_subflow hides ADD_ADDR from this host's stack: ingress (xdp, tc_ingress).
+// - add_subflow re-injects an address into the stack by cloning a packet back into a TC hook
+//   (bpf_clone_redirect): tc_ingress only, XDP has no clone.
 // - redirect sends a packet out of another interface: xdp (forwarding) and tc_egress; at
 //   tc_ingress the packet is already past the XDP hook meant for that.
 // - the rest observe, count, drop or rewrite the window and run anywhere.
-bool applicable(Action::Kind k, HookPoint h) {
+std::vector<HookPoint> allowed_hooks(Action::Kind k) {
+    using enum HookPoint;
     switch (k) {
     case Action::Kind::set_backup:
-    case Action::Kind::no_subflows: return h == HookPoint::tc_egress;
-    case Action::Kind::blk_subflow: return h != HookPoint::tc_egress;
-    // It re-injects by cloning a packet back into a TC hook (bpf_clone_redirect): no XDP.
-    case Action::Kind::add_subflow: return h == HookPoint::tc_ingress;
-    case Action::Kind::redirect: return h != HookPoint::tc_ingress;
-    default: return true;
+    case Action::Kind::no_subflows: return {tc_egress};
+    case Action::Kind::blk_subflow: return {xdp, tc_ingress};
+    case Action::Kind::add_subflow: return {tc_ingress};
+    case Action::Kind::redirect: return {xdp, tc_egress};
+    default: return {xdp, tc_egress, tc_ingress};
     }
+}
+
+bool applicable(Action::Kind k, HookPoint h) {
+    auto hooks = allowed_hooks(k);
+    return std::find(hooks.begin(), hooks.end(), h) != hooks.end();
 }
 
 size_t Selector::leaves() const {
@@ -311,11 +317,6 @@ void collect(const std::string& arg, std::vector<std::string>& files,
 }
 
 }  // namespace
-
-namespace detail {
-Result load_docs(std::vector<Doc> docs, std::vector<Diagnostic> diags,
-                 std::vector<std::string> files, const Options& opts);
-}
 
 Result load_sources(const std::vector<std::pair<std::string, std::string>>& sources,
                     const Options& opts) {

@@ -98,11 +98,19 @@ struct Action {
     std::string interface;            // redirect
     std::vector<std::string> metrics; // record (informational)
     std::string ref;                  // ref: the action chain's name
+    // For an action brought in by `action_chain: NAME`: that entry in the policy (the
+    // outermost one for nested chains) and NAME. A problem that depends on the policy (its
+    // hooks, what runs before) is reported there, with `pos` as a note.
+    Position via_pos;
+    std::string via_pointer;
+    std::string via_chain;
     std::string describe() const;
 };
 std::string_view to_string(Action::Kind k);
-// Where an actor may run (documented in schemas/README.md).
-bool applicable(Action::Kind k, HookPoint h);
+// Where an actor may run (documented in schemas/README.md): the one table of the hooks each
+// action accepts, read by the check and by its hint. Sorted; every hook when unrestricted.
+std::vector<HookPoint> allowed_hooks(Action::Kind k);
+bool applicable(Action::Kind k, HookPoint h);  // h is in allowed_hooks(k)
 
 struct LuaHook {
     std::string script;       // as written (relative to the repository)
@@ -116,6 +124,7 @@ enum class FailureMode : uint8_t { pass, drop };
 struct Policy {
     std::string name;
     Position pos;                          // the document
+    Position attach_pos, priority_pos;     // of `attach` and `priority` (the datapath's limits)
     std::vector<std::string> interfaces;   // sorted; empty: every managed interface
     std::vector<HookPoint> hooks;          // sorted
     uint32_t priority = 0;

@@ -1,12 +1,17 @@
 // YAML -> typed JSON. yaml-cpp hands every scalar over as a string; JSON Schema needs types,
 // so plain scalars are resolved with the YAML 1.2 core schema (null, bool, int, float), quoted
-// ones stay strings, and each node's mark is remembered by JSON pointer for error positions.
+// ones stay strings, and each node's position is remembered by JSON pointer for error
+// positions (1-based line, column in code points).
 #include <charconv>
 #include <cmath>
+#include <functional>
+#include <map>
 #include <optional>
 #include <regex>
+#include <sstream>
 #include <utility>
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include "manifest/internal.h"
@@ -72,110 +77,123 @@ bool valid_utf8(const std::string& s) {
     return true;
 }
 
-// yaml-cpp 0.7 loops forever (allocating) on a ',' outside a flow collection where a value
-// would start (`,` or `'a',`), which is a syntax error anyway. Find it first, with a small lexer that
-// knows quotes, comments, flow brackets and block scalars. Returns the 0-based line, column.
-std::optional<std::pair<int, int>> quoted_comma(const std::string& t) {
-    int line = 0, col = 0, flow = 0;
-    size_t i = 0;
-    char prev = 0;            // last significant character on this line (0: none yet)
-    std::string prev_token;   // last whitespace-separated token (tags, anchors)
-    int block_indent = -1;    // inside a block scalar: lines indented more than this
-    auto advance = [&](size_t n) {
-        for (size_t k = 0; k < n && i < t.size(); ++k, ++i) {
-            if (t[i] == '\n') ++line, col = 0;
-            else ++col;
-        }
-    };
-    while (i < t.size()) {
-        // Start of a line: measure indentation, skip block scalar content.
-        if (col == 0) {
-            size_t j = i;
-            while (j < t.size() && t[j] == ' ') ++j;
-            int indent = int(j - i);
-            bool blank = j >= t.size() || t[j] == '\n' || t[j] == '\r';
-            if (block_indent >= 0 && (blank || indent > block_indent)) {
-                while (i < t.size() && t[i] != '\n') advance(1);
-                advance(1);
+// The file's text by line, to turn yaml-cpp's marks (0-based line, byte column) into
+// positions an editor shows (1-based line, column in code points), and to find things the
+// marks do not point at (the `-` of an empty sequence item).
+struct Lines {
+    std::string_view text;
+    std::vector<size_t> starts;  // byte offset of each line
+    explicit Lines(std::string_view t) : text(t) {
+        // yaml-cpp does not count a leading byte order mark in the first line's columns.
+        starts.push_back(t.starts_with("\xef\xbb\xbf") ? 3 : 0);
+        for (size_t i = 0; i < t.size(); ++i)
+            if (t[i] == '\n') starts.push_back(i + 1);
+    }
+    std::string_view line(size_t n) const {
+        if (n >= starts.size()) return {};
+        size_t end = text.find('\n', starts[n]);
+        return text.substr(starts[n], (end == std::string_view::npos ? text.size() : end) - starts[n]);
+    }
+    // Code points before byte column `col` of line `n`, plus one.
+    int column(size_t n, size_t col) const {
+        auto l = line(n);
+        int cp = 1;
+        for (size_t i = 0; i < std::min(col, l.size()); ++i)
+            if ((static_cast<unsigned char>(l[i]) & 0xc0) != 0x80) ++cp;
+        return cp + int(col > l.size() ? col - l.size() : 0);
+    }
+    char at(size_t n, size_t col) const {
+        auto l = line(n);
+        return col < l.size() ? l[col] : '\0';
+    }
+};
+
+// YAML allows tab, line feed, carriage return and printable characters only (c-printable);
+// anything else is reported where it is, before the parser sees it.
+bool check_characters(const std::string& file, const Lines& lines,
+                      std::vector<Diagnostic>& diags) {
+    constexpr size_t kMaxReported = 10;
+    size_t reported = 0;
+    for (size_t n = 0; n < lines.starts.size() && reported < kMaxReported; ++n) {
+        std::string_view l = lines.line(n);
+        size_t i = 0;
+        while (i < l.size() && reported < kMaxReported) {
+            auto c = static_cast<unsigned char>(l[i]);
+            size_t len = c < 0x80 ? 1 : (c >= 0xc2 && c <= 0xdf) ? 2 : (c >= 0xe0 && c <= 0xef) ? 3
+                                    : (c >= 0xf0 && c <= 0xf4) ? 4 : 0;
+            if (len == 0 || !valid_utf8(std::string(l.substr(i, len)))) {
+                char hex[8];
+                snprintf(hex, sizeof hex, "0x%02x", c);
+                diags.push_back({Severity::error, {file, int(n) + 1, lines.column(n, i)}, "",
+                                 std::string("invalid UTF-8 (byte ") + hex + ")"});
+                ++reported;
+                ++i;
                 continue;
             }
-            block_indent = -1;
-            prev = 0;
-            prev_token.clear();
-        }
-        char c = t[i];
-        if (c == '#' && (col == 0 || t[i - 1] == ' ' || t[i - 1] == '\t')) {
-            while (i < t.size() && t[i] != '\n') advance(1);
-            continue;
-        }
-        if (c == '\n') { advance(1); continue; }
-        if (c == ' ' || c == '\t' || c == '\r') { advance(1); continue; }
-        bool scalar_start = prev == 0 || prev == ':' || prev == '-' || prev == '[' ||
-                            prev == '{' || prev == ',' || prev == '?' ||
-                            (!prev_token.empty() && (prev_token[0] == '!' || prev_token[0] == '&'));
-        if ((c == '\'' || c == '"') && scalar_start) {
-            advance(1);
-            while (i < t.size()) {
-                if (c == '"' && t[i] == '\\') { advance(2); continue; }
-                if (t[i] == c) {
-                    if (c == '\'' && i + 1 < t.size() && t[i + 1] == '\'') { advance(2); continue; }
-                    break;
-                }
-                advance(1);
+            uint32_t cp = len == 1 ? c : len == 2 ? (c & 0x1fu) << 6 | (l[i + 1] & 0x3fu)
+                          : len == 3 ? (c & 0x0fu) << 12 | (l[i + 1] & 0x3fu) << 6 | (l[i + 2] & 0x3fu)
+                                     : 0x10000;  // beyond the BMP: all printable
+            bool printable = cp == '\t' || cp == '\r' || (cp >= 0x20 && cp != 0x7f && cp < 0x80) ||
+                             cp == 0x85 || (cp >= 0xa0 && cp != 0xfffe && cp != 0xffff);
+            if (!printable) {
+                char name[16];
+                snprintf(name, sizeof name, "U+%04X", cp);
+                diags.push_back({Severity::error, {file, int(n) + 1, lines.column(n, i)}, "",
+                                 std::string("control character ") + name +
+                                     " (YAML allows tab, line feed and carriage return only; "
+                                     "write it as an escape in a double-quoted string)"});
+                ++reported;
             }
-            advance(1);  // closing quote
-            size_t j = i;
-            while (j < t.size() && (t[j] == ' ' || t[j] == '\t')) ++j;
-            if (flow == 0 && j < t.size() && t[j] == ',') return std::pair{line, col + int(j - i)};
-            prev = c;
-            prev_token = "q";
-            continue;
+            i += len;
         }
-        if (flow == 0 && c == ',' && scalar_start)  // `,` cannot start a plain scalar either
-            return std::pair{line, col};
-        if (flow == 0 && (c == '|' || c == '>') && scalar_start) {
-            // A block scalar: its content is the following, more indented lines.
-            size_t ls = t.rfind('\n', i == 0 ? 0 : i - 1);
-            ls = ls == std::string::npos || i == 0 ? 0 : ls + 1;
-            int indent = 0;
-            while (ls + size_t(indent) < t.size() && t[ls + size_t(indent)] == ' ') ++indent;
-            block_indent = indent;
-            while (i < t.size() && t[i] != '\n') advance(1);
-            continue;
-        }
-        if (c == '[' || c == '{') ++flow;
-        if ((c == ']' || c == '}') && flow > 0) --flow;
-        // Read one token so that tags and anchors are recognised.
-        std::string tok;
-        while (i < t.size() && t[i] != ' ' && t[i] != '\t' && t[i] != '\n' && t[i] != '\r' &&
-               !(tok.size() && (t[i] == ',' || t[i] == '[' || t[i] == ']' || t[i] == '{' ||
-                                t[i] == '}'))) {
-            tok += t[i];
-            advance(1);
-            if (tok.size() == 1 && (tok[0] == '[' || tok[0] == ']' || tok[0] == '{' ||
-                                    tok[0] == '}' || tok[0] == ','))
-                break;
-        }
-        for (char x : tok.substr(tok.empty() ? 0 : 1)) {
-            if (x == '[' || x == '{') ++flow;
-            if ((x == ']' || x == '}') && flow > 0) --flow;
-        }
-        prev = tok.empty() ? prev : tok.back();
-        prev_token = tok;
     }
-    return std::nullopt;
+    return reported == 0;
 }
 
-struct Converter {
+struct Stop {};  // thrown out of the parser once a document is over a limit
+
+// Builds typed JSON from yaml-cpp's parse events. Events (rather than YAML::Node) give the
+// position of an alias where it is used, and keep the document loop in our hands: yaml-cpp
+// 0.7 produces empty documents forever at a ',' where a document would start (`,` or
+// `'x', y`), which shows here as a document starting where the previous one did.
+struct Builder : YAML::EventHandler {
     const std::string& file;
-    Doc& doc;
+    const Lines& lines;
     std::vector<Diagnostic>& diags;
+
+    struct Frame {
+        bool map = false;
+        nlohmann::json value;
+        std::string ptr;
+        YAML::Mark mark;
+        YAML::anchor_t anchor = 0;
+        size_t nodes_at_start = 0;
+        size_t items = 0;             // sequence: index of the next item
+        bool have_key = false;        // map: a key is waiting for its value
+        std::string key;
+        Position key_pos;
+        bool skip_value = false;      // map: the key was rejected; drop its value
+    };
+    struct Anchored {
+        nlohmann::json value;
+        size_t nodes = 0;
+        size_t depth = 0;
+    };
+
+    Doc doc;
+    std::vector<Frame> stack;
+    std::map<YAML::anchor_t, Anchored> anchors;  // complete anchored nodes of this document
+    size_t skipping = 0;   // > 0: inside a collection that is being dropped (a complex key)
     size_t nodes = 0;
-    bool failed = false;
+    bool failed = false, depth_reported = false;
+    std::optional<nlohmann::json> root;
+
+    Builder(const std::string& f, const Lines& l, std::vector<Diagnostic>& d)
+        : file(f), lines(l), diags(d) {}
 
     Position pos(const YAML::Mark& m) const {
         if (m.is_null()) return {file, 1, 1};
-        return {file, m.line + 1, m.column + 1};
+        return {file, m.line + 1, lines.column(size_t(m.line), size_t(m.column))};
     }
     void error(const Position& p, const std::string& ptr, std::string msg) {
         diags.push_back({Severity::error, p, ptr.empty() ? "/" : ptr, std::move(msg)});
@@ -230,7 +248,9 @@ struct Converter {
         uint64_t v = 0;
         auto r = std::from_chars(digits.data(), digits.data() + digits.size(), v, base);
         if (r.ec != std::errc{} || (neg && v > uint64_t(INT64_MAX) + 1)) {
-            error(p, ptr, "integer '" + s + "' is out of range");
+            error(p, ptr, "integer '" + s + "' does not fit in 64 bits (" +
+                              std::to_string(INT64_MIN) + " to " + std::to_string(UINT64_MAX) +
+                              ")");
             return nlohmann::json(nullptr);
         }
         if (neg) return nlohmann::json(v == uint64_t(INT64_MAX) + 1 ? INT64_MIN : -int64_t(v));
@@ -238,17 +258,17 @@ struct Converter {
         return nlohmann::json(v);
     }
 
-    nlohmann::json scalar(const YAML::Node& n, const Position& p, const std::string& ptr) {
-        const std::string& s = n.Scalar();
+
+    nlohmann::json scalar(const std::string& s, const std::string& tag, const Position& p,
+                          const std::string& ptr) {
         if (s.size() > kMaxScalar) {
-            error(p, ptr, "scalar longer than " + std::to_string(kMaxScalar) + " characters");
+            error(p, ptr, "scalar longer than " + std::to_string(kMaxScalar) + " bytes");
             return "";
         }
-        if (!valid_utf8(s)) {
+        if (!valid_utf8(s)) {  // the text is valid; an escape in a double-quoted string is not
             error(p, ptr, "invalid UTF-8");
             return "";
         }
-        const std::string& tag = n.Tag();
         if (tag == "?") return resolve_plain(s, p, ptr);
         if (tag == "!" || tag == "tag:yaml.org,2002:str") return s;
         if (tag == "tag:yaml.org,2002:null") return nullptr;
@@ -266,69 +286,234 @@ struct Converter {
         return s;
     }
 
-    nlohmann::json convert(const YAML::Node& n, const std::string& ptr, size_t depth,
-                           const Position& p) {
-        if (++nodes > kMaxNodes) {
-            if (nodes == kMaxNodes + 1)
-                error(p, ptr, "document too large (more than " + std::to_string(kMaxNodes) +
-                                  " nodes after alias expansion)");
-            return nullptr;
+    // ---- where a new node goes ----------------------------------------------------------
+
+    struct Slot {
+        bool is_key = false;  // the node is a mapping key
+        bool drop = false;    // the node is discarded (a rejected key's value)
+        std::string ptr;
+        Position pos;
+    };
+
+    // The `-` of an empty block sequence item: yaml-cpp marks the empty node at the next
+    // token, which may be the next key several lines down.
+    Position dash_before(const Frame& seq, const YAML::Mark& m) const {
+        if (seq.mark.is_null() || m.is_null()) return pos(m);
+        for (int n = m.line; n >= seq.mark.line; --n) {
+            size_t col = size_t(seq.mark.column);
+            if (n == m.line && col >= size_t(m.column)) continue;
+            auto l = lines.line(size_t(n));
+            if (lines.at(size_t(n), col) != '-') continue;
+            char after = lines.at(size_t(n), col + 1);
+            bool only_space_before = l.substr(0, std::min(col, l.size()))
+                                         .find_first_not_of(" -") == std::string_view::npos;
+            if ((after == '\0' || after == ' ' || after == '\t' || after == '\r') &&
+                only_space_before)
+                return {file, n + 1, lines.column(size_t(n), col)};
         }
-        if (depth > kMaxDepth) {
-            if (!std::exchange(depth_reported, true))
-                error(p, ptr, "nesting deeper than " + std::to_string(kMaxDepth) + " levels");
-            failed = true;
-            return nullptr;
-        }
-        doc.value_pos.emplace(ptr, p);
-        switch (n.Type()) {
-        case YAML::NodeType::Null:
-        case YAML::NodeType::Undefined:
-            return nullptr;
-        case YAML::NodeType::Scalar:
-            return scalar(n, p, ptr);
-        case YAML::NodeType::Sequence: {
-            nlohmann::json arr = nlohmann::json::array();
-            size_t i = 0;
-            for (const auto& item : n) {
-                std::string child = pointer_join(ptr, i++);
-                arr.push_back(convert(item, child, depth + 1, pos(item.Mark())));
-                if (nodes > kMaxNodes) break;
-            }
-            return arr;
-        }
-        case YAML::NodeType::Map: {
-            nlohmann::json obj = nlohmann::json::object();
-            for (const auto& kv : n) {
-                Position kp = pos(kv.first.Mark());
-                if (!kv.first.IsScalar()) {
-                    error(kp, ptr, "mapping keys must be plain strings");
-                    continue;
-                }
-                const std::string& key = kv.first.Scalar();
-                if (key.size() > kMaxScalar || !valid_utf8(key)) {
-                    error(kp, ptr, "invalid mapping key (not UTF-8, or too long)");
-                    continue;
-                }
-                std::string child = pointer_join(ptr, key);
-                if (obj.contains(key)) {
-                    auto first = doc.key_pos[child];
-                    error(kp, child, "duplicate key '" + key + "' (first defined at line " +
-                                         std::to_string(first.line) + ")");
-                    continue;
-                }
-                doc.key_pos.emplace(child, kp);
-                // An empty value ("key:") has its mark on the following line; point at the key.
-                Position vp = kv.second.IsNull() ? kp : pos(kv.second.Mark());
-                obj[key] = convert(kv.second, child, depth + 1, vp);
-                if (nodes > kMaxNodes) break;
-            }
-            return obj;
-        }
-        }
-        return nullptr;
+        return pos(m);
     }
-    bool depth_reported = false;
+
+    Slot slot(const YAML::Mark& m, bool null_node) {
+        Slot s;
+        s.pos = pos(m);
+        if (stack.empty()) return s;
+        Frame& f = stack.back();
+        if (!f.map) {
+            s.ptr = pointer_join(f.ptr, f.items++);
+            if (null_node) s.pos = dash_before(f, m);
+            return s;
+        }
+        if (!f.have_key) {
+            s.is_key = true;
+            return s;
+        }
+        f.have_key = false;
+        s.drop = std::exchange(f.skip_value, false);
+        s.ptr = pointer_join(f.ptr, f.key);
+        if (null_node) s.pos = f.key_pos;  // "key:" with nothing after: point at the key
+        return s;
+    }
+
+    bool key(const Slot& s, const nlohmann::json* k) {
+        Frame& f = stack.back();
+        f.have_key = true;
+        f.key_pos = s.pos;
+        if (!k || !k->is_string()) {
+            error(s.pos, f.ptr, "mapping keys must be plain strings");
+            f.skip_value = true;
+            return false;
+        }
+        const std::string& name = k->get_ref<const std::string&>();
+        std::string child = pointer_join(f.ptr, name);
+        if (f.value.contains(name)) {
+            error(s.pos, child, "duplicate key '" + name + "' (first defined at line " +
+                                    std::to_string(doc.key_pos[child].line) + ")");
+            f.skip_value = true;
+            return false;
+        }
+        f.key = name;
+        doc.key_pos.emplace(child, s.pos);
+        return true;
+    }
+
+    // Counts the node and checks depth; false when over a limit.
+    bool admit(const Slot& s, size_t count, size_t depth) {
+        nodes += count;
+        if (nodes > kMaxNodes) {
+            error(s.pos, s.ptr, "document too large (more than " + std::to_string(kMaxNodes) +
+                                    " nodes after alias expansion)");
+            throw Stop{};
+        }
+        if (stack.size() + depth > kMaxDepth) {
+            if (!std::exchange(depth_reported, true))
+                error(s.pos, s.ptr, "nesting deeper than " + std::to_string(kMaxDepth) + " levels");
+            failed = true;
+            return false;
+        }
+        return true;
+    }
+
+    void put(const Slot& s, nlohmann::json v) {
+        if (s.drop) return;
+        doc.value_pos.emplace(s.ptr, s.pos);
+        if (stack.empty()) {
+            root = std::move(v);
+            doc.root = s.pos;
+            return;
+        }
+        Frame& f = stack.back();
+        if (f.map) f.value[f.key] = std::move(v);
+        else f.value.push_back(std::move(v));
+    }
+
+    void remember(YAML::anchor_t a, const nlohmann::json& v, size_t count) {
+        if (!a) return;
+        size_t depth = 0;
+        std::function<void(const nlohmann::json&, size_t)> walk = [&](const nlohmann::json& j,
+                                                                       size_t d) {
+            depth = std::max(depth, d);
+            if (j.is_structured())
+                for (const auto& c : j) walk(c, d + 1);
+        };
+        walk(v, 0);
+        anchors[a] = {v, count, depth};
+    }
+
+    // ---- events -------------------------------------------------------------------------
+
+    YAML::Mark start_mark;
+    void OnDocumentStart(const YAML::Mark& m) override { start_mark = m; }
+    void OnDocumentEnd() override {}
+
+    void OnNull(const YAML::Mark& m, YAML::anchor_t a) override {
+        if (skipping) return;
+        Slot s = slot(m, true);
+        if (s.is_key) return void(key(s, nullptr));
+        if (!admit(s, 1, 0)) return;
+        remember(a, nullptr, 1);
+        put(s, nullptr);
+    }
+
+    void OnAlias(const YAML::Mark& m, YAML::anchor_t a) override {
+        if (skipping) return;
+        Slot s = slot(m, false);
+        auto it = anchors.find(a);
+        if (it == anchors.end()) {  // yaml-cpp knows the anchor: it is still open
+            if (s.is_key) key(s, nullptr);
+            else error(s.pos, s.ptr, "alias refers to a node that contains it (recursive alias)");
+            return;
+        }
+        if (s.is_key) return void(key(s, &it->second.value));
+        if (!admit(s, it->second.nodes, it->second.depth)) return;
+        // Nothing inside gets a position of its own: problems there are shown at the alias.
+        put(s, it->second.value);
+    }
+
+    void OnScalar(const YAML::Mark& m, const std::string& tag, YAML::anchor_t a,
+                  const std::string& value) override {
+        if (skipping) return;
+        Slot s = slot(m, false);
+        if (s.is_key) {
+            // A key is the text as written, whatever it looks like (`80: x` names "80").
+            if (value.size() > kMaxScalar || !valid_utf8(value)) {
+                error(s.pos, stack.back().ptr, "invalid mapping key (not UTF-8, or too long)");
+                stack.back().have_key = true;
+                stack.back().skip_value = true;
+                return;
+            }
+            nlohmann::json k = value;
+            remember(a, k, 0);
+            return void(key(s, &k));
+        }
+        nlohmann::json v = scalar(value, tag, s.pos, s.ptr);
+        if (!admit(s, 1, 0)) return;
+        remember(a, v, 1);
+        put(s, std::move(v));
+    }
+
+    void start(const YAML::Mark& m, YAML::anchor_t a, bool map) {
+        if (skipping) return void(++skipping);
+        Slot s = slot(m, false);
+        if (s.is_key) {
+            key(s, nullptr);
+            skipping = 1;
+            return;
+        }
+        if (!admit(s, 1, 0)) {
+            skipping = 1;
+            return;
+        }
+        if (s.drop) {
+            skipping = 1;
+            return;
+        }
+        doc.value_pos.emplace(s.ptr, s.pos);
+        if (stack.empty()) doc.root = s.pos;
+        Frame f;
+        f.map = map;
+        f.value = map ? nlohmann::json::object() : nlohmann::json::array();
+        f.ptr = s.ptr;
+        f.mark = m;
+        f.anchor = a;
+        f.nodes_at_start = nodes - 1;
+        stack.push_back(std::move(f));
+    }
+
+    void end() {
+        if (skipping) return void(--skipping);
+        Frame f = std::move(stack.back());
+        stack.pop_back();
+        remember(f.anchor, f.value, nodes - f.nodes_at_start);
+        if (stack.empty()) {
+            root = std::move(f.value);
+            return;
+        }
+        Frame& parent = stack.back();
+        if (parent.map) parent.value[parent.key] = std::move(f.value);
+        else parent.value.push_back(std::move(f.value));
+    }
+
+    void OnSequenceStart(const YAML::Mark& m, const std::string& tag, YAML::anchor_t a,
+                         YAML::EmitterStyle::value) override {
+        check_collection_tag(m, tag, "seq");
+        start(m, a, false);
+    }
+    void OnSequenceEnd() override { end(); }
+    void OnMapStart(const YAML::Mark& m, const std::string& tag, YAML::anchor_t a,
+                    YAML::EmitterStyle::value) override {
+        check_collection_tag(m, tag, "map");
+        start(m, a, true);
+    }
+    void OnMapEnd() override { end(); }
+
+    void check_collection_tag(const YAML::Mark& m, const std::string& tag, const char* kind) {
+        if (skipping || tag == "?" || tag == "!" || tag == std::string("tag:yaml.org,2002:") + kind)
+            return;
+        error(pos(m), stack.empty() ? "" : stack.back().ptr,
+              valid_utf8(tag) && tag.size() < 64 ? "unsupported tag '" + tag + "'"
+                                                 : std::string("unsupported tag"));
+    }
 };
 
 }  // namespace
@@ -341,28 +526,42 @@ std::vector<Doc> parse_yaml(const std::string& file, const std::string& text,
                          "file larger than " + std::to_string(kMaxFileSize) + " bytes"});
         return out;
     }
-    if (auto at = quoted_comma(text)) {
-        diags.push_back({Severity::error, {file, at->first + 1, at->second + 1}, "",
-                         "yaml: unexpected ',' outside [ ] or { }"});
-        return out;
-    }
-    std::vector<YAML::Node> nodes;
-    try {
-        nodes = YAML::LoadAll(text);
-    } catch (const YAML::Exception& e) {
+    Lines lines(text);
+    if (!check_characters(file, lines, diags)) return out;
+    std::istringstream in(text);
+    YAML::Parser parser(in);
+    std::optional<YAML::Mark> previous_start;
+    auto syntax_error = [&](const YAML::Mark& m, std::string msg) {
         Position p{file, 1, 1};
-        if (!e.mark.is_null()) p = {file, e.mark.line + 1, e.mark.column + 1};
-        diags.push_back({Severity::error, p, "", "yaml: " + e.msg});
-        return out;
-    }
-    for (const auto& n : nodes) {
-        if (n.IsNull()) continue;  // "---" with nothing after it
-        Doc d;
-        d.file = file;
-        Converter c{file, d, diags};
-        d.root = c.pos(n.Mark());
-        d.json = c.convert(n, "", 0, d.root);
-        if (!c.failed) out.push_back(std::move(d));
+        if (!m.is_null()) p = {file, m.line + 1, lines.column(size_t(m.line), size_t(m.column))};
+        if (!m.is_null() && lines.at(size_t(m.line), size_t(m.column)) == ',')
+            msg = "unexpected ',' outside [ ] or { }";
+        diags.push_back({Severity::error, p, "", "yaml: " + msg});
+        out.clear();  // a file with a syntax error gives no documents
+    };
+    for (;;) {
+        Builder b(file, lines, diags);
+        try {
+            if (!parser.HandleNextDocument(b)) break;
+        } catch (const YAML::Exception& e) {
+            syntax_error(e.mark, e.msg);
+            return out;
+        } catch (const Stop&) {
+            out.clear();
+            return out;
+        }
+        // A document that starts where the previous one did consumed nothing: the parser is
+        // stuck on a token that cannot start a document, and would go on forever.
+        if (previous_start && previous_start->pos == b.start_mark.pos &&
+            previous_start->line == b.start_mark.line) {
+            syntax_error(b.start_mark, "a document cannot start here");
+            return out;
+        }
+        previous_start = b.start_mark;
+        if (b.failed || !b.root || b.root->is_null()) continue;  // "---" with nothing after it
+        b.doc.file = file;
+        b.doc.json = std::move(*b.root);
+        out.push_back(std::move(b.doc));
     }
     return out;
 }

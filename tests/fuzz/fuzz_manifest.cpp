@@ -21,6 +21,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (const auto& d : r.diagnostics) all.push_back(d.format());
     (void)all.dump();
     if (!r.ok()) return 0;
+    // What `mpsteer validate` reports about the datapath's limits is what the compiler
+    // enforces: a model it passes must compile.
+    if (!compile::check_limits(r.model).empty()) return 0;
     try {
         auto out = compile::compile(r.model);
         auto plan = compile::make_plan_model(r.model, out);
@@ -28,7 +31,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (back.chains.serialize() != out.chains.serialize()) __builtin_trap();
         (void)compile::to_text(compile::diff({}, plan));
     } catch (const compile::Error&) {
-        // too many steps for the datapath: a reported error, not a crash
+        __builtin_trap();  // a limit the validator missed
     }
     return 0;
 }

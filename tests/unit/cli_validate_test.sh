@@ -1,6 +1,6 @@
 #!/bin/sh
 # The validate command end to end: every invalid manifest exits 1 and prints exactly its
-# expected error lines; the valid examples exit 0; usage errors exit 2.
+# expected error lines; the valid examples and the valid-YAML corpus exit 0; usage errors exit 2.
 # usage: cli_validate_test.sh MPSTEER_BINARY MANIFESTS_DIR
 set -u
 MPS=$1
@@ -18,6 +18,7 @@ for f in *.yaml; do
 done
 cd "$DIR" || exit 1
 "$MPS" validate valid >/dev/null 2>&1 || { echo "FAIL valid examples"; fail=1; }
+"$MPS" validate valid-yaml >/dev/null 2>&1 || { echo "FAIL valid-YAML corpus"; fail=1; }
 "$MPS" validate >/dev/null 2>&1; [ $? -eq 2 ] || { echo "FAIL no path: want exit 2"; fail=1; }
 "$MPS" validate --output yaml valid >/dev/null 2>&1; [ $? -eq 2 ] || { echo "FAIL bad --output: want exit 2"; fail=1; }
 "$MPS" validate does-not-exist >/dev/null 2>&1; [ $? -eq 2 ] || { echo "FAIL missing path: want exit 2"; fail=1; }

@@ -8,6 +8,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "compile/compile.h"
 #include "manifest/manifest.h"
 
 using namespace mpsteer::manifest;
@@ -73,6 +74,10 @@ TEST_CASE("every invalid manifest reports exactly its expected errors", "[manife
         auto expected = expected_of(f);
         REQUIRE_FALSE(expected.empty());
         auto r = load_paths({f.string()}, test_options());
+        if (r.ok()) {  // the datapath's limits, as `mpsteer validate` checks them
+            auto limits = mpsteer::compile::check_limits(r.model);
+            r.diagnostics.insert(r.diagnostics.end(), limits.begin(), limits.end());
+        }
         CHECK_FALSE(r.ok());
         CHECK(lines_with(r, Severity::error, dir) == expected);
         mistakes.insert(expected.front().substr(expected.front().find(": error: ")));
@@ -115,7 +120,7 @@ TEST_CASE("the shipped policies are valid", "[manifest][policies]") {
     Options o = test_options();
     o.known_interfaces = std::set<std::string>{"eth0", "eth1", "eth2"};
     o.repo_root = root.string();
-    // The Lua scripts are written in another issue; check them once they exist.
+    // Check the Lua scripts when they are present in this tree.
     o.check_scripts = fs::exists(root / "lua/ecf.lua") && fs::exists(root / "lua/small_flow_pm.lua");
     auto r = load_paths({(root / "policies").string()}, o);
     for (const auto& d : r.diagnostics) INFO(d.format());
@@ -127,6 +132,22 @@ TEST_CASE("the shipped policies are valid", "[manifest][policies]") {
                           "tenant-b-uplink", "lb-no-subflows-to-vip", "lb-initial-subflow-backup",
                           "mp-join-only-guard"})
         CHECK(names.count(n) == 1);
+}
+
+TEST_CASE("any valid YAML loads: the valid-YAML corpus", "[manifest]") {
+    // Block and flow styles, quotes and braces in plain scalars, anchors, comments, BOM, CRLF.
+    const fs::path dir = kManifests / "valid-yaml";
+    size_t files = 0;
+    for (const auto& e : fs::directory_iterator(dir)) {
+        if (e.path().extension() != ".yaml") continue;
+        ++files;
+        INFO(e.path().filename().string());
+        auto r = load_paths({e.path().string()}, test_options());
+        for (const auto& d : r.diagnostics) INFO(d.format());
+        CHECK(r.ok());
+        CHECK(!r.model.policies.empty());
+    }
+    CHECK(files >= 7);
 }
 
 TEST_CASE("YAML scalars are typed with the core schema; quoted ones stay strings", "[manifest]") {
@@ -203,11 +224,16 @@ TEST_CASE("hostile YAML stays cheap", "[manifest]") {
     CHECK(r.diagnostics.size() <= 3);
     auto self = load_text("&a [*a]\n");
     CHECK_FALSE(self.ok());
-    // yaml-cpp 0.7 would loop forever on a quoted scalar followed by ','.
+    // A quoted scalar followed by ',' is reported at the ','.
     auto comma = load_text("a: 'x', b\n");
     REQUIRE(comma.diagnostics.size() == 1);
     CHECK(comma.diagnostics[0].format().ends_with(
         "inline.yaml:1:7: error: yaml: unexpected ',' outside [ ] or { }"));
+    // yaml-cpp 0.7 produces empty documents forever at a ',' where a document would start.
+    auto start = load_text(std::string(kPolicy) + ", x\n");
+    REQUIRE(start.diagnostics.size() == 1);
+    CHECK(start.diagnostics[0].format().ends_with(
+        "inline.yaml:9:1: error: yaml: unexpected ',' outside [ ] or { }"));
     CHECK_FALSE(load_text(",").ok());
     CHECK_FALSE(load_text("a:\n  - x\n ,b: 1\n").ok());
     for (const auto& d : load_text("a: ['x', 'y']\nb: {c: 'd', e: f}\n").diagnostics)
@@ -216,7 +242,10 @@ TEST_CASE("hostile YAML stays cheap", "[manifest]") {
     // Invalid UTF-8 stops at the converter (valijson reads past the end of such strings).
     auto bad = load_text(std::string(kPolicy) + "  x: \"\xff\xfe\"\n");
     REQUIRE_FALSE(bad.ok());
-    CHECK(bad.diagnostics[0].message == "invalid UTF-8");
+    CHECK(bad.diagnostics[0].format().ends_with("inline.yaml:9:7: error: invalid UTF-8 (byte 0xff)"));
+    // An escape that decodes to invalid UTF-8 is caught in the scalar.
+    auto escaped = load_text(std::string(kPolicy) + "  x: \"\\ud800\"\n");
+    REQUIRE_FALSE(escaped.ok());
 }
 
 TEST_CASE("number parsers", "[manifest]") {
@@ -230,4 +259,42 @@ TEST_CASE("number parsers", "[manifest]") {
     CHECK_FALSE(parse_duration_us("1h"));
     CHECK(parse_ip("2001:db8::1")->family == 6);
     CHECK_FALSE(parse_ip("10.0.0.256"));
+}
+
+TEST_CASE("each action is accepted on exactly the hooks of its table, and the hint names them",
+          "[manifest]") {
+    const std::vector<std::pair<Action::Kind, std::string>> actions = {
+        {Action::Kind::pass, "pass: {}"},
+        {Action::Kind::drop, "drop: {}"},
+        {Action::Kind::record, "record: {}"},
+        {Action::Kind::get_connect, "get_connect: {}"},
+        {Action::Kind::get_subflow, "get_subflow: {}"},
+        {Action::Kind::rate_limit, "rate_limit: {rate: 20Mbit}"},
+        {Action::Kind::blk_subflow, "blk_subflow: {}"},
+        {Action::Kind::add_subflow, "add_subflow: {}"},
+        {Action::Kind::set_backup, "set_backup: {}"},
+        {Action::Kind::no_subflows, "no_subflows: {}"},
+        {Action::Kind::redirect, "redirect: {interface: eth1}"},
+    };
+    for (const auto& [kind, text] : actions) {
+        auto allowed = allowed_hooks(kind);
+        CHECK(std::is_sorted(allowed.begin(), allowed.end()));
+        std::string hint;
+        for (auto h : allowed) hint += (hint.empty() ? "" : " or ") + std::string(to_string(h));
+        for (auto hook : {HookPoint::xdp, HookPoint::tc_egress, HookPoint::tc_ingress}) {
+            INFO(text << " on " << to_string(hook));
+            bool in_table = std::find(allowed.begin(), allowed.end(), hook) != allowed.end();
+            CHECK(applicable(kind, hook) == in_table);
+            std::string t = kPolicy;
+            t.replace(t.find("[xdp]"), 5, "[" + std::string(to_string(hook)) + "]");
+            t.replace(t.find("record: {}"), 10, text);
+            auto r = load_text(t);
+            CHECK(r.ok() == in_table);
+            if (in_table) continue;
+            REQUIRE(r.diagnostics.size() == 1);
+            CHECK(r.diagnostics[0].message ==
+                  "action '" + std::string(to_string(kind)) + "' cannot run on hook '" +
+                      std::string(to_string(hook)) + "' of policy 'p' (use " + hint + ")");
+        }
+    }
 }
