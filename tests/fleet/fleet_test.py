@@ -295,7 +295,9 @@ def main():
         down = nodes[-1]
         down.stop()
         wait(lambda: prom.query(f'up{{instance="{down.name}"}} == 0'), 30, "up == 0 for the node")
-        fix, _ = commit(repo, "fix", {"broken.yaml": None})
+        # The fix also changes a policy, so the returning node has a real apply to make.
+        fix, _ = commit(repo, "fix", {"broken.yaml": None, "small-flow-pm.yaml":
+                                      small.replace("priority: 90", "priority: 99", 1)})
         wait(lambda: prom.scalar(on(fix)) == N - 1, 60, "the running nodes on the fix")
         assert prom.query(f'mpsteer_revision_info{{instance="{down.name}",applied="{fix}"}}') == {}
         restarted = time.time()
