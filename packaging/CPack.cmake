@@ -7,12 +7,14 @@
 #   /usr/share/mpsteer/schemas/*.json     the manifest JSON Schemas (editors, CI linting)
 #   /usr/share/mpsteer/lua/*.lua          hook scripts; policies/ finds them as lua/NAME.lua
 #   /usr/share/mpsteer/policies/          example policies, one per use case
+#   /usr/share/mpsteer/monitoring/        Prometheus alerting rules, Grafana dashboard
 #   /lib/systemd/system/mpsteer.service   the agent on /etc/mpsteer/policies (not enabled)
 #   /etc/default/mpsteer                  its options (conffile)
 #   /etc/mpsteer/policies/                the operator's policies (shipped empty, never removed
 #                                         while it holds files)
 #   /usr/share/man/man8/mpsteer.8.gz      the manual page
-#   /usr/share/doc/mpsteer/               README.md, manifests.md (schemas/), lua-hooks.md (lua/)
+#   /usr/share/doc/mpsteer/               README.md, manifests.md (schemas/), lua-hooks.md (lua/),
+#                                         copyright (DEP-5), changelog.gz (Debian changelog)
 #   /usr/share/lintian/overrides/mpsteer  the BPF objects are EM_BPF ELF files in /usr/share
 
 get_property(_mps_bpf_objects GLOBAL PROPERTY MPSTEER_BPF_OBJECTS)
@@ -23,11 +25,15 @@ install(DIRECTORY ${CMAKE_SOURCE_DIR}/lua/ DESTINATION share/mpsteer/lua
         FILES_MATCHING PATTERN "*.lua")
 install(DIRECTORY ${CMAKE_SOURCE_DIR}/policies/ DESTINATION share/mpsteer/policies
         FILES_MATCHING PATTERN "*.yaml")
+install(FILES ${CMAKE_SOURCE_DIR}/monitoring/mpsteer.rules.yml
+              ${CMAKE_SOURCE_DIR}/monitoring/mpsteer-dashboard.json
+        DESTINATION share/mpsteer/monitoring)
 install(FILES ${CMAKE_SOURCE_DIR}/README.md DESTINATION share/doc/mpsteer)
 # The manifest format and the Lua hook API, for operators writing policies.
 install(FILES ${CMAKE_SOURCE_DIR}/schemas/README.md DESTINATION share/doc/mpsteer
         RENAME manifests.md)
 install(FILES ${CMAKE_SOURCE_DIR}/lua/README.md DESTINATION share/doc/mpsteer RENAME lua-hooks.md)
+install(FILES ${CMAKE_SOURCE_DIR}/packaging/debian/copyright DESTINATION share/doc/mpsteer)
 install(FILES ${CMAKE_SOURCE_DIR}/packaging/debian/lintian-overrides
         DESTINATION share/lintian/overrides RENAME mpsteer)
 
@@ -38,14 +44,22 @@ install(FILES ${CMAKE_SOURCE_DIR}/packaging/debian/mpsteer.default
         DESTINATION /etc/default RENAME mpsteer)
 install(DIRECTORY DESTINATION /etc/mpsteer/policies)
 
-# Debian wants manual pages compressed, reproducibly (-n: no name or time stamp).
+# Debian wants manual pages and changelogs compressed, reproducibly (-n: no name or time
+# stamp). The version has no Debian revision (a native package), so the changelog is
+# changelog.gz, not changelog.Debian.gz.
 set(_mps_man ${CMAKE_BINARY_DIR}/mpsteer.8.gz)
+set(_mps_changelog ${CMAKE_BINARY_DIR}/changelog.gz)
 add_custom_command(OUTPUT ${_mps_man}
   COMMAND gzip -9n -c ${CMAKE_SOURCE_DIR}/packaging/mpsteer.8 > ${_mps_man}
   DEPENDS ${CMAKE_SOURCE_DIR}/packaging/mpsteer.8
   COMMENT "man page mpsteer.8.gz")
-add_custom_target(mpsteer_man ALL DEPENDS ${_mps_man})
+add_custom_command(OUTPUT ${_mps_changelog}
+  COMMAND gzip -9n -c ${CMAKE_SOURCE_DIR}/packaging/debian/changelog > ${_mps_changelog}
+  DEPENDS ${CMAKE_SOURCE_DIR}/packaging/debian/changelog
+  COMMENT "Debian changelog.gz")
+add_custom_target(mpsteer_docs ALL DEPENDS ${_mps_man} ${_mps_changelog})
 install(FILES ${_mps_man} DESTINATION share/man/man8)
+install(FILES ${_mps_changelog} DESTINATION share/doc/mpsteer)
 
 set(CPACK_GENERATOR DEB)
 set(CPACK_PACKAGE_NAME mpsteer)

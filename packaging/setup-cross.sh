@@ -23,12 +23,22 @@ libyaml-cpp0.7 libc6-dev"
 PKGS="crossbuild-essential-$ARCH $QEMU dpkg-dev"
 for p in $FOREIGN; do PKGS="$PKGS $p:$ARCH"; done
 
+added=""
 if ! dpkg --print-foreign-architectures | grep -qx "$ARCH"; then
     echo "setup-cross: adding the $ARCH architecture to dpkg"
     dpkg --add-architecture "$ARCH"
+    added=1
 fi
 # shellcheck disable=SC2086
-packaging/apt-ensure.sh setup-cross $PKGS
+if ! packaging/apt-ensure.sh setup-cross $PKGS; then
+    # An architecture whose packages cannot be installed (a mirror mid-sync) would keep failing
+    # every apt-get update on this host, and can keep apt from other indexes of the same suite.
+    if [ -n "$added" ]; then
+        echo "setup-cross: removing the $ARCH architecture again"
+        dpkg --remove-architecture "$ARCH" || true
+    fi
+    exit 1
+fi
 
 # libyaml-cpp-dev for ARCH, unpacked (same version as the runtime library installed above).
 PREFIX=/opt/mpsteer-cross/$ARCH
