@@ -89,7 +89,9 @@ PolicyTree::~PolicyTree() {
 }
 
 std::string PolicyTree::display(const std::string& rel) const {
-    return (fs::path(display_) / rel).lexically_normal().string();
+    auto p = (fs::path(display_) / rel).lexically_normal().string();
+    if (p.size() > 1 && p.back() == '/') p.pop_back();
+    return p;
 }
 
 std::vector<std::string> PolicyTree::list(bool (*want)(const std::string&),
@@ -146,6 +148,7 @@ std::vector<std::string> PolicyTree::list(bool (*want)(const std::string&),
         }
         closedir(d);
     }
+    if (over) return {};
     std::sort(files.begin(), files.end());
     return files;
 }
