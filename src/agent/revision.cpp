@@ -5,21 +5,20 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
+#include <memory>
 #include <sstream>
 
 #include "agent/agent.h"
+#include "manifest/policy_files.h"
 
 namespace fs = std::filesystem;
 
 namespace mpsteer::agent {
 
 namespace {
+// Git metadata may live outside the tree (a worktree's gitdir): small regular files only.
 std::string read_file(const fs::path& p) {
-    std::ifstream in(p, std::ios::binary);
-    std::ostringstream s;
-    s << in.rdbuf();
-    return s.str();
+    return manifest::read_small_file(p.string(), 1 << 20).value_or("");
 }
 
 std::string trim(std::string s) {
@@ -48,40 +47,42 @@ std::string git_head(const fs::path& root) {
     return "";
 }
 
-bool hidden(const fs::path& rel) {
-    for (const auto& part : rel)
-        if (!part.empty() && part.string()[0] == '.') return true;
-    return false;
+// The id is shown in logs and the status: only ever a commit hash, never other text.
+bool commit_hash(const std::string& s) {
+    return (s.size() == 40 || s.size() == 64) &&
+           std::all_of(s.begin(), s.end(), [](char c) {
+               return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+           });
 }
+
+bool any_file(const std::string&) { return true; }
 }  // namespace
 
 Revision snapshot(const std::string& dir) {
     Revision r;
-    std::error_code ec;
-    fs::path root = fs::canonical(dir, ec);
-    if (ec) throw std::runtime_error("policy directory " + dir + ": " + ec.message());
-    r.root = root.string();
-
-    // Content: every non-hidden regular file, sorted by relative path.
-    std::vector<fs::path> files;
-    for (auto it = fs::recursive_directory_iterator(root, ec); !ec && it != fs::end(it);
-         it.increment(ec)) {
-        auto rel = fs::relative(it->path(), root);
-        if (hidden(rel)) {
-            if (it->is_directory()) it.disable_recursion_pending();
-            continue;
-        }
-        if (it->is_regular_file()) files.push_back(rel);
+    std::unique_ptr<manifest::PolicyTree> tree;
+    try {
+        tree = std::make_unique<manifest::PolicyTree>(dir);
+    } catch (const std::exception& e) {
+        throw std::runtime_error("policy directory " + std::string(e.what()));
     }
-    std::sort(files.begin(), files.end());
+    r.root = tree->root();
+    fs::path root = r.root;
+
+    // Content: every non-hidden file, sorted by relative path, read as the manifests are
+    // (policy_files.h). A file refused there counts by its name and the refusal, so the
+    // content still changes when it does; the manifest load reports it.
+    std::vector<manifest::Diagnostic> refused;
+    auto files = tree->list(any_file, refused);
     EVP_MD_CTX* md = EVP_MD_CTX_new();
     EVP_DigestInit_ex(md, EVP_sha256(), nullptr);
+    for (const auto& d : refused) EVP_DigestUpdate(md, d.pos.file.data(), d.pos.file.size());
     for (const auto& f : files) {
-        auto name = f.generic_string(), data = read_file(root / f);
-        uint64_t sizes[2] = {name.size(), data.size()};
+        auto data = tree->read(f, refused);
+        uint64_t sizes[2] = {f.size(), data ? data->size() : UINT64_MAX};
         EVP_DigestUpdate(md, sizes, sizeof sizes);
-        EVP_DigestUpdate(md, name.data(), name.size());
-        EVP_DigestUpdate(md, data.data(), data.size());
+        EVP_DigestUpdate(md, f.data(), f.size());
+        if (data) EVP_DigestUpdate(md, data->data(), data->size());
     }
     unsigned char h[EVP_MAX_MD_SIZE];
     unsigned len = 0;
@@ -94,7 +95,7 @@ Revision snapshot(const std::string& dir) {
         auto base = fs::path(r.root).filename().string();
         if (base.rfind("rev-", 0) == 0) base = base.substr(4);
         r.id = base;
-    } else if (auto head = git_head(root); !head.empty()) {
+    } else if (auto head = git_head(root); commit_hash(head)) {
         r.id = head;
     } else {
         r.id = "sha256:" + r.content.substr(0, 16);

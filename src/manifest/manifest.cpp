@@ -4,10 +4,10 @@
 #include <arpa/inet.h>
 #include <charconv>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
+#include <map>
 
 #include "manifest/internal.h"
+#include "manifest/policy_files.h"
 #include "net/address.h"
 
 namespace mpsteer::manifest {
@@ -284,35 +284,47 @@ std::string Action::describe() const {
 
 namespace {
 
-void add_file(const fs::path& p, std::vector<std::string>& files) {
-    files.push_back(p.lexically_normal().string());
+bool manifest_name(const std::string& name) {
+    auto ext = fs::path(name).extension();
+    return ext == ".yaml" || ext == ".yml";
 }
 
-void collect(const std::string& arg, std::vector<std::string>& files,
-             std::vector<Diagnostic>& diags) {
+// Where a policy's script must resolve: the repository root the caller names, else the
+// nearest directory above the manifest with a .git entry, else the directory given.
+fs::path script_root(const Options& opts, const std::string& manifest, const fs::path& given) {
     std::error_code ec;
-    fs::path root(arg);
-    if (fs::is_directory(root, ec)) {
-        std::vector<std::string> found;
-        fs::recursive_directory_iterator it(root, fs::directory_options::skip_permission_denied,
-                                            ec),
-            end;
-        for (; !ec && it != end; it.increment(ec)) {
-            const auto name = it->path().filename().string();
-            if (!name.empty() && name[0] == '.') {
-                if (it->is_directory(ec)) it.disable_recursion_pending();
-                continue;
+    if (!opts.repo_root.empty()) return fs::absolute(opts.repo_root, ec).lexically_normal();
+    for (fs::path dir = fs::absolute(manifest, ec).parent_path();; dir = dir.parent_path()) {
+        if (fs::exists(dir / ".git", ec)) return dir.lexically_normal();
+        if (dir == dir.parent_path()) break;
+    }
+    return fs::absolute(given, ec).lexically_normal();
+}
+
+// Scripts are read later (by the Lua host): only from inside the repository, through the
+// same rule as the manifests (policy_files.h).
+void check_scripts(Result& r, const Options& opts,
+                   const std::map<std::string, fs::path>& given_for_file) {
+    for (const auto& p : r.model.policies) {
+        if (!p.lua || p.lua->path.empty()) continue;
+        auto given = given_for_file.find(p.pos.file);
+        fs::path root = script_root(opts, p.pos.file,
+                                    given == given_for_file.end() ? fs::path(p.pos.file).parent_path()
+                                                                  : given->second);
+        std::error_code ec;
+        fs::path rel = fs::absolute(p.lua->path, ec).lexically_normal().lexically_relative(root);
+        std::string why = "is outside the repository " + root.string();
+        if (!rel.empty() && *rel.begin() != "..") {
+            try {
+                PolicyTree tree(root.string());
+                why = tree.check(rel.string());
+            } catch (const std::exception& e) {
+                why = "cannot be checked: " + std::string(e.what());
             }
-            auto ext = it->path().extension().string();
-            if ((ext == ".yaml" || ext == ".yml") && it->is_regular_file(ec))
-                add_file(it->path(), found);
         }
-        if (ec) diags.push_back({Severity::error, {arg, 0, 0}, "", "cannot read: " + ec.message()});
-        files.insert(files.end(), found.begin(), found.end());
-    } else if (fs::exists(root, ec)) {
-        add_file(root, files);
-    } else {
-        diags.push_back({Severity::error, {arg, 0, 0}, "", "no such file or directory"});
+        if (!why.empty())
+            r.diagnostics.push_back({Severity::error, p.pos, "/spec/hooks/script",
+                                     "script '" + p.lua->script + "' " + why});
     }
 }
 
@@ -328,8 +340,21 @@ Result load_sources(const std::vector<std::pair<std::string, std::string>>& sour
     auto sorted = sources;
     std::stable_sort(sorted.begin(), sorted.end(),
                      [](const auto& a, const auto& b) { return a.first < b.first; });
+    size_t documents = 0;
     for (const auto& [name, text] : sorted) {
         files.push_back(name);
+        // Each document is bounded (alias expansion included); so is their number.
+        const size_t n = count_documents(text);
+        if (n > kMaxDocumentsPerFile || documents + n > kMaxDocuments) {
+            diags.push_back({Severity::error, {name, 0, 0}, "",
+                             n > kMaxDocumentsPerFile
+                                 ? "more than " + std::to_string(kMaxDocumentsPerFile) +
+                                       " YAML documents in one file; not parsed"
+                                 : "more than " + std::to_string(kMaxDocuments) +
+                                       " YAML documents in the policy directory; not parsed"});
+            continue;
+        }
+        documents += n;
         auto d = detail::parse_yaml(name, text, diags);
         for (auto& x : d) docs.push_back(std::move(x));
     }
@@ -338,25 +363,44 @@ Result load_sources(const std::vector<std::pair<std::string, std::string>>& sour
 
 Result load_paths(const std::vector<std::string>& paths, const Options& opts) {
     std::vector<Diagnostic> diags;
-    std::vector<std::string> files;
-    for (const auto& p : paths) collect(p, files, diags);
-    std::sort(files.begin(), files.end());
-    files.erase(std::unique(files.begin(), files.end()), files.end());
     std::vector<std::pair<std::string, std::string>> sources;
-    for (const auto& f : files) {
-        std::ifstream in(f, std::ios::binary);
-        std::ostringstream ss;
-        ss << in.rdbuf();
-        if (!in) {
-            diags.push_back({Severity::error, {f, 0, 0}, "", "cannot read the file"});
+    std::map<std::string, fs::path> given_for_file;
+    for (const auto& p : paths) {
+        // Everything is read through a PolicyTree: a directory's, or a file's parent's.
+        std::error_code ec;
+        fs::path arg(p);
+        const bool dir = fs::is_directory(arg, ec);
+        if (!dir && !fs::exists(fs::symlink_status(arg, ec))) {
+            diags.push_back({Severity::error, {p, 0, 0}, "", "no such file or directory"});
             continue;
         }
-        sources.emplace_back(f, ss.str());
+        fs::path base = dir ? arg : arg.parent_path().empty() ? fs::path(".") : arg.parent_path();
+        try {
+            PolicyTree tree(base.string(), dir ? p : arg.parent_path().string());
+            std::vector<std::string> rels;
+            if (dir) {
+                rels = tree.list(manifest_name, diags);
+                tree.ownership_warnings(diags);
+            } else {
+                rels = {arg.filename().string()};
+            }
+            for (const auto& rel : rels) {
+                auto name = tree.display(rel);
+                if (given_for_file.count(name)) continue;
+                given_for_file.emplace(name, base);
+                if (auto text = tree.read(rel, diags)) sources.emplace_back(name, std::move(*text));
+            }
+        } catch (const std::exception& e) {
+            diags.push_back({Severity::error, {p, 0, 0}, "", std::string("cannot read: ") + e.what()});
+        }
     }
     Result r = load_sources(sources, opts);
+    check_scripts(r, opts, given_for_file);
     r.diagnostics.insert(r.diagnostics.end(), diags.begin(), diags.end());
     sort_diagnostics(r.diagnostics);
-    r.files = files;
+    cap_diagnostics(r.diagnostics);
+    r.files.clear();
+    for (const auto& [name, given] : given_for_file) r.files.push_back(name);
     return r;
 }
 
