@@ -343,9 +343,9 @@ int run(const Config& cfg) {
 void reset(const std::string& pin_root, const std::string& state_dir) {
     auto lock = AgentLock::try_take(state_dir);
     if (!lock) throw std::runtime_error("an agent is running (stop it first)");
-    std::optional<AgentLock> pin_lock;
-    if (fs::is_directory(pin_root) && !(pin_lock = AgentLock::try_take_pin_root(pin_root)))
-        throw std::runtime_error("an agent uses " + pin_root + " (stop it first)");
+    const bool pins_exist = fs::is_directory(pin_root);
+    auto pin_lock = pins_exist ? AgentLock::try_take_pin_root(pin_root) : std::optional<AgentLock>();
+    if (pins_exist && !pin_lock) throw std::runtime_error("an agent uses " + pin_root + " (stop it first)");
     Rollout::remove_pins(pin_root);
     std::error_code ec;
     for (auto p : {status_path(state_dir), events_path(state_dir), suspended_path(state_dir),

@@ -134,7 +134,7 @@ void write_atomic(const std::string& path, const std::string& text, unsigned mod
     std::string tmp = path + ".XXXXXX";
     int fd = mkostemp(tmp.data(), O_CLOEXEC);  // O_CREAT|O_EXCL: a planted name is not followed
     if (fd < 0) throw std::runtime_error("creating " + tmp + ": " + std::strerror(errno));
-    bool ok = fchmod(fd, mode) == 0 && (gid < 0 || fchown(fd, 0, static_cast<gid_t>(gid)) == 0);
+    bool ok = fchmod(fd, mode) == 0 && (gid < 0 || fchown(fd, static_cast<uid_t>(-1), static_cast<gid_t>(gid)) == 0);
     for (size_t off = 0; ok && off < text.size();) {
         ssize_t n = write(fd, text.data() + off, text.size() - off);
         if (n < 0 && errno == EINTR) continue;

@@ -35,6 +35,11 @@ int print_status(bool json) {
             return s.value("ready", false) ? 0 : 1;
         }
         return print_status_text(s);
+    } catch (const nlohmann::json::exception& e) {  // a field of the wrong type
+        std::cout << std::endl;
+        std::cerr << "mpsteer status: " << agent::status_path(g_state_dir)
+                  << " is not a status document this version reads: " << e.what() << '\n';
+        return 1;
     } catch (const std::exception& e) {
         std::cout << std::flush;
         std::cerr << "mpsteer status: " << e.what() << '\n';
@@ -51,8 +56,10 @@ int print_status_text(nlohmann::json s) {
               << "\napplied:    " << s.value("applied_revision", "-")
               << "\nattempted:  " << s.value("attempted_revision", "-")
               << (s.value("suspended", false) ? "\nsuspended:  yes (mpsteer resume)" : "") << "\n";
+    // Degraded and Stalled when true; Ready, and AgentRunning and Fresh (added by the reader) always.
     for (const auto& c : s["conditions"])
-        if (c.value("status", false) || c.value("type", "") == "Ready")
+        if (c.value("status", false) || c.value("type", "") == "Ready" ||
+            c.value("type", "") == "AgentRunning" || c.value("type", "") == "Fresh")
             std::cout << "condition:  " << c.value("type", "") << "="
                       << (c.value("status", false) ? "True" : "False") << " "
                       << c.value("reason", "") << ": " << c.value("message", "") << '\n';
