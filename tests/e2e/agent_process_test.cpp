@@ -99,7 +99,7 @@ TEST_CASE("agent process: SIGHUP re-reads the policy directory", "[agent][signal
     CHECK(WEXITSTATUS(st) == 0);
 }
 
-TEST_CASE("agent process: one agent per pin root; runtime files are private", "[agent]") {
+TEST_CASE("agent process: one agent per pin root, runtime files private", "[agent]") {
     Lab lab(config("pin"));
     AgentHarness h(lab, "pinroot");
     PolicyGen gen(lab, 3);
