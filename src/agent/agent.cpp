@@ -8,6 +8,7 @@
 #include "agent/agent.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
@@ -36,6 +37,16 @@ using Clock = std::chrono::steady_clock;
 
 namespace mpsteer::agent {
 namespace {
+
+// SIGINT/SIGTERM stop the agent cleanly; SIGHUP re-reads the policy directory. The loop takes
+// them from a signalfd, so they must be blocked in every thread: run() blocks them before the
+// first thread (metrics, event thread) starts, and threads inherit the mask.
+sigset_t agent_signals() {
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&sigs, sig);
+    return sigs;
+}
 
 class Agent {
 public:
@@ -75,6 +86,7 @@ private:
     lua::HookDispatcher dispatcher_{flow_ids_};
     bool hooks_configured_ = false;
     std::unique_ptr<lua::EventThread> event_thread_;
+    int runtime_gid_ = runtime_gid();
 };
 
 void Agent::configure_hooks(const manifest::Model& model, const std::string& revision) {
@@ -186,26 +198,21 @@ void Agent::write_status() {
         return std::make_tuple(hooks_.status(), hooks_.status_json(), event_thread_->stats().to_json());
     });
     auto s = render_status(status_, rollout_.report(), hooks, *events_, cfg_.policies_dir);
-    write_atomic(status_path(cfg_.state_dir), s.dump(1) + "\n");
+    write_atomic(status_path(cfg_.state_dir), json_text(s, 1) + "\n", 0640, runtime_gid_);
     metrics_->publish(s);
 }
 
 int Agent::run() {
     fs::create_directories(cfg_.state_dir + "/state");
-    auto lock = AgentLock::try_take(cfg_.state_dir);
-    if (!lock) {
-        spdlog::error("another mpsteer agent runs with state in {}", cfg_.state_dir);
-        return 1;
-    }
+    // Status and events are for root and the mpsteer group only.
+    if (chown(cfg_.state_dir.c_str(), 0, static_cast<gid_t>(runtime_gid_)))
+        spdlog::warn("chown {}: {}", cfg_.state_dir, std::strerror(errno));
+    fs::permissions(cfg_.state_dir, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec);
     events_ = std::make_unique<EventLog>(events_path(cfg_.state_dir));
     status_.suspended = fs::exists(suspended_path(cfg_.state_dir));
     metrics_ = std::make_unique<MetricsOutput>(cfg_.metrics_port, cfg_.metrics_textfile);
 
-    sigset_t sigs;
-    sigemptyset(&sigs);
-    sigaddset(&sigs, SIGINT);
-    sigaddset(&sigs, SIGTERM);
-    sigprocmask(SIG_BLOCK, &sigs, nullptr);
+    const sigset_t sigs = agent_signals();  // blocked by run() before any thread started
     int sigfd = signalfd(-1, &sigs, SFD_CLOEXEC | SFD_NONBLOCK);
     lua::EventThreadOptions eo;
     eo.mode = *lua::poll_mode_from_string(cfg_.events_mode);  // checked by the CLI
@@ -243,7 +250,17 @@ int Agent::run() {
         for (int i = 0; i < n; ++i) {
             int fd = evs[i].data.fd;
             if (fd == sigfd) {
-                stop = true;
+                signalfd_siginfo si;
+                while (read(sigfd, &si, sizeof si) == sizeof si) {
+                    if (si.ssi_signo != SIGHUP) {
+                        stop = true;
+                        continue;
+                    }
+                    // Re-read the policy directory now, retrying a revision that failed.
+                    spdlog::info("SIGHUP: re-reading {}", cfg_.policies_dir);
+                    failed_content_.clear();
+                    due = Clock::now();
+                }
             } else if (fd == events_fd) {
                 for (const auto& e : event_thread_->take_events()) events_->record(e);
                 events_->flush();
@@ -291,6 +308,8 @@ int Agent::run() {
 }  // namespace
 
 int run(const Config& cfg) {
+    const sigset_t sigs = agent_signals();
+    pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
     datapath::init_libbpf_logging();
     if (!cfg.netns.empty()) {
         int fd = open(("/run/netns/" + cfg.netns).c_str(), O_RDONLY | O_CLOEXEC);
@@ -301,6 +320,18 @@ int run(const Config& cfg) {
         close(fd);
     }
     try {
+        auto state_lock = AgentLock::try_take(cfg.state_dir);
+        if (!state_lock) {
+            spdlog::error("another mpsteer agent runs with state in {}", cfg.state_dir);
+            return 1;
+        }
+        // Two agents on one pin root would replace each other's generations.
+        auto pin_lock = AgentLock::try_take_pin_root(cfg.pin_root);
+        if (!pin_lock) {
+            spdlog::error("another mpsteer agent uses the pin root {} (one agent per pin root)",
+                          cfg.pin_root);
+            return 1;
+        }
         Agent a(cfg);
         return a.run();
     } catch (const std::exception& e) {
@@ -312,6 +343,9 @@ int run(const Config& cfg) {
 void reset(const std::string& pin_root, const std::string& state_dir) {
     auto lock = AgentLock::try_take(state_dir);
     if (!lock) throw std::runtime_error("an agent is running (stop it first)");
+    const bool pins_exist = fs::is_directory(pin_root);
+    auto pin_lock = pins_exist ? AgentLock::try_take_pin_root(pin_root) : std::optional<AgentLock>();
+    if (pins_exist && !pin_lock) throw std::runtime_error("an agent uses " + pin_root + " (stop it first)");
     Rollout::remove_pins(pin_root);
     std::error_code ec;
     for (auto p : {status_path(state_dir), events_path(state_dir), suspended_path(state_dir),

@@ -13,7 +13,18 @@ std::string lock_path(const std::string& state_dir) { return state_dir + "/agent
 
 std::optional<AgentLock> AgentLock::try_take(const std::string& state_dir) {
     std::filesystem::create_directories(state_dir);
-    int fd = open(lock_path(state_dir).c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    int fd = open(lock_path(state_dir).c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0) return std::nullopt;
+    if (flock(fd, LOCK_EX | LOCK_NB)) {
+        close(fd);
+        return std::nullopt;
+    }
+    return AgentLock(fd);
+}
+
+std::optional<AgentLock> AgentLock::try_take_pin_root(const std::string& pin_root) {
+    std::filesystem::create_directories(pin_root);
+    int fd = open(pin_root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0) return std::nullopt;
     if (flock(fd, LOCK_EX | LOCK_NB)) {
         close(fd);

@@ -1,5 +1,7 @@
-// The agent's lock: an flock on <state_dir>/agent.lock, held by the running agent for its
-// whole life. Whoever else needs to know whether an agent runs (status, reset) asks here.
+// The agent's locks, held by the running agent for its whole life: an flock on
+// <state_dir>/agent.lock, and one on the pin root directory itself (one agent per pin root,
+// whatever its state directory). Whoever else needs to know whether an agent runs (status,
+// reset) asks here.
 #pragma once
 
 #include <optional>
@@ -13,6 +15,8 @@ public:
     static std::optional<AgentLock> try_take(const std::string& state_dir);
     // Whether a live process holds the lock (false when the lock file does not exist).
     static bool held(const std::string& state_dir);
+    // The pin root's lock, or nullopt when another process holds it. Creates the directory.
+    static std::optional<AgentLock> try_take_pin_root(const std::string& pin_root);
 
     AgentLock(AgentLock&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
     AgentLock& operator=(AgentLock&&) = delete;

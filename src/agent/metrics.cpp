@@ -3,43 +3,54 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <spdlog/spdlog.h>
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <atomic>
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <mutex>
 #include <stdexcept>
 #include <thread>
+#include <vector>
 
 #include "agent/status.h"
 
 namespace mpsteer::agent {
 
-// A tiny HTTP server for GET /metrics on 127.0.0.1.
+// A tiny HTTP server for GET /metrics on 127.0.0.1: one thread polling every connection, so a
+// slow or idle client never holds up another. Connections are bounded in number and in time.
 class MetricsServer {
 public:
+    static constexpr size_t kMaxClients = 32;
+    static constexpr std::chrono::seconds kClientTimeout{2};
+    static constexpr size_t kMaxRequestBytes = 8192;
+
     explicit MetricsServer(int port) {
-        fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
         int one = 1;
         setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
         sockaddr_in sa{};
         sa.sin_family = AF_INET;
         sa.sin_port = htons(static_cast<uint16_t>(port));
         sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        if (bind(fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa) || listen(fd_, 16)) {
+        if (bind(fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa) || listen(fd_, 64)) {
             int err = errno;
             close(fd_);
             throw std::runtime_error("metrics on 127.0.0.1:" + std::to_string(port) + ": " +
                                      std::strerror(err));
         }
+        stop_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         thread_ = std::thread([this] { serve(); });
     }
     ~MetricsServer() {
-        stop_ = true;
-        shutdown(fd_, SHUT_RDWR);
+        uint64_t one = 1;
+        (void)!write(stop_fd_, &one, sizeof one);
         thread_.join();
+        close(stop_fd_);
         close(fd_);
     }
     void set(std::string text) {
@@ -48,35 +59,84 @@ public:
     }
 
 private:
-    void serve() {
-        while (!stop_) {
-            int c = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
-            if (c < 0) {
-                if (stop_) return;
-                continue;
-            }
-            timeval tv{2, 0};
-            setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-            char req[2048];
-            ssize_t n = recv(c, req, sizeof req - 1, 0);
-            std::string head(req, n > 0 ? static_cast<size_t>(n) : 0);
-            std::string body, status = "200 OK";
-            if (head.rfind("GET /metrics", 0) == 0) {
-                std::lock_guard lock(mu_);
-                body = text_;
-            } else {
-                status = "404 Not Found";
-                body = "try /metrics\n";
-            }
-            std::string resp = "HTTP/1.1 " + status +
-                               "\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: " +
-                               std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
-            send(c, resp.data(), resp.size(), MSG_NOSIGNAL);
-            close(c);
+    using Clock = std::chrono::steady_clock;
+    struct Client {
+        int fd;
+        Clock::time_point deadline;
+        std::string in, out;  // out non-empty: the request is read, the response goes out
+        size_t sent = 0;
+    };
+
+    std::string respond(const std::string& head) {
+        std::string body, status = "200 OK";
+        if (head.rfind("GET /metrics", 0) == 0) {
+            std::lock_guard lock(mu_);
+            body = text_;
+        } else {
+            status = "404 Not Found";
+            body = "try /metrics\n";
         }
+        return "HTTP/1.1 " + status + "\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: " +
+               std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
     }
-    int fd_ = -1;
-    std::atomic<bool> stop_{false};
+
+    // Reads or writes what the socket allows; false when the connection is done.
+    bool step(Client& c) {
+        if (c.out.empty()) {
+            char buf[2048];
+            ssize_t n = recv(c.fd, buf, sizeof buf, 0);
+            if (n < 0 && (errno == EAGAIN || errno == EINTR)) return true;
+            if (n <= 0) return false;
+            c.in.append(buf, static_cast<size_t>(n));
+            if (c.in.find("\r\n\r\n") == std::string::npos && c.in.size() < kMaxRequestBytes)
+                return true;
+            c.out = respond(c.in);
+        }
+        ssize_t n = send(c.fd, c.out.data() + c.sent, c.out.size() - c.sent, MSG_NOSIGNAL);
+        if (n < 0) return errno == EAGAIN || errno == EINTR;
+        c.sent += static_cast<size_t>(n);
+        return c.sent < c.out.size();
+    }
+
+    void serve() {
+        std::vector<Client> clients;
+        std::vector<pollfd> fds;
+        for (;;) {
+            fds.clear();
+            fds.push_back({stop_fd_, POLLIN, 0});
+            fds.push_back({fd_, static_cast<short>(clients.size() < kMaxClients ? POLLIN : 0), 0});
+            auto wake = Clock::time_point::max();
+            for (const auto& c : clients) {
+                fds.push_back({c.fd, static_cast<short>(c.out.empty() ? POLLIN : POLLOUT), 0});
+                wake = std::min(wake, c.deadline);
+            }
+            int timeout = clients.empty() ? -1
+                : static_cast<int>(std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                            wake - Clock::now()).count() + 1));
+            if (poll(fds.data(), fds.size(), timeout) < 0 && errno != EINTR) {
+                spdlog::error("metrics: poll: {}", std::strerror(errno));
+                break;
+            }
+            if (fds[0].revents) break;
+            const auto now = Clock::now();
+            std::vector<Client> kept;
+            for (size_t i = 0; i < clients.size(); ++i) {
+                auto& c = clients[i];
+                bool open = now < c.deadline && (!fds[i + 2].revents || step(c));
+                if (open) kept.push_back(std::move(c));
+                else close(c.fd);
+            }
+            clients = std::move(kept);
+            while (fds[1].revents && clients.size() < kMaxClients) {
+                int c = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+                if (c < 0) break;
+                clients.push_back({c, now + kClientTimeout, {}, {}, 0});
+            }
+        }
+        for (auto& c : clients) close(c.fd);
+    }
+
+    int fd_ = -1, stop_fd_ = -1;
     std::mutex mu_;
     std::string text_;
     std::thread thread_;

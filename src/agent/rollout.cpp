@@ -266,14 +266,14 @@ Rollout::Outcome Rollout::apply(const Revision& rev) {
     built_with_ifaces_ = present;
     auto model = compile::make_plan_model(res.model, out, rev.id);
     model.chains = chains;
-    write_atomic(applied_path(cfg_.state_dir), compile::to_json(model).dump(1) + "\n");
+    write_atomic(applied_path(cfg_.state_dir), json_text(compile::to_json(model), 1) + "\n");
     nlohmann::json g = {{"number", n},
                         {"slot", current_->slot()},
                         {"datapath", datapath::Datapath::object_id()},
                         {"revision", rev.id},
                         {"content", rev.content},
                         {"interfaces", std::vector<std::string>(present.begin(), present.end())}};
-    write_atomic(gen_state_path(), g.dump() + "\n");
+    write_atomic(gen_state_path(), json_text(g) + "\n");
     if (!moved.empty()) remove_stale_datapaths();
     o.generation = n;
     o.model = std::move(res.model);

@@ -1,10 +1,15 @@
 #include "agent/status.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <stdexcept>
@@ -63,6 +68,42 @@ std::string now_iso() {
     return buf;
 }
 
+int64_t unix_ms() {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+}
+
+// The status file's text. Anything but a regular file of sane size is refused with why (a FIFO
+// is opened non-blocking and refused before any read).
+constexpr off_t kStatusMaxBytes = 16 << 20;
+std::string read_status_text(const std::string& path) {
+    int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENOENT) throw std::runtime_error("no status at " + path + " (has an agent run here?)");
+        throw std::runtime_error("cannot open " + path + ": " + std::strerror(errno));
+    }
+    struct stat st {};
+    std::string why;
+    if (fstat(fd, &st)) why = std::strerror(errno);
+    else if (S_ISDIR(st.st_mode)) why = "is a directory, not a status file";
+    else if (!S_ISREG(st.st_mode)) why = "is not a regular file";
+    else if (st.st_size > kStatusMaxBytes) why = "is too large for a status (" + std::to_string(st.st_size) + " bytes)";
+    std::string text;
+    while (why.empty()) {
+        char buf[65536];
+        ssize_t n = read(fd, buf, sizeof buf);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) why = std::strerror(errno);
+        if (n <= 0) break;
+        text.append(buf, static_cast<size_t>(n));
+        if (text.size() > static_cast<size_t>(kStatusMaxBytes)) why = "is too large for a status";
+    }
+    close(fd);
+    if (!why.empty()) throw std::runtime_error(path + " " + why);
+    return text;
+}
+
 std::string hex32(uint32_t v) {
     char buf[16];
     std::snprintf(buf, sizeof buf, "%08x", v);
@@ -70,18 +111,55 @@ std::string hex32(uint32_t v) {
 }
 }  // namespace
 
-void write_atomic(const std::string& path, const std::string& text) {
-    fs::create_directories(fs::path(path).parent_path());
-    std::string tmp = path + ".tmp";
-    {
-        std::ofstream out(tmp, std::ios::trunc);
-        out << text;
-        if (!out) throw std::runtime_error("writing " + tmp);
-    }
-    fs::rename(tmp, path);
+std::string json_text(const nlohmann::json& j, int indent) {
+    return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-EventLog::EventLog(const std::string& path) : out_(path, std::ios::app) {}
+int runtime_gid() {
+    const group* g = getgrnam("mpsteer");
+    return g ? static_cast<int>(g->gr_gid) : 0;
+}
+
+void write_atomic(const std::string& path, const std::string& text, unsigned mode, int gid) {
+    const fs::path dir = fs::path(path).parent_path();
+    if (!dir.empty()) fs::create_directories(dir);
+    std::string tmp = path + ".XXXXXX";
+    int fd = mkostemp(tmp.data(), O_CLOEXEC);  // O_CREAT|O_EXCL: a planted name is not followed
+    if (fd < 0) throw std::runtime_error("creating " + tmp + ": " + std::strerror(errno));
+    bool ok = fchmod(fd, mode) == 0 && (gid < 0 || fchown(fd, static_cast<uid_t>(-1), static_cast<gid_t>(gid)) == 0);
+    for (size_t off = 0; ok && off < text.size();) {
+        ssize_t n = write(fd, text.data() + off, text.size() - off);
+        if (n < 0 && errno == EINTR) continue;
+        ok = n > 0;
+        off += n > 0 ? static_cast<size_t>(n) : 0;
+    }
+    const int err = errno;
+    close(fd);
+    if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
+        const int e = ok ? errno : err;
+        unlink(tmp.c_str());
+        throw std::runtime_error("writing " + path + ": " + std::strerror(e));
+    }
+}
+
+EventLog::EventLog(const std::string& path, uint64_t max_bytes)
+    : path_(path), max_bytes_(max_bytes) {
+    open();
+}
+
+void EventLog::open() {
+    out_.close();
+    out_.clear();
+    // Created 0640 like the status (O_NOFOLLOW: never through a planted link); appended to.
+    int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0640);
+    struct stat st {};
+    if (fd >= 0) {
+        fstat(fd, &st);
+        close(fd);
+    }
+    size_ = static_cast<uint64_t>(st.st_size);
+    out_.open(path_, std::ios::app);
+}
 
 void EventLog::record(const datapath::Event& ev) {
     const auto& r = ev.raw;
@@ -106,7 +184,14 @@ void EventLog::record(const datapath::Event& ev) {
     } else {
         j["type"] = "flow_closed";
     }
-    out_ << j.dump() << '\n';
+    const std::string line = json_text(j) + '\n';
+    if (size_ > 0 && size_ + line.size() > max_bytes_) {
+        out_.flush();
+        ::rename(path_.c_str(), (path_ + ".1").c_str());
+        open();
+    }
+    out_ << line;
+    size_ += line.size();
 }
 
 nlohmann::json EventLog::counts_json() const {
@@ -192,23 +277,37 @@ nlohmann::json render_status(const AgentStatus& a, const DatapathStatus& dp,
             {"event_thread", hooks.event_thread},
             {"pid", getpid()},
             {"policies_dir", policies_dir},
-            {"updated", now_iso()}};
+            {"updated", now_iso()},
+            {"updated_unix_ms", unix_ms()}};
 }
 
 nlohmann::json read_status(const std::string& state_dir) {
-    std::ifstream in(status_path(state_dir));
-    if (!in) throw std::runtime_error("no status in " + state_dir + " (has an agent run here?)");
-    nlohmann::json s;
-    in >> s;
+    const std::string path = status_path(state_dir);
+    nlohmann::json s = nlohmann::json::parse(read_status_text(path), nullptr, false);
+    if (s.is_discarded() || !s.is_object())
+        throw std::runtime_error(path + " is not a status document (not a JSON object)");
+    if (!s["conditions"].is_array()) s["conditions"] = nlohmann::json::array();
+    auto not_ready = [&](const char* type, const char* reason, const std::string& message) {
+        s["ready"] = false;
+        s["conditions"].push_back(
+            {{"type", type}, {"status", false}, {"reason", reason}, {"message", message}});
+    };
     const bool running = AgentLock::held(state_dir);
     s["agent_running"] = running;
     if (!running) {
-        s["ready"] = false;
-        s["conditions"].push_back({{"type", "AgentRunning"},
-                                   {"status", false},
-                                   {"reason", "NotRunning"},
-                                   {"message", "no agent runs; the datapath keeps the last generation"}});
+        not_ready("AgentRunning", "NotRunning", "no agent runs; the datapath keeps the last generation");
+        return s;
     }
+    // A live agent that stopped writing is frozen: not ready.
+    const auto written = s.find("updated_unix_ms");
+    const bool has_time = written != s.end() && written->is_number();
+    const int64_t age_ms = has_time ? unix_ms() - written->get<int64_t>() : 0;
+    s["age_seconds"] = age_ms / 1000.0;
+    if (!has_time || age_ms > kStatusStaleAfterSeconds * 1000)
+        not_ready("Fresh", "StatusStale",
+                  !has_time ? "the status carries no write time"
+                             : "the agent last wrote its status " + std::to_string(age_ms / 1000) +
+                                   " s ago (it writes every second)");
     return s;
 }
 

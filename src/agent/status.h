@@ -66,23 +66,43 @@ struct HookStatus {
 };
 
 // events.jsonl: one JSON line per datapath event, after the hooks saw it; and the counts.
+// Size-capped: a line that takes the file past `max_bytes` first moves it to events.jsonl.1
+// (replacing the previous one), so the log keeps between max_bytes and 2 x max_bytes.
 class EventLog {
 public:
-    explicit EventLog(const std::string& path);
+    static constexpr uint64_t kDefaultMaxBytes = 16ull << 20;
+    explicit EventLog(const std::string& path, uint64_t max_bytes = kDefaultMaxBytes);
     void record(const datapath::Event& ev);
     void flush() { out_.flush(); }
     nlohmann::json counts_json() const;
 
 private:
+    void open();
+    std::string path_;
+    uint64_t max_bytes_, size_ = 0;
     std::ofstream out_;
     uint64_t counts_[5] = {};
 };
+
+// How long a status may go unwritten before `mpsteer status` calls the agent frozen (the loop
+// writes it every second).
+constexpr int kStatusStaleAfterSeconds = 10;
 
 nlohmann::json render_status(const AgentStatus& agent, const DatapathStatus& dp,
                              const HookStatus& hooks, const EventLog& events,
                              const std::string& policies_dir);
 
-// Writes through a temporary file and a rename: readers never see half a file.
-void write_atomic(const std::string& path, const std::string& text);
+// JSON text of a runtime document (status, event line, CLI output). Strings that are not
+// UTF-8 (a script's error, an interface or file name) are replaced, never thrown on.
+std::string json_text(const nlohmann::json& j, int indent = -1);
+
+// Writes through a temporary file created next to `path` (mkstemp: never follows a planted
+// link) and a rename: readers never see half a file. The file gets `mode` and, when gid >= 0,
+// that group.
+void write_atomic(const std::string& path, const std::string& text, unsigned mode = 0644,
+                  int gid = -1);
+
+// Runtime files readable by root and the `mpsteer` group only: the group's id, else root's.
+int runtime_gid();
 
 }  // namespace mpsteer::agent

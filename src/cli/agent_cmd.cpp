@@ -1,4 +1,5 @@
 // The agent's commands: run, status, suspend, resume, reset, events.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -9,6 +10,7 @@
 #include <thread>
 
 #include "agent/agent.h"
+#include "agent/status.h"
 #include "cli/commands.h"
 
 namespace fs = std::filesystem;
@@ -21,18 +23,32 @@ void add_state_dir(CLI::App* cmd) {
     cmd->add_option("--state-dir", g_state_dir, "runtime state of the agent")->capture_default_str();
 }
 
+int print_status_text(nlohmann::json s);
+
+// Exit status 0 only when ready; a status that cannot be read or makes no sense is reported,
+// never fatal.
 int print_status(bool json) {
-    nlohmann::json s;
     try {
-        s = agent::read_status(g_state_dir);
+        nlohmann::json s = agent::read_status(g_state_dir);
+        if (json) {
+            std::cout << agent::json_text(s, 2) << '\n';
+            return s.value("ready", false) ? 0 : 1;
+        }
+        return print_status_text(s);
+    } catch (const nlohmann::json::exception& e) {  // a field of the wrong type
+        std::cout << std::endl;
+        std::cerr << "mpsteer status: " << agent::status_path(g_state_dir)
+                  << " is not a status document this version reads: " << e.what() << '\n';
+        return 1;
     } catch (const std::exception& e) {
+        std::cout << std::flush;
         std::cerr << "mpsteer status: " << e.what() << '\n';
         return 1;
     }
-    if (json) {
-        std::cout << s.dump(2) << '\n';
-        return s.value("ready", false) ? 0 : 1;
-    }
+}
+
+// By value: operator[] on a missing key must insert (a const one is undefined behaviour).
+int print_status_text(nlohmann::json s) {
     std::cout << "agent:      " << (s.value("agent_running", false) ? "running (pid " +
                                     std::to_string(s.value("pid", 0)) + ")" : "not running")
               << "\nready:      " << (s.value("ready", false) ? "yes" : "no")
@@ -40,8 +56,10 @@ int print_status(bool json) {
               << "\napplied:    " << s.value("applied_revision", "-")
               << "\nattempted:  " << s.value("attempted_revision", "-")
               << (s.value("suspended", false) ? "\nsuspended:  yes (mpsteer resume)" : "") << "\n";
+    // Degraded and Stalled when true; Ready, and AgentRunning and Fresh (added by the reader) always.
     for (const auto& c : s["conditions"])
-        if (c.value("status", false) || c.value("type", "") == "Ready")
+        if (c.value("status", false) || c.value("type", "") == "Ready" ||
+            c.value("type", "") == "AgentRunning" || c.value("type", "") == "Fresh")
             std::cout << "condition:  " << c.value("type", "") << "="
                       << (c.value("status", false) ? "True" : "False") << " "
                       << c.value("reason", "") << ": " << c.value("message", "") << '\n';
@@ -75,12 +93,22 @@ int tail_events(bool follow) {
         std::cerr << "mpsteer events: no events in " << path << " (has an agent run here?)\n";
         return 1;
     }
+    auto inode = [&] {
+        struct stat st {};
+        return stat(path.c_str(), &st) ? ino_t(0) : st.st_ino;
+    };
+    ino_t following = inode();
     for (;;) {
         std::string line;
         while (std::getline(in, line)) std::cout << line << '\n' << std::flush;
         if (!follow) return 0;
         in.clear();
         std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        if (ino_t now = inode(); now && now != following) {  // rotated: read the new file
+            while (std::getline(in, line)) std::cout << line << '\n' << std::flush;
+            in = std::ifstream(path);
+            following = now;
+        }
     }
 }
 }  // namespace

@@ -226,7 +226,7 @@ pid_t AgentHarness::start() {
                                      "-i",
                                      client_side_ ? lab_.client_if(2) : lab_.server_if(2),
                                      "--metrics-port",
-                                     "0",
+                                     std::to_string(metrics_port),
                                      "--debounce-ms",
                                      std::to_string(debounce_ms_)};
     args.insert(args.end(), extra_args.begin(), extra_args.end());
@@ -269,19 +269,22 @@ void AgentHarness::kill9() {
     pid_ = -1;
 }
 
-void AgentHarness::stop() {
-    if (pid_ <= 0) return;
+int AgentHarness::stop() {
+    if (pid_ <= 0) return -1;
     ::kill(pid_, SIGTERM);
     auto until = Clock::now() + 10s;
-    int st;
+    int st = -1;
     while (Clock::now() < until) {
         if (waitpid(pid_, &st, WNOHANG) == pid_) {
             pid_ = -1;
-            return;
+            return st;
         }
         std::this_thread::sleep_for(10ms);
     }
-    kill9();
+    ::kill(pid_, SIGKILL);
+    waitpid(pid_, &st, 0);
+    pid_ = -1;
+    return st;
 }
 
 std::string AgentHarness::publish(const Files& files, Clock::time_point* published) {

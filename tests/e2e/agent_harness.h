@@ -68,8 +68,10 @@ public:
 
     pid_t start();               // a new agent process; its output goes to logs/agent-<k>.log
     std::vector<std::string> extra_args;  // appended to `mpsteer run ...` by start()
+    int metrics_port = 0;                 // start()'s --metrics-port (0: off)
     void kill9();                // SIGKILL and reap
-    void stop();                 // SIGTERM and reap (SIGKILL after 10 s)
+    // SIGTERM and reap (SIGKILL after 10 s); the wait status, -1 when no agent ran.
+    int stop();
     pid_t pid() const { return pid_; }
     bool alive();                // still running (reaps it when not)
     int starts() const { return starts_; }

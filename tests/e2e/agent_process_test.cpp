@@ -1,0 +1,135 @@
+// The agent as a process the way systemd runs it: SIGTERM with the metrics server on stops it
+// cleanly (exit 0, the final status and --detach-on-exit done), SIGHUP re-reads the policy
+// directory, a second agent on the same pin root is refused, and the runtime files get their
+// modes and never follow a link planted beside them.
+#include <catch2/catch.hpp>
+
+#include <grp.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "agent_harness.h"
+#include "lab/lab.h"
+
+using namespace mpsteer;
+using namespace mpsteer::lab;
+using namespace mpsteer::agent_e2e;
+using namespace std::chrono_literals;
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+LabConfig config(const char* what) {
+    Lab::cleanup_stale();
+    LabConfig cfg;
+    cfg.tag = what + std::to_string(getpid() % 1000);
+    return cfg;
+}
+
+uint64_t applies_failed(const json& s) {
+    return s.contains("applies") ? s["applies"].value("failed", uint64_t(0)) : 0;
+}
+
+int64_t unix_ms_now() {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+}
+
+std::string slurp(const std::string& path) {
+    std::ifstream in(path);
+    std::ostringstream s;
+    s << in.rdbuf();
+    return s.str();
+}
+
+}  // namespace
+
+TEST_CASE("agent process: SIGTERM with the metrics server on stops cleanly", "[agent][signals]") {
+    Lab lab(config("sig"));
+    AgentHarness h(lab, "sigterm");
+    h.metrics_port = 19477;
+    h.extra_args = {"--detach-on-exit"};
+    PolicyGen gen(lab, 1);
+    h.publish(gen.valid(1).files);
+    const pid_t pid = h.start();
+    REQUIRE(h.wait_status([](const json& s) { return s.value("ready", false); }, 120s));
+    // The metrics endpoint answers inside the agent's namespace.
+    auto m = run_in(lab.server_ns(), {"curl", "-sf", "http://127.0.0.1:19477/metrics"});
+    INFO(m.out);
+    CHECK(m.out.find("mpsteer_ready 1") != std::string::npos);
+
+    const int64_t signalled = unix_ms_now();
+    const int st = h.stop();
+    INFO("agent log:\n" << h.log_tail());
+    REQUIRE(WIFEXITED(st));
+    CHECK(WEXITSTATUS(st) == 0);
+    const json s = h.status();
+    REQUIRE(s.is_object());
+    CHECK(s.value("pid", 0) == pid);
+    CHECK(s.value("updated_unix_ms", int64_t(0)) >= signalled);  // the final write
+    CHECK(s["attachments"].empty());                              // --detach-on-exit ran
+    CHECK(h.log(1).find("stopping") != std::string::npos);
+}
+
+TEST_CASE("agent process: SIGHUP re-reads the policy directory", "[agent][signals]") {
+    Lab lab(config("hup"));
+    AgentHarness h(lab, "sighup");
+    PolicyGen gen(lab, 2);
+    h.publish(gen.invalid(1).files);
+    h.start();
+    REQUIRE(h.wait_status([](const json& s) { return applies_failed(s) == 1; }, 120s));
+    // A revision that failed is not retried on its own; SIGHUP retries it.
+    ::kill(h.pid(), SIGHUP);
+    INFO("agent log:\n" << h.log_tail());
+    CHECK(h.wait_status([](const json& s) { return applies_failed(s) == 2; }, 30s));
+    CHECK(h.alive());
+    CHECK(h.log(1).find("SIGHUP: re-reading") != std::string::npos);
+    const int st = h.stop();
+    CHECK(WIFEXITED(st));
+    CHECK(WEXITSTATUS(st) == 0);
+}
+
+TEST_CASE("agent process: one agent per pin root, runtime files private", "[agent]") {
+    Lab lab(config("pin"));
+    AgentHarness h(lab, "pinroot");
+    PolicyGen gen(lab, 3);
+    h.publish(gen.valid(1).files);
+    // A link planted where the status used to be written through: never followed.
+    const std::string victim = h.dir() + "/victim";
+    std::ofstream(victim) << "keep\n";
+    fs::create_symlink(victim, h.state_dir() + "/status.json.tmp");
+    h.start();
+    REQUIRE(h.wait_status([](const json& s) { return s.value("ready", false); }, 120s));
+    CHECK(slurp(victim) == "keep\n");
+
+    struct stat st {};
+    REQUIRE(stat((h.state_dir() + "/status.json").c_str(), &st) == 0);
+    CHECK((st.st_mode & 07777) == 0640);
+    const group* g = getgrnam("mpsteer");
+    CHECK(st.st_gid == (g ? g->gr_gid : 0));
+    REQUIRE(stat(h.state_dir().c_str(), &st) == 0);
+    CHECK((st.st_mode & 07777) == 0750);
+    REQUIRE(stat((h.state_dir() + "/events.jsonl").c_str(), &st) == 0);
+    CHECK((st.st_mode & 0777) == 0640);
+
+    // A second agent with its own state directory on the same pin root.
+    const std::string other_state = h.dir() + "/state-2";
+    auto r = run({"timeout", "30", mpsteer_bin(), "run", "--policies", h.dir() + "/current",
+                  "--state-dir", other_state, "--pin-root", h.pin_root(), "--netns",
+                  lab.server_ns(), "-i", lab.server_if(1), "--metrics-port", "0"});
+    INFO(r.out);
+    CHECK(r.status == 1);
+    CHECK(r.out.find("another mpsteer agent uses the pin root") != std::string::npos);
+    CHECK(h.alive());
+    CHECK(h.wait_status([](const json& s) { return s.value("ready", false); }, 10s));
+}
