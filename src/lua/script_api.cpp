@@ -287,7 +287,7 @@ int api_log(lua_State* L) {
     else if (!std::strcmp(level, "info")) lv = spdlog::level::info;
     else if (!std::strcmp(level, "warn")) lv = spdlog::level::warn;
     else if (!std::strcmp(level, "error")) lv = spdlog::level::err;
-    else return luaL_error(L, "log: unknown level (debug, info, warn, error)");
+    else return luaL_error(L, "log: unknown level '%s' (debug, info, warn, error)", level);
     log_line(*im, lv, std::string_view(msg, len));
     return 0;
 }
