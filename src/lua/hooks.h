@@ -1,9 +1,11 @@
 // Lua hooks (lua/README.md): operators' scripts that the agent runs on datapath events
 // and timers, turning their decisions into in-place map writes. One Lua 5.4 state per script,
 // sandboxed: base (without dofile, loadfile, collectgarbage; `load` takes text only), string
-// (without dump), table, math, utf8; an instruction budget per call, a memory cap per state,
-// every call under a protected call with a traceback; a script failing `max_failures` times
-// in a row is disabled and reported, everything else carries on.
+// (without dump), table, math, utf8; an instruction budget and a wall-clock limit per call, a
+// memory cap per state, the work of C functions (patterns, API calls) charged or bounded, every
+// call under a protected call with a traceback, every message leaving a script valid UTF-8 and
+// capped; a script failing `max_failures` times in a row is disabled and reported, everything
+// else carries on. A call stuck inside C code is the event thread's watchdog's (event_thread.h).
 //
 // The script API (documented in lua/README.md) reads and writes through a Backend: the agent
 // gives one over the datapath's maps (datapath_backend.h), the unit tests a fake that records

@@ -18,11 +18,7 @@ namespace mpsteer::lua {
 using Clock = std::chrono::steady_clock;
 
 Script::Impl::~Impl() {
-    if (L) {
-        budget_left = 1;  // finalizers run at close: keep them bounded
-        over_budget = true;
-        lua_close(L);
-    }
+    if (L) lua_close(L);  // no finalizers to run: setmetatable refuses __gc
 }
 
 namespace {
