@@ -199,10 +199,10 @@ void Agent::write_status() {
         })) {
         // A hook call holds the event thread: report that script as out of service.
         lua::ScriptStatus s;
-        if (auto c = event_thread_->hung()) {
+        if (auto c = hooks_.watch().current()) {  // CallWatch: safe from this thread
             s.policy = c->policy;
             s.script = c->script;
-            s.last_error = c->hook + ": hung for " +
+            s.last_error = c->hook + ": has held the event thread for " +
                            std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
                                               Clock::now() - c->since).count()) + " ms";
         } else {

@@ -56,7 +56,7 @@ struct EventThreadOptions {
     // benchmarks; the agent sets none).
     std::function<void(const datapath::Event&)> before_hooks;
     // The watchdog (HookWatchdog): a hook call running longer than hang_after is reported
-    // (hung()) and asked to stop; one still running after exit_after calls on_stuck (the
+    // and asked to stop; one still running after exit_after calls on_stuck (the
     // agent's default: log and exit non-zero, for the service manager to restart it).
     std::chrono::milliseconds hang_after{3000};
     std::chrono::milliseconds exit_after{10000};
@@ -162,11 +162,6 @@ public:
         if (fut.wait_for(timeout) != std::future_status::ready) return false;
         fut.get();
         return true;
-    }
-
-    // The hook call running longer than options().hang_after, if any (any thread).
-    std::optional<RunningCall> hung() const {
-        return watchdog_ ? watchdog_->hung() : std::nullopt;
     }
 
     // Events the hooks have seen since the last call, oldest first. notify_fd() (an eventfd)
