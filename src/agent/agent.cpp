@@ -16,8 +16,10 @@
 #include <sys/signalfd.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <tuple>
 
 #include "agent/lock_file.h"
@@ -34,6 +36,10 @@
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
+
+// How long the main loop waits for the event thread (busy with a hook call): a hook that runs
+// longer is the watchdog's (EventThreadOptions::hang_after, exit_after).
+constexpr auto kHookThreadWait = 1s;
 
 namespace mpsteer::agent {
 namespace {
@@ -102,10 +108,14 @@ void Agent::configure_hooks(const manifest::Model& model, const std::string& rev
     }
     auto running = rollout_.running_generation();
     const uint32_t number = running ? running->number : 0;
-    event_thread_->call([&] {
-        lua_backend_.set_running(std::move(running));
-        hooks_.configure(specs, revision, number);
-    });
+    auto owned = std::make_shared<std::tuple<std::vector<lua::ScriptSpec>, std::string,
+                                             decltype(running)>>(std::move(specs), revision,
+                                                                 std::move(running));
+    if (!event_thread_->call_for(kHookThreadWait, [this, owned, number] {
+            lua_backend_.set_running(std::move(std::get<2>(*owned)));
+            hooks_.configure(std::get<0>(*owned), std::get<1>(*owned), number);
+        }))
+        spdlog::warn("lua hooks: the event thread is busy; the scripts change when it is free");
     hooks_configured_ = true;
 }
 
@@ -193,10 +203,30 @@ void Agent::apply(const Revision& rev) {
 }
 
 void Agent::write_status() {
-    HookStatus hooks;
-    std::tie(hooks.scripts, hooks.scripts_json, hooks.event_thread) = event_thread_->call([this] {
-        return std::make_tuple(hooks_.status(), hooks_.status_json(), event_thread_->stats().to_json());
-    });
+    auto taken = std::make_shared<HookStatus>();
+    if (!event_thread_->call_for(kHookThreadWait, [this, taken] {
+            taken->scripts = hooks_.status();
+            taken->scripts_json = hooks_.status_json();
+            taken->event_thread = event_thread_->stats().to_json();
+        })) {
+        // A hook call holds the event thread: report that script as out of service.
+        lua::ScriptStatus s;
+        if (auto c = hooks_.watch().current()) {  // CallWatch: safe from this thread
+            s.policy = c->policy;
+            s.script = c->script;
+            s.last_error = c->hook + ": has held the event thread for " +
+                           std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                              Clock::now() - c->since).count()) + " ms";
+        } else {
+            s.policy = s.script = "(unknown)";
+            s.last_error = "the event thread did not answer within 1 s";
+        }
+        s.disabled = true;
+        taken->scripts = {s};
+        taken->scripts_json = nlohmann::json::array({s.to_json()});
+        taken->event_thread = {{"hung", s.last_error}};
+    }
+    const HookStatus& hooks = *taken;
     auto s = render_status(status_, rollout_.report(), hooks, *events_, cfg_.policies_dir);
     write_atomic(status_path(cfg_.state_dir), json_text(s, 1) + "\n", 0640, runtime_gid_);
     metrics_->publish(s);
@@ -219,6 +249,11 @@ int Agent::run() {
     eo.spin = cfg_.events_spin;
     eo.rt_priority = cfg_.events_rt_priority;
     eo.cpu = cfg_.events_cpu;
+    eo.on_stuck = [](const lua::RunningCall&) {
+        // The thread cannot be stopped; the datapath keeps running from its pins meanwhile.
+        spdlog::default_logger()->flush();
+        std::_Exit(70);
+    };
     event_thread_ = std::make_unique<lua::EventThread>(state_, dispatcher_, hooks_, eo);
     const int events_fd = event_thread_->notify_fd();
 

@@ -96,6 +96,57 @@ nlohmann::json EventThreadStats::to_json() const {
             {"latency_after_wakeup_us", lat(latency_after_wakeup)}};
 }
 
+// ---- HookWatchdog --------------------------------------------------------------------------
+
+HookWatchdog::HookWatchdog(CallWatch& watch, std::chrono::milliseconds hang_after,
+                           std::chrono::milliseconds exit_after,
+                           std::function<void(const RunningCall&)> on_stuck)
+    : watch_(watch), hang_after_(hang_after), exit_after_(exit_after),
+      on_stuck_(std::move(on_stuck)) {
+    thread_ = std::thread([this] { run(); });
+}
+
+HookWatchdog::~HookWatchdog() {
+    {
+        std::lock_guard lock(mu_);
+        stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+}
+
+std::optional<RunningCall> HookWatchdog::hung() const {
+    auto c = watch_.current();
+    if (c && Clock::now() - c->since > hang_after_) return c;
+    return std::nullopt;
+}
+
+void HookWatchdog::run() {
+    pthread_setname_np(pthread_self(), "mps-watchdog");
+    const auto period = std::clamp<std::chrono::milliseconds>(hang_after_ / 4, std::chrono::milliseconds(10),
+                                                              std::chrono::milliseconds(250));
+    std::optional<Clock::time_point> reported, stuck;  // the call's `since`, once handled
+    std::unique_lock lock(mu_);
+    while (!cv_.wait_for(lock, period, [this] { return stop_; })) {
+        auto c = watch_.current();
+        if (!c) continue;
+        const auto ran = Clock::now() - c->since;
+        const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(ran).count();
+        if (ran > hang_after_ && reported != c->since) {
+            reported = c->since;
+            spdlog::error("lua {} ({}): {} has run for {} ms; interrupting it", c->policy,
+                          c->script, c->hook, ms);
+            watch_.interrupt();
+        }
+        if (ran > exit_after_ && stuck != c->since) {
+            stuck = c->since;
+            spdlog::critical("lua {} ({}): {} still runs after {} ms and cannot be stopped",
+                             c->policy, c->script, c->hook, ms);
+            if (on_stuck_) on_stuck_(*c);
+        }
+    }
+}
+
 // ---- EventThread ---------------------------------------------------------------------------
 
 namespace {
@@ -149,6 +200,8 @@ EventThread::EventThread(const datapath::StateMaps& state, HookDispatcher& dispa
     ev.data.fd = wake_fd_;
     epoll_ctl(epoll_, EPOLL_CTL_ADD, wake_fd_, &ev);
     running_ = true;
+    watchdog_ = std::make_unique<HookWatchdog>(hooks_.watch(), opts_.hang_after, opts_.exit_after,
+                                               opts_.on_stuck);
     thread_ = std::thread([this] { run(); });
 }
 
@@ -164,6 +217,7 @@ void EventThread::stop() {
     stop_ = true;
     bump(wake_fd_);
     thread_.join();
+    watchdog_.reset();
     // Tasks posted between the thread's last look and now run here; later ones run inline.
     std::vector<std::function<void()>> left;
     {

@@ -20,6 +20,7 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -54,6 +55,36 @@ struct EventThreadOptions {
     // Called on the event thread with each event just before the hooks run (a probe for
     // benchmarks; the agent sets none).
     std::function<void(const datapath::Event&)> before_hooks;
+    // The watchdog (HookWatchdog): a hook call running longer than hang_after is reported
+    // and asked to stop; one still running after exit_after calls on_stuck (the
+    // agent's default: log and exit non-zero, for the service manager to restart it).
+    std::chrono::milliseconds hang_after{3000};
+    std::chrono::milliseconds exit_after{10000};
+    std::function<void(const RunningCall&)> on_stuck;
+};
+
+// Watches a HookSet's call in progress from its own thread. A call stuck in Lua code stops at
+// its next count hook (the interrupt); one stuck inside a C function cannot be stopped, which
+// is what exit_after is for.
+class HookWatchdog {
+public:
+    HookWatchdog(CallWatch& watch, std::chrono::milliseconds hang_after,
+                 std::chrono::milliseconds exit_after,
+                 std::function<void(const RunningCall&)> on_stuck);
+    ~HookWatchdog();
+    HookWatchdog(const HookWatchdog&) = delete;
+    HookWatchdog& operator=(const HookWatchdog&) = delete;
+    // The call running for longer than hang_after, if any.
+    std::optional<RunningCall> hung() const;
+private:
+    void run();
+    CallWatch& watch_;
+    std::chrono::milliseconds hang_after_, exit_after_;
+    std::function<void(const RunningCall&)> on_stuck_;
+    std::mutex mu_;
+    std::condition_variable cv_;
+    bool stop_ = false;
+    std::thread thread_;
 };
 
 // Event latency: from the datapath's timestamp (bpf_ktime_get_ns, CLOCK_MONOTONIC) to the end
@@ -116,6 +147,23 @@ public:
         return fut.get();
     }
 
+    // Like call() for a void f, waiting at most `timeout`: false when f has not run by then (a
+    // hung hook; f still runs when the thread gets to it, so it must own what it uses).
+    // Exceptions are rethrown here.
+    template <typename F>
+    bool call_for(std::chrono::milliseconds timeout, F&& f) {
+        if (!running_.load() || std::this_thread::get_id() == thread_.get_id()) {
+            f();
+            return true;
+        }
+        auto task = std::make_shared<std::packaged_task<void()>>(std::forward<F>(f));
+        auto fut = task->get_future();
+        if (!post([task] { (*task)(); })) (*task)();
+        if (fut.wait_for(timeout) != std::future_status::ready) return false;
+        fut.get();
+        return true;
+    }
+
     // Events the hooks have seen since the last call, oldest first. notify_fd() (an eventfd)
     // becomes readable when the list goes from empty to non-empty; take_events() resets it.
     std::vector<datapath::Event> take_events();
@@ -149,6 +197,7 @@ private:
     EventThreadStats stats_;  // the event thread's
     bool after_sleep_ = false;  // the events in hand were found right after a sleep
     std::chrono::steady_clock::time_point next_tick_ = std::chrono::steady_clock::time_point::max();
+    std::unique_ptr<HookWatchdog> watchdog_;
     std::thread thread_;
 };
 

@@ -67,44 +67,46 @@ bool run_recorded(Impl& im, ScriptStatus& st, lua_CFunction fn, const char* what
 }
 }  // namespace
 
-Script::Script(ScriptSpec spec, Backend& backend, Limits limits)
-    : spec_(std::move(spec)), impl_(std::make_unique<Impl>()) {
+void CallWatch::begin(RunningCall c, std::atomic<bool>* interrupt) {
+    std::lock_guard lock(mu_);
+    current_ = std::move(c);
+    interrupt_ = interrupt;
+}
+
+void CallWatch::end() {
+    std::lock_guard lock(mu_);
+    current_.reset();
+    interrupt_ = nullptr;
+}
+
+std::optional<RunningCall> CallWatch::current() const {
+    std::lock_guard lock(mu_);
+    return current_;
+}
+
+void CallWatch::interrupt() {
+    std::lock_guard lock(mu_);
+    if (interrupt_) interrupt_->store(true);
+}
+
+Script::Script(ScriptSpec spec, Backend& backend, Limits limits, CallWatch* watch)
+    : spec_(std::move(spec)), watch_(watch), impl_(std::make_unique<Impl>()) {
     status_.policy = spec_.policy;
     status_.script = spec_.name;
     impl_->owner = this;
     impl_->backend = &backend;
     impl_->limits = limits;
+    impl_->chunkname = "@" + spec_.name;
     impl_->L = new_sandboxed_state(*impl_);
     if (!impl_->L) {
         status_.disabled = true;
         status_.last_error = "load: cannot create a Lua state within the memory cap";
         return;
     }
-    if (!run_recorded(*impl_, status_, open_state, "setup")) {
+    // A failed setup or chunk leaves no hooks to retry: disabled at once.
+    if (!run(open_state, "setup") || !run(load_chunk, "load")) {
         status_.disabled = true;
-        return;
-    }
-    // Text only: a precompiled chunk is refused here, as by load().
-    std::string chunkname = "@" + spec_.name;
-    int rc = luaL_loadbufferx(impl_->L, spec_.source.data(), spec_.source.size(),
-                              chunkname.c_str(), "t");
-    if (rc != LUA_OK) {
-        status_.last_error = std::string("load: ") + lua_tostring(impl_->L, -1);
-        ++status_.failures;
-        status_.disabled = true;
-        lua_settop(impl_->L, 0);
-        spdlog::error("lua {} ({}): {}; disabled", spec_.policy, spec_.name, status_.last_error);
-        return;
-    }
-    lua_setglobal(impl_->L, "__mpsteer_chunk");
-    impl_->hook = "__mpsteer_chunk";
-    impl_->push = nullptr;
-    impl_->returns = [](lua_State*) {};
-    bool ok = run_recorded(*impl_, status_, run_current_hook, "load");
-    lua_pushnil(impl_->L);
-    lua_setglobal(impl_->L, "__mpsteer_chunk");
-    if (!ok) {
-        status_.disabled = true;  // no hooks defined: nothing to retry
+        spdlog::error("lua {} ({}): disabled", spec_.policy, spec_.name);
         return;
     }
     status_.loaded = true;
@@ -113,11 +115,17 @@ Script::Script(ScriptSpec spec, Backend& backend, Limits limits)
 
 Script::~Script() = default;
 
+bool Script::run(lua_CFunction fn, const char* what) {
+    if (watch_) watch_->begin({spec_.policy, spec_.name, what, Clock::now()}, &impl_->interrupt);
+    impl_->interrupt = false;
+    bool ok = run_recorded(*impl_, status_, fn, what);
+    if (watch_) watch_->end();
+    return ok;
+}
+
 bool Script::has(const char* hook) const {
-    if (!impl_->L) return false;
-    bool f = lua_getglobal(impl_->L, hook) == LUA_TFUNCTION;
-    lua_pop(impl_->L, 1);
-    return f;
+    int i = hook_index(hook);
+    return impl_->L && i >= 0 && impl_->hook_refs[i] != LUA_NOREF;
 }
 
 bool Script::collect_step() { return collect_garbage_step(*impl_); }
@@ -149,9 +157,10 @@ bool Script::call(const char* hook, std::function<int(lua_State*)> push,
     if (status_.disabled) return false;
     if (!has(hook)) return true;
     impl_->hook = hook;
+    impl_->hook_ref = impl_->hook_refs[hook_index(hook)];
     impl_->push = std::move(push);
     impl_->returns = std::move(returns);
-    bool ok = run_recorded(*impl_, status_, run_current_hook, hook);
+    bool ok = run(run_current_hook, hook);
     impl_->push = nullptr;
     impl_->returns = nullptr;
     return ok;
@@ -210,7 +219,7 @@ std::vector<std::string> HookSet::configure(const std::vector<ScriptSpec>& specs
         }
         spdlog::info("lua {}: loading {}{}", spec.policy, spec.name,
                      it != scripts_.end() ? " (changed)" : "");
-        auto s = std::make_unique<Script>(spec, backend_, limits_);
+        auto s = std::make_unique<Script>(spec, backend_, limits_, &watch_);
         s->schedule_from(now);
         next[spec.policy] = std::move(s);
         loaded.push_back(spec.policy);

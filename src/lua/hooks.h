@@ -1,20 +1,24 @@
 // Lua hooks (lua/README.md): operators' scripts that the agent runs on datapath events
 // and timers, turning their decisions into in-place map writes. One Lua 5.4 state per script,
 // sandboxed: base (without dofile, loadfile, collectgarbage; `load` takes text only), string
-// (without dump), table, math, utf8; an instruction budget per call, a memory cap per state,
-// every call under a protected call with a traceback; a script failing `max_failures` times
-// in a row is disabled and reported, everything else carries on.
+// (without dump), table, math, utf8; an instruction budget and a wall-clock limit per call, a
+// memory cap per state, the work of C functions (patterns, API calls) charged or bounded, every
+// call under a protected call with a traceback, every message leaving a script valid UTF-8 and
+// capped; a script failing `max_failures` times in a row is disabled and reported, everything
+// else carries on. A call stuck inside C code is the event thread's watchdog's (event_thread.h).
 //
 // The script API (documented in lua/README.md) reads and writes through a Backend: the agent
 // gives one over the datapath's maps (datapath_backend.h), the unit tests a fake that records
 // the writes. Nothing here touches the kernel.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -22,6 +26,7 @@
 #include <nlohmann/json.hpp>
 
 struct lua_State;
+typedef int (*lua_CFunction)(lua_State* L);
 
 namespace mpsteer::lua {
 
@@ -29,6 +34,30 @@ struct Limits {
     uint64_t instructions = 1'000'000;  // Lua VM instructions per call (counted per 1000)
     size_t memory_bytes = 16u << 20;    // per state, everything the state allocates
     int max_failures = 3;               // consecutive failed calls before the script is disabled
+    // Wall-clock time per call: checked by the count hook, so it stops Lua code; a call stuck
+    // inside a C function is the event thread's watchdog's (event_thread.h).
+    std::chrono::milliseconds call_time{1000};
+    uint32_t api_calls = 10'000;        // mpsteer.* calls per hook call
+    size_t message_bytes = 4096;        // an error, log line or print, beyond: truncated
+    uint32_t log_lines_per_s = 50;      // log/print lines per script and second, beyond: dropped
+};
+
+// The hook call in progress, for the watchdog on another thread (thread-safe).
+struct RunningCall {
+    std::string policy, script, hook;
+    std::chrono::steady_clock::time_point since;
+};
+class CallWatch {
+public:
+    void begin(RunningCall c, std::atomic<bool>* interrupt);
+    void end();
+    std::optional<RunningCall> current() const;
+    // Asks the call in progress to stop at its next count hook (Lua code only).
+    void interrupt();
+private:
+    mutable std::mutex mu_;
+    std::optional<RunningCall> current_;
+    std::atomic<bool>* interrupt_ = nullptr;
 };
 
 // What a script sees of one subflow. Fields the host cannot know are 0.
@@ -118,7 +147,8 @@ class Script {
 public:
     // Loads and runs the chunk (defining the hooks). A load error is a failure like any other:
     // the script is then disabled at once (it has no hooks to retry).
-    Script(ScriptSpec spec, Backend& backend, Limits limits = {});
+    // watch (may be null) hears of every call while it runs.
+    Script(ScriptSpec spec, Backend& backend, Limits limits = {}, CallWatch* watch = nullptr);
     ~Script();
     Script(const Script&) = delete;
     Script& operator=(const Script&) = delete;
@@ -126,7 +156,9 @@ public:
     const ScriptSpec& spec() const { return spec_; }
     const ScriptStatus& status() const { return status_; }
     bool disabled() const { return status_.disabled; }
-    bool has(const char* hook) const;  // the global is a function
+    // The chunk defined the hook: hooks are the global functions found when the chunk has run
+    // (kept as references, so later changes to the globals do not matter).
+    bool has(const char* hook) const;
 
     // Each returns true when the hook ran without error (also when the script lacks it).
     bool on_connection(const Connection& c);
@@ -150,8 +182,10 @@ public:
 private:
     bool call(const char* hook, std::function<int(lua_State*)> push,
               std::function<void(lua_State*)> returns);
+    bool run(lua_CFunction fn, const char* what);
     ScriptSpec spec_;
     ScriptStatus status_;
+    CallWatch* watch_ = nullptr;
     std::unique_ptr<Impl> impl_;
     std::chrono::steady_clock::time_point next_tick_ = std::chrono::steady_clock::time_point::max();
 };
@@ -182,12 +216,15 @@ public:
     nlohmann::json status_json() const;
     size_t size() const { return scripts_.size(); }
     Script* find(const std::string& policy);
+    // The call in progress; usable from any thread.
+    CallWatch& watch() { return watch_; }
 
 private:
     template <typename F>
     void each(F&& f);
     Backend& backend_;
     Limits limits_;
+    CallWatch watch_;
     std::map<std::string, std::unique_ptr<Script>> scripts_;
 };
 

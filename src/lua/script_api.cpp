@@ -189,7 +189,9 @@ namespace {
 
 int api_connections(lua_State* L) {
     Impl* im = impl_of(L);
+    charge(L, 0, true);
     guarded(L, [im] { im->conns = im->backend->connections(); });
+    charge(L, im->conns.size(), false);  // building the tables is work the hook does not count
     lua_createtable(L, static_cast<int>(im->conns.size()), 0);
     for (size_t i = 0; i < im->conns.size(); ++i) {
         push_connection(L, im->conns[i]);
@@ -199,6 +201,7 @@ int api_connections(lua_State* L) {
 }
 
 int api_connection(lua_State* L) {
+    charge(L, 0, true);
     Impl* im = impl_of(L);
     uint32_t token = check_token(L, 1);
     guarded(L, [im, token] { im->conn = im->backend->connection(token); });
@@ -208,6 +211,7 @@ int api_connection(lua_State* L) {
 }
 
 int api_subflow(lua_State* L) {
+    charge(L, 0, true);
     Impl* im = impl_of(L);
     uint64_t id = check_u64(L, 1, "subflow id");
     guarded(L, [im, id] { im->sf = im->backend->subflow(id); });
@@ -217,12 +221,14 @@ int api_subflow(lua_State* L) {
 }
 
 int api_set_subflow(lua_State* L) {
+    charge(L, 0, true);
     uint64_t id = check_u64(L, 1, "subflow id");
     SubflowSettings s = check_settings(L, 2, "set_subflow");
     return apply_settings(L, id, s);
 }
 
 int api_set_rate(lua_State* L) {
+    charge(L, 0, true);
     SubflowSettings s;
     uint64_t id = check_u64(L, 1, "subflow id");
     s.rate = check_u64(L, 2, "rate");
@@ -230,6 +236,7 @@ int api_set_rate(lua_State* L) {
 }
 
 int api_set_backup(lua_State* L) {
+    charge(L, 0, true);
     SubflowSettings s;
     uint64_t id = check_u64(L, 1, "subflow id");
     luaL_checktype(L, 2, LUA_TBOOLEAN);
@@ -239,6 +246,7 @@ int api_set_backup(lua_State* L) {
 
 // add_subflow / block_address (token, address id): re-inject or hide an announcement.
 int address_call(lua_State* L, bool add) {
+    charge(L, 0, true);
     Impl* im = impl_of(L);
     uint32_t token = check_token(L, 1);
     uint64_t id = check_u64(L, 2, "address id");
@@ -257,6 +265,7 @@ int api_add_subflow(lua_State* L) { return address_call(L, true); }
 int api_block_address(lua_State* L) { return address_call(L, false); }
 
 int api_set_policy_backup(lua_State* L) {
+    charge(L, 0, true);
     Impl* im = impl_of(L);
     luaL_checktype(L, 1, LUA_TBOOLEAN);
     bool b = lua_toboolean(L, 1);
@@ -268,25 +277,29 @@ int api_set_policy_backup(lua_State* L) {
 }
 
 int api_log(lua_State* L) {
+    charge(L, 0, true);
     Impl* im = impl_of(L);
     const char* level = luaL_checkstring(L, 1);
-    const char* msg = luaL_checkstring(L, 2);
+    size_t len = 0;
+    const char* msg = luaL_checklstring(L, 2, &len);
     spdlog::level::level_enum lv;
     if (!std::strcmp(level, "debug")) lv = spdlog::level::debug;
     else if (!std::strcmp(level, "info")) lv = spdlog::level::info;
     else if (!std::strcmp(level, "warn")) lv = spdlog::level::warn;
     else if (!std::strcmp(level, "error")) lv = spdlog::level::err;
     else return luaL_error(L, "log: unknown level '%s' (debug, info, warn, error)", level);
-    spdlog::log(lv, "lua {}: {}", im->owner->spec().policy, msg);
+    log_line(*im, lv, std::string_view(msg, len));
     return 0;
 }
 
 int api_time(lua_State* L) {
+    charge(L, 0, true);
     lua_pushnumber(L, std::chrono::duration<double>(Clock::now().time_since_epoch()).count());
     return 1;
 }
 
 int api_rate(lua_State* L) {
+    charge(L, 0, true);
     const char* s = luaL_checkstring(L, 1);
     auto r = manifest::parse_rate_bytes_per_sec(s);
     if (!r) return luaL_error(L, "rate: '%s' is not a rate like 20Mbit or 2MB/s", s);

@@ -181,6 +181,28 @@ TEST_CASE("lua: small-flow policy keeps 100 KB on one subflow, opens the second 
         CHECK(sink.wait(15s).checksum == sent.checksum);
         CHECK(sent.subflows == 0);  // blk_subflow still hides the announcement
     }
+    // A hostile revision: _G raises on every lookup and the hook's error is not UTF-8. The
+    // agent stays up, reports the script, and its status stays valid JSON.
+    std::string hostile = source("lua/small_flow_pm.lua") +
+                          "\nfunction on_tick() error('\\255\\254 bad') end\n"
+                          "setmetatable(_G, {__index = function() error('no') end})\n";
+    agent.publish({{"policies/small-flow-pm.yaml", source("policies/small-flow-pm.yaml")},
+                   {"lua/small_flow_pm.lua", hostile}});
+    REQUIRE(agent.wait_status(
+        [](const json& st) {
+            const json* h = hook_of(st, "small-flow-single-path");
+            return h && (*h)["state"] == "disabled" &&
+                   h->value("last_error", "").find("bad") != std::string::npos;
+        },
+        10s, 50ms));
+    s = agent.status();
+    INFO(s.dump(1));
+    bool named = false;
+    for (const auto& c : s["conditions"])
+        named |= c.value("type", "") == "Degraded" && c.value("status", false) &&
+                 c.value("message", "").find("small-flow-single-path") != std::string::npos;
+    CHECK(named);
+    CHECK(agent.alive());
     // The fixed script in the next revision is loaded afresh and runs.
     agent.publish({{"policies/small-flow-pm.yaml", source("policies/small-flow-pm.yaml")},
                    {"lua/small_flow_pm.lua", source("lua/small_flow_pm.lua")}});

@@ -1,0 +1,3 @@
+function on_tick()
+  error(setmetatable({}, {__tostring = function() error("tostring raised") end}))
+end

@@ -1,0 +1,4 @@
+function on_tick()
+  setmetatable(mpsteer, {__index = function() while true do end end})
+  return mpsteer.no_such_function
+end

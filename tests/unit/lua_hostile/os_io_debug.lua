@@ -1,0 +1,5 @@
+function on_tick()
+  assert(io == nil and debug == nil and package == nil and require == nil and dofile == nil
+         and loadfile == nil and collectgarbage == nil and string.dump == nil)
+  return os.execute("id")
+end

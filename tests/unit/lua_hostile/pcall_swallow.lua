@@ -1,0 +1,4 @@
+function on_tick()
+  for i = 1, 100 do pcall(function() while true do end end) end
+  while true do end
+end
