@@ -700,6 +700,21 @@ static __always_inline void step_count(const struct mps_pkt_ctx *pc, __u32 at, b
 		c->drops++;
 }
 
+/*
+ * What a packet the datapath cannot read gets (malformed options or lengths, an IP fragment,
+ * an actor's failed rewrite): passed untouched, unless a step with failure mode drop could
+ * still decide it (MPS_STEPF_GUARDED on the step it stopped at), so that garbage never walks
+ * around a guard. `at` is a valid pc.
+ */
+static __always_inline int unparseable(__u32 slot, __u32 at, bool xdp)
+{
+	const struct mps_step *st = &mps_slots.tables[slot & 1].steps[at & (MPS_MAX_STEPS - 1)];
+	if (!(st->flags & MPS_STEPF_GUARDED))
+		return PASS(xdp);
+	gen_count_slot(slot & 1, MPS_GC_UNPARSEABLE_DROPS);
+	return DROP(xdp);
+}
+
 static __always_inline int missed_tail_call(const struct mps_pkt_ctx *pc, __u32 at,
 					    __u8 step_flags, bool xdp)
 {
@@ -856,7 +871,7 @@ static __always_inline int run_chain(void *ctx, bool xdp, struct mps_pkt_ctx *pc
 		return call_prog(ctx, xdp, pc, meta_ready, true);
 	case WALK_MALFORMED:
 		gen_count(pc, MPS_GC_MALFORMED);
-		return PASS(xdp);
+		return unparseable(ctx_slot(pc), pc->pc, xdp);
 	default:
 		return PASS(xdp);
 	}
@@ -895,7 +910,7 @@ static __always_inline int entry(void *ctx, bool xdp, __u8 hook, __u32 ifindex, 
 	int r = parse_packet(ctx_data(ctx, xdp), ctx_end(ctx, xdp), pkt_len, &pc);
 	if (r) {
 		gen_count_slot(slot, r == PARSE_MALFORMED ? MPS_GC_MALFORMED : MPS_GC_NOT_TCP);
-		return PASS(xdp);
+		return r == PARSE_SKIP ? PASS(xdp) : unparseable(slot, first, xdp);
 	}
 	pc.hook = hook;
 	pc.pc = first;
@@ -908,7 +923,7 @@ static __always_inline int entry(void *ctx, bool xdp, __u8 hook, __u32 ifindex, 
 		int bad = xdp ? learn_syn_xdp(ctx, &pc) : learn_syn_tc(ctx, &pc);
 		if (bad) { /* a SYN with malformed options */
 			gen_count(&pc, MPS_GC_MALFORMED);
-			return PASS(xdp);
+			return unparseable(slot, first, xdp);
 		}
 	}
 	return run_chain(ctx, xdp, &pc, false);
@@ -983,7 +998,7 @@ int interp_tc(struct __sk_buff *ctx)
 		int m = (expr);                                                                \
 		if (m < 0) {                                                                   \
 			gen_count(&pc, MPS_GC_MALFORMED);                                      \
-			return PASS(xdp);                                                      \
+			return unparseable(ctx_slot(&pc), pc.pc, xdp);                         \
 		}                                                                              \
 		step_count(&pc, pc.pc, m, false);                                              \
 		__u32 at = pc.pc;                                                              \
@@ -1012,7 +1027,7 @@ SELECTOR(sel_flow_bytes, sel_flow_bytes(ctx, xdp, &pc, st))
 		int r = (expr);                                                                \
 		if (r < 0) {                                                                   \
 			gen_count(&pc, MPS_GC_MALFORMED);                                      \
-			return PASS(xdp);                                                      \
+			return unparseable(ctx_slot(&pc), pc.pc, xdp);                         \
 		}                                                                              \
 		step_count(&pc, pc.pc, r > 0, false);                                          \
 		__u32 at = pc.pc;                                                              \

@@ -215,6 +215,10 @@ struct mps_step {
 	union mps_param p;
 };
 #define MPS_STEPF_FAIL_DROP 0x01 /* failure mode: drop instead of pass on a missed tail call */
+/* Set by the loader (never by the compiler): a step with MPS_STEPF_FAIL_DROP is reachable from
+ * here, so a packet that cannot be parsed (malformed TCP options, an IP fragment) is dropped
+ * rather than passed around the guard. */
+#define MPS_STEPF_GUARDED 0x02
 
 /* ---- generations: tables and slots --------------------------------------------------------
  * A generation is data, not programs: the contents of one of two table slots. Switching is
@@ -267,11 +271,12 @@ struct mps_step_counters {
 enum mps_gen_counter {
 	MPS_GC_PACKETS = 0,      /* entered a hook that has a chain */
 	MPS_GC_NOT_TCP = 1,
-	MPS_GC_MALFORMED = 2,    /* passed untouched */
+	MPS_GC_MALFORMED = 2,    /* passed untouched, or dropped under a guard */
 	MPS_GC_MISSED_TAIL_CALL = 3,
 	MPS_GC_CHAIN_TOO_LONG = 4,
 	MPS_GC_NO_META = 5,      /* XDP driver without data_meta: chain skipped */
 	MPS_GC_EVENTS_LOST = 6,  /* ring buffer full */
+	MPS_GC_UNPARSEABLE_DROPS = 7, /* malformed or fragment, dropped: MPS_STEPF_GUARDED */
 	MPS_GC_MAX = 8,
 };
 
