@@ -250,6 +250,7 @@ static __always_inline void learn_syn(void *ctx, bool xdp, struct mps_pkt_ctx *p
 	__u8 *ws = opt_ptr(ctx, xdp, pc, loc, OPT_WSCALE, 3, &len);
 	f->dir[d].wscale = ws ? (ws[2] > 14 ? 14 : ws[2]) : 0; /* RFC 7323 clamps to 14 */
 	f->dir[d].wscale_known = 1;
+	f->dir[d].wscale_sent = ws != NULL;
 	if (pc->kinds & MPS_K_MP_JOIN) {
 		f->role = MPS_ROLE_JOIN;
 		/* MP_JOIN SYN (length 12): the token is the receiver's, i.e. the other side's. */
@@ -639,16 +640,27 @@ static __always_inline int act_rate_limit(void *ctx, bool xdp, struct mps_pkt_ct
 	if (!f)
 		return 0;
 	__u32 d = from_a ? 0 : 1;
-	if (!f->dir[d].wscale_known)
+	/* The shift is in effect only when both SYNs carried the option (RFC 7323): without
+	 * the whole negotiation seen, the window's meaning is unknown. */
+	if (!f->dir[0].wscale_known || !f->dir[1].wscale_known)
 		return 0;
+	__u32 shift = f->dir[0].wscale_sent && f->dir[1].wscale_sent ? f->dir[d].wscale : 0;
 	__u64 rate = f->rate_bps ? f->rate_bps : st->p.rate.bytes_per_sec;
 	__u64 rtt = f->srtt_us ? f->srtt_us : st->p.rate.rtt_us;
 	if (!rate || !rtt)
 		return 0;
+	if (rate < MPS_RATE_MIN)
+		rate = MPS_RATE_MIN;
+	if (rate > MPS_RATE_MAX)
+		rate = MPS_RATE_MAX;
+	/* No overflow: rate <= 5e10 and rtt <= 6e7 (a minute, the longest sample taken) give
+	 * at most 3e18 < 2^64 (a u32 rtt times the largest rate would not fit). */
+	if (rtt > 60000000)
+		rtt = 60000000;
 	__u64 win = rate * rtt / 1000000;
 	if (win < st->p.rate.min_window)
 		win = st->p.rate.min_window;
-	win >>= f->dir[d].wscale;
+	win >>= shift & 15;
 	if (win == 0)
 		win = 1;
 	struct tcphdr *tcp = view_tcp(ctx, xdp, pc);

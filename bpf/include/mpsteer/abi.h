@@ -280,6 +280,11 @@ enum mps_gen_counter {
 	MPS_GC_MAX = 8,
 };
 
+/* rate_limit rates in bytes/s, the manifest's range (1 kbit/s .. 400 Gbit/s): rates from
+ * anywhere else (Lua, the control requests) are clamped to it. */
+#define MPS_RATE_MIN 125ull
+#define MPS_RATE_MAX 50000000000ull
+
 /* ---- shared state: flows and connections --------------------------------------------------
  * LRU_HASH maps shared across generations (pinned by the agent as "<name>_v<MPS_STATE_LAYOUT>",
  * defined once for both BPF objects in bpf/state_maps.bpf.h). */
@@ -301,8 +306,9 @@ struct mps_flow_dir {
 	__u32 ts_val;        /* last TSval sent, waiting for its echo */
 	__u64 ts_sent_ns;
 	__u8 wscale;         /* this side's advertised window shift (from its SYN) */
-	__u8 wscale_known;
-	__u8 pad[6];
+	__u8 wscale_known;   /* this side's SYN seen */
+	__u8 wscale_sent;    /* ... and it carried the window scale option */
+	__u8 pad[5];
 };
 struct mps_flow {
 	struct mps_flow_dir dir[2];
