@@ -252,17 +252,25 @@ static __always_inline int read_add_addr(void *ctx, bool xdp, const struct mps_p
 	return 1;
 }
 
-/* Hides the ADD_ADDR at loc->off[OPT_ADD]: 1 done, 0 none there (or an echo), < 0 failed. */
-static __always_inline int block_add_addr(void *ctx, bool xdp, struct mps_pkt_ctx *pc,
-					  const struct opt_locs *loc, const struct tuple *t)
+static __always_inline int act_blk_subflow(void *ctx, bool xdp, struct mps_pkt_ctx *pc)
 {
+	struct opt_locs locs;
 	struct mps_announce a = {};
 	struct mps_announce_key k = {};
+	struct tuple t;
 
-	if (!read_add_addr(ctx, xdp, pc, loc, &a))
+	if (scan(ctx, xdp, pc, &locs))
+		return -1;
+	if (!(pc->kinds & MPS_K_ADD_ADDR))
 		return 0;
-	__u32 off = loc->off[OPT_ADD];
-	flow_key(t, pc->family, &k.flow, &a.from_a);
+	/* The tuple before the option copy: the other way round, clang re-derives the packet
+	 * pointer from a 32-bit copy the verifier no longer sees as a pointer. */
+	if (load_tuple(ctx, xdp, pc, &t))
+		return -1;
+	if (!read_add_addr(ctx, xdp, pc, &locs, &a))
+		return 0;
+	__u32 off = locs.off[OPT_ADD];
+	flow_key(&t, pc->family, &k.flow, &a.from_a);
 	k.addr_id = a.opt[3];
 	__u64 now = bpf_ktime_get_ns();
 
@@ -290,7 +298,7 @@ static __always_inline int block_add_addr(void *ctx, bool xdp, struct mps_pkt_ct
 		a.conn_token = f ? f->conn_token : 0;
 		/* The map keeps the announcement whatever happens to the event below. */
 		bpf_map_update_elem(&announces, &k, &a, BPF_ANY);
-		struct mps_event *ev = event_new(MPS_EV_ADD_ADDR_BLOCKED, pc, t);
+		struct mps_event *ev = event_new(MPS_EV_ADD_ADDR_BLOCKED, pc, &t);
 		if (ev) {
 			ev->addr_id = k.addr_id;
 			ev->flags = a.family;
@@ -304,58 +312,6 @@ static __always_inline int block_add_addr(void *ctx, bool xdp, struct mps_pkt_ct
 	__u32 b = (off + a.len - 8 + 1) & ~1u;
 	int r = tcp_mod8(ctx, xdp, pc, b, 0xff, 0, 0xff);
 	return r < 0 ? r : 1;
-}
-
-/* Calls of their own: inlined twice, the announcement copies and the option walk's stack
- * would exceed 512 bytes together. */
-static __noinline int block_add_addr_xdp(struct xdp_md *ctx, struct mps_pkt_ctx *pc,
-					 const struct opt_locs *loc, const struct tuple *t)
-{
-	if (!pc || !loc || !t)
-		return -1;
-	return block_add_addr(ctx, true, pc, loc, t);
-}
-
-static __noinline int block_add_addr_tc(struct __sk_buff *ctx, struct mps_pkt_ctx *pc,
-					const struct opt_locs *loc, const struct tuple *t)
-{
-	if (!pc || !loc || !t)
-		return -1;
-	return block_add_addr(ctx, false, pc, loc, t);
-}
-
-/* Every announcement of the packet: the kernel keeps the last ADD_ADDR it parses, so hiding
- * only the first would let a second one through. */
-static __always_inline int act_blk_subflow(void *ctx, bool xdp, struct mps_pkt_ctx *pc)
-{
-	struct opt_locs locs;
-	struct tuple t;
-
-	if (scan(ctx, xdp, pc, &locs))
-		return -1;
-	if (!(pc->kinds & MPS_K_ADD_ADDR))
-		return 0;
-	/* The tuple before the option copy: the other way round, clang re-derives the packet
-	 * pointer from a 32-bit copy the verifier no longer sees as a pointer. */
-	if (load_tuple(ctx, xdp, pc, &t))
-		return -1;
-	if (!locs.off[OPT_ADD_FIRST]) /* echoes only */
-		return 0;
-	locs.off[OPT_ADD] = locs.off[OPT_ADD_FIRST];
-	locs.len[OPT_ADD] = locs.len[OPT_ADD_FIRST];
-	int r = 0;
-	for (int i = 0; i < 2; i++) {
-		int one = xdp ? block_add_addr_xdp(ctx, pc, &locs, &t)
-			      : block_add_addr_tc(ctx, pc, &locs, &t);
-		if (one < 0)
-			return one;
-		r |= one;
-		if (!locs.off[OPT_ADD_LAST] || locs.off[OPT_ADD_LAST] == locs.off[OPT_ADD])
-			break;
-		locs.off[OPT_ADD] = locs.off[OPT_ADD_LAST];
-		locs.len[OPT_ADD] = locs.len[OPT_ADD_LAST];
-	}
-	return r;
 }
 
 ACTOR(act_blk_subflow, act_blk_subflow(ctx, xdp, &pc))

@@ -210,47 +210,6 @@ TEST_CASE("rewrite: blk_subflow invalidates the ADD_ADDR HMAC, stores it, hides 
     CHECK(n == std::size(cases) * kHooks.size());
 }
 
-TEST_CASE("rewrite: blk_subflow hides every ADD_ADDR of a packet, the last one too",
-          "[bpf][rewrite][blk_subflow]")
-{
-    Env env(chain_of({step(MPS_ACT_BLK_SUBFLOW)}));
-    auto maps = dp::ActorMaps::of(env.generation());
-    uint16_t sport = 2000;
-    for (bool echo_first : {false, true}) {
-        for (Hook h : kHooks) {
-            INFO((echo_first ? "echo, id 1, id 2" : "id 1, id 2") << " via " << name_of(h));
-            Packet in = from_server(false);
-            in.tcp.sport = sport++;
-            Packet want = in;
-            size_t off = 20;
-            if (echo_first) {  // an 8-byte echo, left alone
-                Bytes e = announce(false, false, true);
-                in.option(e);
-                want.option(e);
-                off += e.size();
-            }
-            Bytes a1 = announce(false, false, false, kHmac, 1);
-            Bytes a2 = announce(false, false, false, kHmac, 2);
-            in.option(a1).option(a2);
-            want.option(announce(false, false, false, flipped(kHmac, off, a1.size()), 1));
-            want.option(announce(false, false, false, flipped(kHmac, off + a1.size(), a2.size()), 2));
-            Bytes frame = in.build();
-            REQUIRE(verify_checksums(frame));
-            Run r = env.run(h, frame);
-            CHECK(r.retval == retval_of(Verdict::pass, h));
-            check_frame(r, want.build());
-            for (uint8_t id : {1, 2}) {
-                mps_announce_key k{};
-                k.flow = flow_key_of(in);
-                k.addr_id = id;
-                auto a = maps.find(k);
-                REQUIRE(a);
-                CHECK(a->value.state == MPS_ANN_BLOCKED);
-            }
-        }
-    }
-}
-
 TEST_CASE("rewrite: blk_subflow leaves echoes, other options and released announcements alone",
           "[bpf][rewrite][blk_subflow]")
 {

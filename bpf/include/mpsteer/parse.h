@@ -161,13 +161,9 @@ static __always_inline int parse_packet(void *data, void *end, __u32 pkt_len,
 }
 
 /* Where the options a step may need start (offset from the TCP header; 0 = absent) and
- * their lengths, first occurrence of each. Index: the MPTCP subtype, or OPT_TS / OPT_WSCALE;
- * OPT_ADD_FIRST / OPT_ADD_LAST are the first and last ADD_ADDR that is not an echo (the kernel
- * keeps the last; 40 option bytes hold at most two announcements of >= 16 bytes, so these two
- * are all of them). */
+ * their lengths, first occurrence of each. Index: the MPTCP subtype, or OPT_TS / OPT_WSCALE. */
 enum opt_which { OPT_MPC = 0, OPT_JOIN = 1, OPT_DSS = 2, OPT_ADD = 3, OPT_PRIO = 5,
-		 OPT_TS = 16, OPT_WSCALE = 17, OPT_ADD_FIRST = 18, OPT_ADD_LAST = 19,
-		 OPT_SLOTS = 20 };
+		 OPT_TS = 16, OPT_WSCALE = 17, OPT_SLOTS = 18 };
 struct opt_locs {
 	__u8 off[OPT_SLOTS];
 	__u8 len[OPT_SLOTS];
@@ -276,14 +272,6 @@ static __always_inline int scan_options(void *data, void *end, __u32 l4_off, __u
 		if (loc && slot < OPT_SLOTS && !loc->off[slot]) {
 			loc->off[slot] = off;
 			loc->len[slot] = len;
-		}
-		if (loc && slot == OPT_ADD && !(p[2] & 1)) { /* E = 0 (p + 3 <= end above) */
-			if (!loc->off[OPT_ADD_FIRST]) {
-				loc->off[OPT_ADD_FIRST] = off;
-				loc->len[OPT_ADD_FIRST] = len;
-			}
-			loc->off[OPT_ADD_LAST] = off;
-			loc->len[OPT_ADD_LAST] = len;
 		}
 		off += len;
 	}
