@@ -250,6 +250,7 @@ static __always_inline void learn_syn(void *ctx, bool xdp, struct mps_pkt_ctx *p
 	__u8 *ws = opt_ptr(ctx, xdp, pc, loc, OPT_WSCALE, 3, &len);
 	f->dir[d].wscale = ws ? (ws[2] > 14 ? 14 : ws[2]) : 0; /* RFC 7323 clamps to 14 */
 	f->dir[d].wscale_known = 1;
+	f->dir[d].wscale_sent = ws != NULL;
 	if (pc->kinds & MPS_K_MP_JOIN) {
 		f->role = MPS_ROLE_JOIN;
 		/* MP_JOIN SYN (length 12): the token is the receiver's, i.e. the other side's. */
@@ -639,16 +640,27 @@ static __always_inline int act_rate_limit(void *ctx, bool xdp, struct mps_pkt_ct
 	if (!f)
 		return 0;
 	__u32 d = from_a ? 0 : 1;
-	if (!f->dir[d].wscale_known)
+	/* The shift is in effect only when both SYNs carried the option (RFC 7323): without
+	 * the whole negotiation seen, the window's meaning is unknown. */
+	if (!f->dir[0].wscale_known || !f->dir[1].wscale_known)
 		return 0;
+	__u32 shift = f->dir[0].wscale_sent && f->dir[1].wscale_sent ? f->dir[d].wscale : 0;
 	__u64 rate = f->rate_bps ? f->rate_bps : st->p.rate.bytes_per_sec;
 	__u64 rtt = f->srtt_us ? f->srtt_us : st->p.rate.rtt_us;
 	if (!rate || !rtt)
 		return 0;
+	if (rate < MPS_RATE_MIN)
+		rate = MPS_RATE_MIN;
+	if (rate > MPS_RATE_MAX)
+		rate = MPS_RATE_MAX;
+	/* No overflow: rate <= 5e10 and rtt <= 6e7 (a minute, the longest sample taken) give
+	 * at most 3e18 < 2^64 (a u32 rtt times the largest rate would not fit). */
+	if (rtt > 60000000)
+		rtt = 60000000;
 	__u64 win = rate * rtt / 1000000;
 	if (win < st->p.rate.min_window)
 		win = st->p.rate.min_window;
-	win >>= f->dir[d].wscale;
+	win >>= shift & 15;
 	if (win == 0)
 		win = 1;
 	struct tcphdr *tcp = view_tcp(ctx, xdp, pc);
@@ -698,6 +710,21 @@ static __always_inline void step_count(const struct mps_pkt_ctx *pc, __u32 at, b
 		c->matched++;
 	if (dropped)
 		c->drops++;
+}
+
+/*
+ * What a packet the datapath cannot read gets (malformed options or lengths, an IP fragment,
+ * an actor's failed rewrite): passed untouched, unless a step with failure mode drop could
+ * still decide it (MPS_STEPF_GUARDED on the step it stopped at), so that garbage never walks
+ * around a guard. `at` is a valid pc.
+ */
+static __always_inline int unparseable(__u32 slot, __u32 at, bool xdp)
+{
+	const struct mps_step *st = &mps_slots.tables[slot & 1].steps[at & (MPS_MAX_STEPS - 1)];
+	if (!(st->flags & MPS_STEPF_GUARDED))
+		return PASS(xdp);
+	gen_count_slot(slot & 1, MPS_GC_UNPARSEABLE_DROPS);
+	return DROP(xdp);
 }
 
 static __always_inline int missed_tail_call(const struct mps_pkt_ctx *pc, __u32 at,
@@ -856,7 +883,7 @@ static __always_inline int run_chain(void *ctx, bool xdp, struct mps_pkt_ctx *pc
 		return call_prog(ctx, xdp, pc, meta_ready, true);
 	case WALK_MALFORMED:
 		gen_count(pc, MPS_GC_MALFORMED);
-		return PASS(xdp);
+		return unparseable(ctx_slot(pc), pc->pc, xdp);
 	default:
 		return PASS(xdp);
 	}
@@ -895,7 +922,7 @@ static __always_inline int entry(void *ctx, bool xdp, __u8 hook, __u32 ifindex, 
 	int r = parse_packet(ctx_data(ctx, xdp), ctx_end(ctx, xdp), pkt_len, &pc);
 	if (r) {
 		gen_count_slot(slot, r == PARSE_MALFORMED ? MPS_GC_MALFORMED : MPS_GC_NOT_TCP);
-		return PASS(xdp);
+		return r == PARSE_SKIP ? PASS(xdp) : unparseable(slot, first, xdp);
 	}
 	pc.hook = hook;
 	pc.pc = first;
@@ -908,7 +935,7 @@ static __always_inline int entry(void *ctx, bool xdp, __u8 hook, __u32 ifindex, 
 		int bad = xdp ? learn_syn_xdp(ctx, &pc) : learn_syn_tc(ctx, &pc);
 		if (bad) { /* a SYN with malformed options */
 			gen_count(&pc, MPS_GC_MALFORMED);
-			return PASS(xdp);
+			return unparseable(slot, first, xdp);
 		}
 	}
 	return run_chain(ctx, xdp, &pc, false);
@@ -983,7 +1010,7 @@ int interp_tc(struct __sk_buff *ctx)
 		int m = (expr);                                                                \
 		if (m < 0) {                                                                   \
 			gen_count(&pc, MPS_GC_MALFORMED);                                      \
-			return PASS(xdp);                                                      \
+			return unparseable(ctx_slot(&pc), pc.pc, xdp);                         \
 		}                                                                              \
 		step_count(&pc, pc.pc, m, false);                                              \
 		__u32 at = pc.pc;                                                              \
@@ -1012,7 +1039,7 @@ SELECTOR(sel_flow_bytes, sel_flow_bytes(ctx, xdp, &pc, st))
 		int r = (expr);                                                                \
 		if (r < 0) {                                                                   \
 			gen_count(&pc, MPS_GC_MALFORMED);                                      \
-			return PASS(xdp);                                                      \
+			return unparseable(ctx_slot(&pc), pc.pc, xdp);                         \
 		}                                                                              \
 		step_count(&pc, pc.pc, r > 0, false);                                          \
 		__u32 at = pc.pc;                                                              \

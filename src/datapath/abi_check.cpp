@@ -157,7 +157,8 @@ MPS_ABI_FIELD(mps_flow_dir, ts_val, 20);
 MPS_ABI_FIELD(mps_flow_dir, ts_sent_ns, 24);
 MPS_ABI_FIELD(mps_flow_dir, wscale, 32);
 MPS_ABI_FIELD(mps_flow_dir, wscale_known, 33);
-MPS_ABI_FIELD(mps_flow_dir, pad, 34);
+MPS_ABI_FIELD(mps_flow_dir, wscale_sent, 34);
+MPS_ABI_FIELD(mps_flow_dir, pad, 35);
 
 MPS_ABI_SIZE(mps_flow, 168);
 MPS_ABI_FIELD(mps_flow, dir, 0);

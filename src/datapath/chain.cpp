@@ -183,6 +183,24 @@ std::string ChainSet::describe() const {
     return o.str();
 }
 
+void mark_guarded(std::vector<mps_step>& steps) {
+    std::vector<int> state(steps.size(), 0);  // 0 new, 1 on the stack, 2 done
+    std::function<bool(uint16_t)> guarded = [&](uint16_t pc) -> bool {
+        if (pc >= steps.size() || state[pc] == 1) return false;
+        auto& s = steps[pc];
+        if (state[pc] == 0) {
+            state[pc] = 1;
+            bool g = (s.flags & MPS_STEPF_FAIL_DROP) != 0;
+            g = guarded(s.on_match) || g;
+            if (!MPS_PROG_IS_ACTOR(s.prog)) g = guarded(s.on_miss) || g;
+            s.flags = static_cast<uint8_t>((s.flags & ~MPS_STEPF_GUARDED) | (g ? MPS_STEPF_GUARDED : 0));
+            state[pc] = 2;
+        }
+        return s.flags & MPS_STEPF_GUARDED;
+    };
+    for (size_t pc = 0; pc < steps.size(); ++pc) guarded(static_cast<uint16_t>(pc));
+}
+
 std::vector<std::string> ChainSet::check() const {
     std::vector<std::string> problems;
     if (steps.size() > MPS_MAX_STEPS)

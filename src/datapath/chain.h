@@ -55,6 +55,11 @@ struct ChainSet {
     std::vector<std::string> check() const;
 };
 
+// Sets MPS_STEPF_GUARDED on each step from which a step with MPS_STEPF_FAIL_DROP is reachable
+// (itself included) and clears it elsewhere: what the loader writes into a table slot. The
+// steps must be acyclic (ChainSet::check()).
+void mark_guarded(std::vector<mps_step>& steps);
+
 // Step programs one packet may enter (each costs two tail calls; the kernel allows 33).
 constexpr int kMaxActorsPerPath = 16;
 

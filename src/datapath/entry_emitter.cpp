@@ -162,7 +162,6 @@ public:
         step_labels_.clear();
         for (size_t i = 0; i < order_.size(); ++i) step_labels_.push_back(a_.label());
         end_ = a_.label();
-        malformed_ = a_.label();
         not_live_ = a_.label();
         not_ours_ = a_.label();
         no_meta_ = a_.label();
@@ -209,12 +208,6 @@ public:
         tail_call(MPS_JMP_PREFLIGHT + static_cast<int>(hook_));
         a_.ret(pass());
 
-        if (a_.used(malformed_)) {
-            a_.bind(malformed_);
-            count_gen(MPS_GC_PACKETS);
-            count_gen(MPS_GC_MALFORMED);
-            a_.ret(pass());
-        }
         if (a_.used(no_meta_)) {
             a_.bind(no_meta_);
             count_gen(MPS_GC_NO_META);
@@ -406,8 +399,9 @@ private:
         }
     }
 
-    // The option walk of scan_kinds() (bpf/include/mpsteer/parse.h): the kinds to fp-12, or
-    // malformed_. parse() proved 20 <= header length <= TCP length.
+    // The option walk of scan_kinds() (bpf/include/mpsteer/parse.h): the kinds to fp-12. A
+    // malformed walk goes to the entry program (not_ours_), which decides what such a packet
+    // gets (passed, or dropped under a guard). parse() proved 20 <= header length <= TCP length.
     void scan() {
         const int32_t ts_word = wire32(1, 1, 8, 10);  // NOP NOP TS(10): Linux's usual start
         a_.load(BPF_B, R1, kData, kDoffFlags + 1);  // FIN 0x01, SYN 0x02 (never here), RST 0x04, ACK 0x10
@@ -428,6 +422,7 @@ private:
         a_.alu32(BPF_SUB, R4, 20);
         Label no_payload = a_.label(), walk = a_.label(), loop = a_.label(), done = a_.label();
         Label option = a_.label(), mptcp = a_.label(), subtype = a_.label(), next_opt = a_.label();
+        Label mpc = a_.label();
         a_.jmp32(BPF_JLE, R4, R3, no_payload);
         a_.alu32(BPF_OR, kAcc, MPS_K_PAYLOAD);
         a_.bind(no_payload);
@@ -461,7 +456,7 @@ private:
         a_.alu64(BPF_ADD, R5, kData);
         a_.alu64(BPF_MOV, R0, R5);
         a_.alu64(BPF_ADD, R0, 1);
-        a_.jmp64(BPF_JGT, R0, kEnd, malformed_);
+        a_.jmp64(BPF_JGT, R0, kEnd, not_ours_);
         a_.load(BPF_B, R0, R5, 0);  // R0: kind
         a_.jmp32(BPF_JEQ, R0, 0, done);
         a_.jmp32(BPF_JNE, R0, 1, option);
@@ -471,28 +466,46 @@ private:
         a_.bind(option);
         a_.alu64(BPF_MOV, R1, R5);
         a_.alu64(BPF_ADD, R1, 2);
-        a_.jmp64(BPF_JGT, R1, kEnd, malformed_);
+        a_.jmp64(BPF_JGT, R1, kEnd, not_ours_);
         a_.load(BPF_B, R1, R5, 1);  // R1: length
-        a_.jmp32(BPF_JLT, R1, 2, malformed_);
+        a_.jmp32(BPF_JLT, R1, 2, not_ours_);
         a_.alu32(BPF_ADD, R2, R1);
-        a_.jmp32(BPF_JGT, R2, R3, malformed_);
+        a_.jmp32(BPF_JGT, R2, R3, not_ours_);
         a_.jmp32(BPF_JEQ, R0, 30 /* MPTCP */, mptcp);
         a_.jmp32(BPF_JNE, R0, 8 /* timestamp */, next_opt);
         a_.jmp32(BPF_JNE, R1, 10, next_opt);
         a_.alu32(BPF_OR, kAcc, MPS_K_TIMESTAMP);
         a_.ja(next_opt);
         a_.bind(mptcp);
-        a_.jmp32(BPF_JLT, R1, 3, malformed_);
+        a_.jmp32(BPF_JLT, R1, 3, not_ours_);
         a_.alu64(BPF_MOV, R0, R5);
         a_.alu64(BPF_ADD, R0, 3);
-        a_.jmp64(BPF_JGT, R0, kEnd, malformed_);
+        a_.jmp64(BPF_JGT, R0, kEnd, not_ours_);
         a_.load(BPF_B, R0, R5, 2);  // R0: subtype
         a_.alu32(BPF_RSH, R0, 4);
-        a_.jmp32(BPF_JNE, R0, 2 /* DSS */, subtype);
-        a_.jmp32(BPF_JLT, R1, 4, malformed_);
+        // MP_CAPABLE and MP_JOIN count only at the lengths the kernel parses (mptcp_lens_of()
+        // in parse.h; never a SYN here): MP_CAPABLE 20, or 22 / 24 with data; MP_JOIN 24.
+        Label dss = a_.label(), mpc_data = a_.label();
+        a_.jmp32(BPF_JEQ, R0, 2 /* DSS */, dss);
+        a_.jmp32(BPF_JGT, R0, 1, subtype);
+        a_.jmp32(BPF_JEQ, R0, 0, mpc);
+        a_.jmp32(BPF_JNE, R1, 24, next_opt);  // MP_JOIN third ACK
+        a_.ja(subtype);
+        a_.bind(mpc);
+        a_.alu64(BPF_MOV, R5, kAcc);
+        a_.alu32(BPF_AND, R5, MPS_K_PAYLOAD);
+        a_.jmp32(BPF_JNE, R5, 0, mpc_data);
+        a_.jmp32(BPF_JNE, R1, 20, next_opt);
+        a_.ja(subtype);
+        a_.bind(mpc_data);
+        a_.jmp32(BPF_JEQ, R1, 22, subtype);
+        a_.jmp32(BPF_JNE, R1, 24, next_opt);
+        a_.ja(subtype);
+        a_.bind(dss);
+        a_.jmp32(BPF_JLT, R1, 4, not_ours_);
         a_.alu64(BPF_MOV, R1, R5);
         a_.alu64(BPF_ADD, R1, 4);
-        a_.jmp64(BPF_JGT, R1, kEnd, malformed_);
+        a_.jmp64(BPF_JGT, R1, kEnd, not_ours_);
         a_.load(BPF_B, R1, R5, 3);  // DSS flags: A (data ACK) 0x01, F (DATA_FIN) 0x10
         a_.alu64(BPF_MOV, R5, R1);
         a_.alu32(BPF_AND, R5, 0x01);
@@ -627,7 +640,7 @@ private:
     std::vector<Label> step_labels_;
     std::vector<uint8_t> reach_;
     bool mixed_ = false;
-    Label end_, malformed_, not_live_, not_ours_, no_meta_;
+    Label end_, not_live_, not_ours_, no_meta_;
 };
 
 }  // namespace

@@ -70,6 +70,7 @@ std::unique_ptr<Generation> Generation::stage(std::shared_ptr<Datapath> dp, cons
         if (!idx) missing.push_back(ifname);
         steps[pc].p.redirect.ifindex = idx;
     }
+    mark_guarded(steps);
     std::vector<std::pair<mps_iface_key, __u16>> ifents;
     mps_entry entry[MPS_HOOK_MAX];
     for (uint32_t h = 0; h < MPS_HOOK_MAX; ++h) entry[h] = {MPS_PC_END, 0, number};
@@ -152,16 +153,22 @@ void Generation::write_step(uint32_t pc, const mps_step& step) {
         live_ = dp_->next_live(slot_);
         if (was_active) dp_->activate(live_);  // the old entries hand everything on from now
     }
-    auto& dst = dp_->table(slot_).steps[pc];
+    auto& table = dp_->table(slot_);
+    auto& dst = table.steps[pc];
+    chains_.steps[pc] = step;
+    std::vector<mps_step> marked = chains_.steps;
+    mark_guarded(marked);
     // Parameters first, the program byte last: a packet sees the old step or the new one
     // for the fields that decide what runs.
     std::memcpy(&dst.p, &step.p, sizeof step.p);
     dst.on_match = step.on_match;
     dst.on_miss = step.on_miss;
     dst.policy = step.policy;
-    dst.flags = step.flags;
+    dst.flags = marked[pc].flags;
     __atomic_store_n(&dst.prog, step.prog, __ATOMIC_RELEASE);
-    chains_.steps[pc] = step;
+    // New targets may put a guard behind other steps, or take one away.
+    for (size_t i = 0; i < marked.size(); ++i)
+        __atomic_store_n(&table.steps[i].flags, marked[i].flags, __ATOMIC_RELAXED);
     if (emit_again) emit_entries();
 }
 

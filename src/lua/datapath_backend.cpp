@@ -201,7 +201,8 @@ bool DatapathBackend::set_subflow(const std::string&, uint64_t id, const Subflow
         mps_ctl_flow_req req{};
         req.key = *k;
         req.set = MPS_CTL_RATE;
-        req.rate_bps = *s.rate;
+        // The manifest's range; 0 clears the override.
+        req.rate_bps = *s.rate ? std::clamp<uint64_t>(*s.rate, MPS_RATE_MIN, MPS_RATE_MAX) : 0;
         return state_.update_flow(req);
     }
     return true;

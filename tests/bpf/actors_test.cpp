@@ -419,10 +419,13 @@ std::optional<uint16_t> expected_window(const RateCase& c)
     uint64_t rtt = c.flow_srtt ? c.flow_srtt : c.rtt_us;
     if (!rate || !rtt)
         return std::nullopt;
+    rate = std::clamp<uint64_t>(rate, MPS_RATE_MIN, MPS_RATE_MAX);
+    rtt = std::min<uint64_t>(rtt, 60000000);
     uint64_t bytes = rate * rtt / 1000000;
     bytes = std::max<uint64_t>(bytes, c.min_window);
+    // Scaling is in effect only when both SYNs carried the option (RFC 7323).
     auto ws = c.from_client ? c.client_ws : c.server_ws;
-    uint8_t shift = ws ? std::min<uint8_t>(*ws, 14) : 0;
+    uint8_t shift = c.client_ws && c.server_ws ? std::min<uint8_t>(*ws, 14) : 0;
     uint64_t field = bytes >> shift;
     if (field == 0)
         field = 1;
@@ -439,6 +442,12 @@ std::vector<RateCase> rate_cases()
         t.push_back({f + "client ACK, scale 7", 100000, 10000, 0, 7, 2, true, 1000, v6});
         t.push_back({f + "server ACK, scale 2", 100000, 10000, 0, 7, 2, false, 60000, v6});
         t.push_back({f + "no window scale option: shift 0", 100000, 10000, 0, {}, {}, true, 60000, v6});
+        t.push_back({f + "SYN/ACK without window scale: shift 0", 100000, 10000, 0, 7, {}, true, 60000, v6});
+        t.push_back({f + "SYN without window scale: shift 0", 100000, 10000, 0, {}, 7, false, 60000, v6});
+        t.push_back({f + "per-subflow rate beyond the range: clamped, no overflow", 100000, 10000, 0,
+                     0, 0, true, 60000, v6, 10000000000000000000ull});
+        t.push_back({f + "flow RTT of an hour: clamped to a minute", 100000, 10000, 0, 14, 14, true,
+                     60000, v6, 20000000, 3600000000u});
         t.push_back({f + "scale 14", 1000000000, 100000, 0, 14, 0, true, 60000, v6});
         t.push_back({f + "scale 15 is clamped to 14", 1000000000, 100000, 0, 15, 0, true, 60000, v6});
         t.push_back({f + "tiny rate: window 1, never 0", 1, 1000, 0, 7, 7, true, 500, v6});

@@ -44,6 +44,11 @@ std::vector<std::pair<std::string, Packet>> frames()
     v.emplace_back("IPv4 MP_CAPABLE SYN", Packet::v4("10.1.0.1", 40001, "10.2.0.1", 5201)
                                               .flags(tcpf::SYN)
                                               .option(mt::capable_syn()));
+    v.emplace_back("IPv4 3-byte MP_JOIN beside MP_CAPABLE",
+                   Packet::v4("10.1.0.1", 40000, "10.2.0.1", 5201)
+                       .option(opt::raw(30, {0x10}))
+                       .option(mt::capable_ack(1, 2)));
+    v.emplace_back("IPv4 MP_CAPABLE of 20 with data", data().option(mt::capable_ack(1, 2)));
     auto opts = data();
     opts.v4h().options = {1, 1, 1, 0};  // NOP NOP NOP EOL: ihl 6
     v.emplace_back("IPv4 with IP options", opts);
@@ -68,10 +73,20 @@ std::vector<std::pair<std::string, Packet>> frames()
     return v;
 }
 
+std::vector<mps_step> guarded(std::vector<mps_step> s)
+{
+    for (auto& st : s)
+        st.flags |= MPS_STEPF_FAIL_DROP;
+    return s;
+}
+
 // Chains covering every inline selector, the compositions and a program step.
 std::vector<std::pair<std::string, std::vector<mps_step>>> chains()
 {
     return {
+        {"MP_JOIN or MP_CAPABLE, drop, under a guard (failure mode drop)",
+         guarded({sel_kinds(MPS_K_MP_JOIN, 2, 1), sel_kinds(MPS_K_MP_CAPABLE, 2, END),
+                  step(MPS_ACT_DROP)})},
         {"dst, port, packet_type, drop",
          {sel_dst("10.2.0.0/16", 1, END), sel_port(MPS_DIR_DST, 5201, 5201, 2, END),
           sel_kinds(MPS_K_DSS, 3, END), step(MPS_ACT_DROP)}},

@@ -1,6 +1,7 @@
-// Malformed input: every frame below must come out of every chain untouched with PASS, counted
-// as malformed (or as not TCP), whatever the chain would have done to a well-formed packet —
-// including chains whose actors modify packets (rate_limit) and end in a drop.
+// Malformed input: every frame below must come out of every chain without a guard (no step with
+// failure mode drop) untouched with PASS, counted as malformed (or as not TCP), whatever the
+// chain would have done to a well-formed packet — including chains whose actors modify packets
+// (rate_limit) and end in a drop. Under a guard such frames are dropped (the last test cases).
 #include <catch2/catch.hpp>
 
 #include "bpf_env.h"
@@ -261,5 +262,95 @@ TEST_CASE("a SYN with malformed options teaches the flow nothing", "[bpf][malfor
             CHECK(step_delta(before, after, 0).runs == 0);
             CHECK_FALSE(env.flow(syn));
         }
+    }
+}
+
+// Under a guard (a step with failure mode drop that the packet could still reach), what the
+// datapath cannot read is dropped: garbage must not walk around the guard. Linux itself
+// accepts such packets (it stops parsing at a bad option; it reassembles fragments).
+TEST_CASE("unparseable packets are dropped where a drop-on-failure guard could decide them",
+          "[bpf][malformed][guard]")
+{
+    // port 80 -> packet_type(MP_JOIN) -> drop, the selector and the drop with failure mode drop
+    std::vector<mps_step> guarded = {sel_port(MPS_DIR_EITHER, 80, 80, 1, END),
+                                     sel_kinds(MPS_K_MP_JOIN, 2, END), step(MPS_ACT_DROP)};
+    guarded[1].flags |= MPS_STEPF_FAIL_DROP;
+    guarded[2].flags |= MPS_STEPF_FAIL_DROP;
+    std::vector<mps_step> open = guarded;
+    for (auto& s : open)
+        s.flags = 0;
+    for (bool is_guarded : {true, false}) {
+        Env env(chain_of(is_guarded ? guarded : open));
+        for (bool v6 : {false, true}) {
+            for (Hook h : kHooks) {
+                INFO((is_guarded ? "guarded " : "open ") << (v6 ? "v6 " : "v4 ") << name_of(h));
+                Packet syn = client(v6).flags(tcpf::SYN).option(mptcp::join_syn(7, 1))
+                                 .option({8, 0, 1, 1});  // MP_JOIN, then a bad option
+                Packet frag = good(v6).option(mptcp::join_ack({}));
+                if (v6)
+                    frag.v6h().ext = {fragment6(0, true)};
+                else
+                    frag.v4h().frag = 0x2000;  // MF
+                Packet later = good(v6);
+                if (v6)
+                    later.v6h().ext = {fragment6(185, false)};
+                else
+                    later.v4h().frag = 185;
+                struct Case {
+                    const char* name;
+                    Bytes frame;
+                    mps_gen_counter counter;
+                };
+                for (const Case& c : {Case{"SYN with a bad option", syn.build(), MPS_GC_MALFORMED},
+                                      Case{"ACK with a bad option",
+                                           with_options(v6, {30, 24, 0x10, 0, 1, 1, 8, 0}).build(),
+                                           MPS_GC_MALFORMED},
+                                      Case{"first fragment", frag.build(), MPS_GC_NOT_TCP},
+                                      Case{"later fragment", later.build(), MPS_GC_NOT_TCP}}) {
+                    INFO(c.name);
+                    Snap before = Snap::of(env);
+                    Run r = env.run(h, c.frame);
+                    Snap after = Snap::of(env);
+                    CHECK(r.retval == retval_of(is_guarded ? Verdict::drop : Verdict::pass, h));
+                    CHECK(r.out == c.frame);
+                    CHECK(gen_delta(before, after, c.counter) == 1);
+                    CHECK(gen_delta(before, after, MPS_GC_UNPARSEABLE_DROPS) ==
+                          (is_guarded ? 1u : 0u));
+                }
+                // Not TCP: not ours, whatever the guard.
+                Packet udp = good(v6);
+                if (v6) {
+                    udp.v6h().ext = {fragment6(0, true)};
+                    udp.v6h().next = 17;
+                } else {
+                    udp.v4h().frag = 0x2000;
+                    udp.v4h().protocol = 17;
+                }
+                Bytes u = udp.build();
+                CHECK(env.run(h, u).retval == retval_of(Verdict::pass, h));
+                // A well-formed packet the guard does not select passes.
+                CHECK(env.run(h, good(v6)).retval == retval_of(Verdict::pass, h));
+            }
+        }
+    }
+}
+
+TEST_CASE("a guard behind another policy's steps still covers unparseable packets",
+          "[bpf][malformed][guard]")
+{
+    // record (fail pass) -> port 9 (fail pass) -> drop (fail drop): the entry step is guarded
+    std::vector<mps_step> s = {step(MPS_ACT_RECORD, 1), sel_port(MPS_DIR_DST, 9, 9, 2, END),
+                               step(MPS_ACT_DROP)};
+    s[2].flags |= MPS_STEPF_FAIL_DROP;
+    Env env(chain_of(s));
+    for (Hook h : kHooks) {
+        INFO(name_of(h));
+        Packet frag = good(false);
+        frag.v4h().frag = 0x2000;  // MF
+        Bytes in = frag.build();
+        Run r = env.run(h, in);
+        CHECK(r.retval == retval_of(Verdict::drop, h));
+        CHECK(r.out == in);
+        CHECK(env.gen().values[MPS_GC_UNPARSEABLE_DROPS] >= 1);
     }
 }

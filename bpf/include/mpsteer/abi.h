@@ -215,6 +215,10 @@ struct mps_step {
 	union mps_param p;
 };
 #define MPS_STEPF_FAIL_DROP 0x01 /* failure mode: drop instead of pass on a missed tail call */
+/* Set by the loader (never by the compiler): a step with MPS_STEPF_FAIL_DROP is reachable from
+ * here, so a packet that cannot be parsed (malformed TCP options, an IP fragment) is dropped
+ * rather than passed around the guard. */
+#define MPS_STEPF_GUARDED 0x02
 
 /* ---- generations: tables and slots --------------------------------------------------------
  * A generation is data, not programs: the contents of one of two table slots. Switching is
@@ -267,13 +271,19 @@ struct mps_step_counters {
 enum mps_gen_counter {
 	MPS_GC_PACKETS = 0,      /* entered a hook that has a chain */
 	MPS_GC_NOT_TCP = 1,
-	MPS_GC_MALFORMED = 2,    /* passed untouched */
+	MPS_GC_MALFORMED = 2,    /* passed untouched, or dropped under a guard */
 	MPS_GC_MISSED_TAIL_CALL = 3,
 	MPS_GC_CHAIN_TOO_LONG = 4,
 	MPS_GC_NO_META = 5,      /* XDP driver without data_meta: chain skipped */
 	MPS_GC_EVENTS_LOST = 6,  /* ring buffer full */
+	MPS_GC_UNPARSEABLE_DROPS = 7, /* malformed or fragment, dropped: MPS_STEPF_GUARDED */
 	MPS_GC_MAX = 8,
 };
+
+/* rate_limit rates in bytes/s, the manifest's range (1 kbit/s .. 400 Gbit/s): rates from
+ * anywhere else (Lua, the control requests) are clamped to it. */
+#define MPS_RATE_MIN 125ull
+#define MPS_RATE_MAX 50000000000ull
 
 /* ---- shared state: flows and connections --------------------------------------------------
  * LRU_HASH maps shared across generations (pinned by the agent as "<name>_v<MPS_STATE_LAYOUT>",
@@ -296,8 +306,9 @@ struct mps_flow_dir {
 	__u32 ts_val;        /* last TSval sent, waiting for its echo */
 	__u64 ts_sent_ns;
 	__u8 wscale;         /* this side's advertised window shift (from its SYN) */
-	__u8 wscale_known;
-	__u8 pad[6];
+	__u8 wscale_known;   /* this side's SYN seen */
+	__u8 wscale_sent;    /* ... and it carried the window scale option */
+	__u8 pad[5];
 };
 struct mps_flow {
 	struct mps_flow_dir dir[2];

@@ -26,7 +26,8 @@
 enum parse_result {
 	PARSE_OK = 0,
 	PARSE_SKIP = -1,      /* not TCP over IP: not ours */
-	PARSE_MALFORMED = -2, /* lies about its lengths: pass untouched */
+	PARSE_MALFORMED = -2, /* lies about its lengths: unparseable */
+	PARSE_FRAGMENT = -3,  /* TCP in an IP fragment: unparseable until the stack reassembles */
 };
 
 struct vlan_hdr_ {
@@ -55,7 +56,7 @@ static __always_inline int parse_eth(void *data, void *end, __u16 *off, __be16 *
 	return PARSE_OK;
 }
 
-/* IPv4: rejects ihl < 5, lengths beyond the frame; fragments are skipped (no full TCP). */
+/* IPv4: rejects ihl < 5, lengths beyond the frame; TCP fragments are PARSE_FRAGMENT. */
 static __always_inline int parse_ipv4(void *data, void *end, __u32 pkt_len,
 				      struct mps_pkt_ctx *pc)
 {
@@ -67,7 +68,7 @@ static __always_inline int parse_ipv4(void *data, void *end, __u32 pkt_len,
 	if (ip->protocol != IPPROTO_TCP)
 		return PARSE_SKIP;
 	if (ip->frag_off & bpf_htons(0x3fff)) /* MF or an offset */
-		return PARSE_SKIP;
+		return PARSE_FRAGMENT;
 	__u32 hlen = ip->ihl * 4;
 	__u32 tot = bpf_ntohs(ip->tot_len);
 	if (tot < hlen + sizeof(struct tcphdr))
@@ -80,7 +81,8 @@ static __always_inline int parse_ipv4(void *data, void *end, __u32 pkt_len,
 	return PARSE_OK;
 }
 
-/* IPv6: walks hop-by-hop, routing and destination options; fragments and others skip. */
+/* IPv6: walks hop-by-hop, routing and destination options; a fragment header carrying TCP is
+ * PARSE_FRAGMENT, other protocols skip. */
 static __always_inline int parse_ipv6(void *data, void *end, __u32 pkt_len,
 				      struct mps_pkt_ctx *pc)
 {
@@ -104,6 +106,12 @@ static __always_inline int parse_ipv6(void *data, void *end, __u32 pkt_len,
 		next = eh[0];
 		off += len;
 		ext += len;
+	}
+	if (next == IPPROTO_FRAGMENT) {
+		__u8 *fh = data + (off & 0x3ff);
+		if ((void *)(fh + 1) > end)
+			return PARSE_MALFORMED;
+		return fh[0] == IPPROTO_TCP ? PARSE_FRAGMENT : PARSE_SKIP;
 	}
 	if (next != IPPROTO_TCP)
 		return PARSE_SKIP;
@@ -162,6 +170,39 @@ struct opt_locs {
 };
 
 /*
+ * The lengths the kernel accepts for MP_CAPABLE and MP_JOIN (net/mptcp/options.c,
+ * mptcp_parse_option(): strict size checks, anything else is ignored), by the segment's flags:
+ *   MP_CAPABLE  SYN 4 (v1) or 12 (v0, sender's key), SYN/ACK 12, ACK 20, with data 22 or 24;
+ *   MP_JOIN     SYN 12, SYN/ACK 16, ACK 24.
+ * An option of another length is not classified as its kind (nor as MPTCP at all): Linux
+ * ignores it and may honour a well-formed option beside it. Arithmetic on the 0/1 flags, no
+ * branch: the walks are verified per state.
+ */
+struct mptcp_lens {
+	__u32 mpc_a, mpc_b, join;
+};
+
+static __always_inline struct mptcp_lens mptcp_lens_of(__u32 syn, __u32 ack, __u32 payload)
+{
+	struct mptcp_lens l;
+	__u32 nosyn = syn ^ 1;
+	l.mpc_a = syn * (4 + 8 * ack) + nosyn * (20 + 2 * payload);
+	l.mpc_b = syn * 12 + nosyn * (20 + 4 * payload);
+	l.join = syn * (12 + 4 * ack) + nosyn * 24;
+	return l;
+}
+
+/* 1 when an MPTCP option of subtype `sub` and length `len` is one the kernel parses. */
+static __always_inline __u32 mptcp_well_formed(const struct mptcp_lens *l, __u32 sub, __u32 len)
+{
+	if (sub == OPT_MPC)
+		return len == l->mpc_a || len == l->mpc_b;
+	if (sub == OPT_JOIN)
+		return len == l->join;
+	return 1;
+}
+
+/*
  * Walk the TCP options (at most 40 bytes) of the header at data + l4_off. Any option whose
  * length is < 2 or runs past the header is malformed. Returns the MPS_K_* kinds, or
  * PARSE_MALFORMED, and fills *loc when given. Written for the verifier: the loop is bounded (with
@@ -187,6 +228,7 @@ static __always_inline int scan_options(void *data, void *end, __u32 l4_off, __u
 	/* Branch-free: every branch here would double the verifier's paths. */
 	kinds |= (__u32)tcp->syn << 13 | (__u32)tcp->fin << 14 | (__u32)tcp->rst << 15 |
 		 (__u32)tcp->ack << 16 | (__u32)(l4_len > hlen) << 17;
+	struct mptcp_lens mlens = mptcp_lens_of(tcp->syn, tcp->ack, l4_len > hlen);
 
 	/* No iteration counter: `off` grows by >= 1 per option and hlen <= 60 bounds it. A
 	 * counter would be tracked precisely and multiply the verifier's states by 40. */
@@ -211,6 +253,10 @@ static __always_inline int scan_options(void *data, void *end, __u32 l4_off, __u
 			if (len < 3 || (void *)(p + 3) > end) /* MP_PRIO is the shortest: 3 */
 				return PARSE_MALFORMED;
 			slot = p[2] >> 4;
+			if (!mptcp_well_formed(&mlens, slot, len)) {
+				off += len;
+				continue;
+			}
 			kinds |= MPS_K_ANY_MPTCP | ((1u << slot) & 0x1ff);
 			if (slot == OPT_DSS) {
 				if (len < 4 || (void *)(p + 4) > end)
@@ -273,6 +319,7 @@ static __always_inline int scan_kinds(void *data, void *end, __u32 l4_off, __u32
 		return PARSE_MALFORMED;
 	__u32 kinds = (__u32)tcp->syn << 13 | (__u32)tcp->fin << 14 | (__u32)tcp->rst << 15 |
 		      (__u32)tcp->ack << 16 | (__u32)(l4_len > hlen) << 17;
+	struct mptcp_lens mlens = mptcp_lens_of(tcp->syn, tcp->ack, l4_len > hlen);
 	/* The verifier must not know off or hlen (see above). */
 	__u32 off = sizeof(*tcp);
 	/* Linux puts NOP, NOP, timestamp first on every segment of a flow with timestamps: one
@@ -308,6 +355,10 @@ static __always_inline int scan_kinds(void *data, void *end, __u32 l4_off, __u32
 			if (len < 3 || (void *)(p + 3) > end)
 				return PARSE_MALFORMED;
 			__u32 sub = p[2] >> 4;
+			if (!mptcp_well_formed(&mlens, sub, len)) {
+				off += len;
+				continue;
+			}
 			kinds |= MPS_K_ANY_MPTCP | ((1u << sub) & 0x1ff);
 			if (sub == OPT_DSS) {
 				if (len < 4 || (void *)(p + 4) > end)
