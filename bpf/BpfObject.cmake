@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 # bpf_object(NAME SOURCE): SOURCE (.bpf.c) -> NAME.bpf.o -> NAME.skel.h, and an INTERFACE
 # target NAME_skel whose include directory holds the skeleton. Header dependencies are tracked
 # through clang's depfile.

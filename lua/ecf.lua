@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 -- ECF (Earliest Completion First, Lim et al., CoNEXT'17) as per-subflow rates.
 -- Every `every` (on_tick), for each connection: f = the fastest subflow (lowest srtt), s = the
 -- next one. f is never capped. While f's window is full, with k unsent bytes,

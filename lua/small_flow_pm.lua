@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 -- Small-flow path manager (eMPTCP): a connection stays on one path until it has carried
 -- `threshold_bytes`; then the ADD_ADDR the datapath hid (blk_subflow) is re-injected
 -- (add_subflow) so the host opens its other subflows. Short flows finish on one path and do

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 # `promtool check metrics` on the agent's real /metrics: the built agent runs the shipped
 # policies (with their Lua hooks) in a network namespace of its own, with its own pin root and
 # state directory, until Ready; then its 127.0.0.1:9477/metrics (inside the namespace) must pass

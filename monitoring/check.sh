@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 # Checks the monitoring files with promtool (Debian's prometheus package): the alerting rules
 # parse and pass their unit tests on synthetic series, and every query of the Grafana dashboard
 # parses as PromQL (its variables replaced by what Grafana would put there).

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 # Debian packages with CPack: what goes where, and the package's metadata.
 # Built by packaging/package.sh ARCH (amd64 natively, arm64/armhf through
 # packaging/toolchain-ARCH.cmake); included at the end of the top-level CMakeLists.txt.

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 # Installs those of the given Debian packages that are missing (apt-get runs only then).
 # Used by setup-deps.sh and setup-cross.sh. Usage: packaging/apt-ensure.sh WHO PACKAGE...
 set -eu

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 # Installs what is missing (Debian packages), then configures and builds mpsteer in ./build.
 set -eu
 cd "$(dirname "$0")/.."

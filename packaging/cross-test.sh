@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 # The unit tests for a foreign ARCH (default arm64): installs the cross dependencies, cross-builds
 # the binary and the unit test programs into build-ARCH (what packaging/package.sh ARCH also
 # uses) and runs ctest -L unit there; every test program runs under qemu-user.

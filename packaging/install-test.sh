@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 # Install test for a built package (default: build/packages/mpsteer_*_amd64.deb), in a clean
 # Debian 12 root made by debootstrap (minbase) from Debian's mirror:
 #   1. apt-get install ./mpsteer_*.deb pulls the dependencies dpkg-shlibdeps derived;

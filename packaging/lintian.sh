@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 # Lintian on a built package: fails on any error, lists the warnings (each justified in the
 # README, "Packages"). Usage: packaging/lintian.sh [ARCH] (default amd64: what package.sh ARCH
 # wrote, build/ or build-ARCH/packages/mpsteer_*_ARCH.deb).

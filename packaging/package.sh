@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 # Builds the Debian package for ARCH (default: this machine's, amd64 here) with CPack:
 #   packaging/package.sh           -> build/packages/mpsteer_<version>_amd64.deb
 #   packaging/package.sh arm64     -> build-arm64/packages/mpsteer_<version>_arm64.deb

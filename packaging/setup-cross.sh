@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 # Installs what cross-building mpsteer for ARCH (arm64 or armhf) needs, with Debian multiarch:
 # the cross compiler, qemu-user to run the tests, and the foreign-architecture -dev packages.
 # Idempotent: apt-get runs only when something is missing.

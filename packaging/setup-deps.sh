@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 # Installs every Debian package the build, the tests and the lab need. Idempotent:
 # runs apt-get only when something is missing. prometheus: promtool for the monitoring checks
 # and the server the fleet test scrapes with (on a systemd host the package also enables its

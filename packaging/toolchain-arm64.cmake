@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 # Cross-building for arm64 (Raspberry Pi 3/4/5 with a 64-bit OS, arm64 servers) on Debian with
 # multiarch. packaging/setup-cross.sh arm64 installs what it needs; packaging/package.sh arm64
 # and packaging/cross-test.sh arm64 use it.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 # Cross-building for armhf (32-bit Raspberry Pi OS, ARMv7 with hard float) on Debian with
 # multiarch. packaging/setup-cross.sh armhf installs what it needs.
 set(MPS_CROSS_TRIPLET arm-linux-gnueabihf)

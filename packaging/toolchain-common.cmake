@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 # Shared part of packaging/toolchain-<arch>.cmake: those set MPS_CROSS_TRIPLET (GNU triplet),
 # MPS_CROSS_DEB_ARCH (Debian architecture), CMAKE_SYSTEM_PROCESSOR and MPS_CROSS_QEMU.
 #

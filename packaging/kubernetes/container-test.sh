@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 # The DaemonSet's image, built and run on this machine with Debian's podman, without a registry:
 #   1. the base image is the install test's Debian 12 root (packaging/install-test.sh caches it),
 #      `podman import`ed; the image is packaging/kubernetes/Containerfile with the built .deb;

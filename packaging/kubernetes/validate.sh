@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 # Validates the Kubernetes manifests in this directory the way `kubectl apply --dry-run=client`
 # would check their shape: kubernetes-validate (PyPI) with the OpenAPI-derived JSON Schemas it
 # bundles, --strict (unknown fields are errors), for the oldest and the newest Kubernetes we

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // The reconcile loop. This thread owns the Rollout (the datapath, its generations and links)
 // and the status; the metrics server only reads a rendered text under a mutex. The hooks
 // (their Lua states, DatapathBackend and HookDispatcher) belong to the event thread

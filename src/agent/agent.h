@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // The agent: keeps a host's datapath equal to the policies in a directory (GitOps semantics).
 // A revision is the whole directory at one moment; it is validated and compiled as a whole,
 // built into a new generation, pre-flighted, switched in on every hook at once and recorded.

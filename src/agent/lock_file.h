@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // The agent's locks, held by the running agent for its whole life: an flock on
 // <state_dir>/agent.lock, and one on the pin root directory itself (one agent per pin root,
 // whatever its state directory). Whoever else needs to know whether an agent runs (status,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // The agent's metrics: the status document in Prometheus text, served on 127.0.0.1 (GET
 // /metrics, its own thread, which only reads the last rendered text) and/or written to a
 // node_exporter textfile.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // What revision a policy directory holds: git-sync publishes by renaming a symlink whose
 // target's basename is the commit; a `git pull` checkout has .git/HEAD; anything else is named
 // by its content.

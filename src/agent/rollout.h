@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // The kernel side of the agent. A Rollout alone owns the datapath (loaded once per process, or
 // adopted from pins), its generations (the running one, and the previous one, the rollback
 // target, in the other slot until the next apply) and the hook links. apply() is the whole

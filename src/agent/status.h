@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // The agent's status model (status.json, the Prometheus text is rendered from it) and its event
 // log (events.jsonl). The loop fills AgentStatus from the rollout's outcomes, the rollout gives
 // DatapathStatus, the event thread HookStatus; render_status() joins them into the document

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // What makes the agent look at its policies again: inotify on the policy directory (its tree,
 // and its parent for a git-sync symlink flip), on the state directory (the suspend flag) and
 // rtnetlink link events (interfaces coming and going).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // The agent's commands: run, status, suspend, resume, reset, events.
 #include <sys/stat.h>
 #include <unistd.h>

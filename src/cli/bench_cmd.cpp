@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // mpsteer bench: per-packet cost of chains, measured with BPF_PROG_TEST_RUN in one run beside a
 // bare XDP_PASS program and a parse-only program (ratios survive noisy machines).
 #include <arpa/inet.h>

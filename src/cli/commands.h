@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // Subcommand registry. A command's callback stores its exit status with set_exit_code().
 #pragma once
 #include <vector>

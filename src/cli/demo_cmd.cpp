@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // mpsteer demo: mpsteer on live MPTCP traffic, end to end, in a throw-away lab of two
 // namespaces joined by two paths.
 //  - default: the agent (`mpsteer run`) in the client's namespace applies the shipped policies;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // mpsteer: one binary, one subcommand per job. Each subcommand registers itself from its own
 // <name>_cmd.cpp; this file only wires them together.
 #include <CLI/CLI.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // mpsteer plan [--output text|json] DIR: what applying DIR would change against the running
 // generation (its description in /run/mpsteer/state/applied.json; empty when absent).
 #include <filesystem>

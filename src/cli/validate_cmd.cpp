@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // mpsteer validate [--output text|json] PATH...: check manifests like a compiler would, every
 // problem as FILE:LINE:COL: error: /json/pointer: message. Exit 0 valid (warnings allowed),
 // 1 invalid, 2 usage error (including a PATH that does not exist).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // Model -> ChainSet. Selector expressions become branches through labels that are bound to
 // pcs once the step they name has been emitted (every jump goes forward, so chains cannot loop).
 #include <algorithm>

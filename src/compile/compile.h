@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // The compiler: a validated manifest model -> the datapath's ChainSet (steps with encoded
 // parameters, entry points per hook and interface, attachments), plus the plan model that
 // `mpsteer plan` diffs and the agent stores as the running generation's description.

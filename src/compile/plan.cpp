@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // The plan model (what a generation runs, stored in applied.json) and the diff `mpsteer plan`
 // prints: policies added, changed and removed, and per hook the chain of steps.
 #include <algorithm>

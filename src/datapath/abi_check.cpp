@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // The ABI's layout, pinned: the size and every field offset of each struct that the BPF
 // programs and the agent both read (bpf/include/mpsteer/abi.h), written as literal numbers.
 // A layout change fails the build here; when it is meant, update the numbers and, for a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // The userspace side of the option-rewriting actors; see actors.h.
 #include "datapath/actors.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // The userspace side of the option-rewriting actors (bpf/rewrite.bpf.h): the announcements
 // blk_subflow hid, add_subflow requests, and set_backup's one-shot memory. Errors are
 // datapath::Error, as in datapath.h.

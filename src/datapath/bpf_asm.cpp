@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // The assembler's label fixups; see bpf_asm.h.
 #include "datapath/bpf_asm.h"
 

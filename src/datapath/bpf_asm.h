@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // A small BPF assembler: instruction builders, labels, and jumps to labels that are fixed up
 // when the program is finished (forward and backward). What the entry emitter writes
 // compiled entries with (entry_emitter.cpp); no knowledge of chains or maps here.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // The compiled form of a set of policies: what the compiler produces and the datapath loads.
 // A plain value, built and compared without root; see bpf/README.md for the step semantics.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // The loaded datapath (Datapath): the BPF object loaded once with the shared state maps, its
 // prog arrays filled, its pins and their adoption by a later agent, and the two table slots
 // with the live word that generations are switched by (bpf/README.md, "Generations").

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // The userspace side of the datapath: loading a generation from a ChainSet, the shared state
 // maps, attaching to interfaces, counters, BPF_PROG_TEST_RUN and the event ring buffer.
 // Errors are exceptions (datapath::Error) carrying what failed and why; nothing here exits.

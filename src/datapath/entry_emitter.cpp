@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // The entry emitter (entry_emitter.h): a hook's chain as BPF instructions, written with the
 // assembler of bpf_asm.h. chain_order() picks the steps a packet can reach and orders them so
 // every jump goes forward; Emitter writes the program: the live-word check, the IPv4/TCP

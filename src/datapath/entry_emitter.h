@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // The entry emitter: one hook's chain (a ChainSet's steps, what src/compile made of the
 // manifests) emitted as a BPF program of its own, instruction by instruction: a compiled
 // entry, attached in place of the datapath's entry program (bpf/README.md, "Compiled

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // Events (EventReader): the ring buffer's records, with MP_CAPABLE keys turned into tokens
 // and IDSNs (mptcp_key_ids) and written back to the flow and connection maps, so the `token`
 // selector finds the connection; each event carries its flow entry on to the handler.

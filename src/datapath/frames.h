@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // Canned frames for pre-flight checks and benchmarks: a typical MPTCP data segment.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // Generations (Generation): a chain set written into a table slot of a Datapath (staged,
 // pre-flighted, activated, adopted, written in place) and its compiled entries, the programs
 // entry_emitter.cpp emits for each hook's chain; the generation's counters.

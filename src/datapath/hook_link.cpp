@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // Attachments (HookLink): a program on one interface and hook, through an XDP link (native,
 // generic as fallback), a TCX link, or a clsact filter on kernels without TCX; swapping the
 // program atomically, pinning, adopting and detaching.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // The Internet checksum (RFC 1071) for the frames userspace builds (frames.cpp, the
 // set_backup frames of actors.cpp). The test suite's packet builder (tests/bpf/packet.cpp)
 // keeps its own on purpose: an oracle written apart from the code it checks.

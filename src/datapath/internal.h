@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // What the datapath's own files share and nothing outside them uses: error reporting, program
 // and interface names, the shared state maps by name, per-CPU counter access.
 #pragma once

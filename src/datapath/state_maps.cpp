@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // The shared state maps (StateMaps: flows, connections, events, the actors' memory), pinned
 // and adopted across generations and agent restarts, with the control program that writes
 // flow fields; and the small things every part of the datapath starts from: owned file

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // BPF_PROG_TEST_RUN of one frame through a program: the pre-flight, the control program
 // (StateMaps::update_flow), the bench and the tests all run frames through this.
 #include "datapath/internal.h"

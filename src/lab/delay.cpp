@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // A delay line: an L2 relay between two interfaces of one namespace that holds every frame
 // for a fixed time before forwarding it. Stands in for `tc netem delay` on kernels built
 // without sch_netem (this one: CONFIG_NET_SCH_NETEM is not set). Frames are MTU-sized because

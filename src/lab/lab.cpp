@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // The namespace lab: commands, namespace switching, building and removing the two-namespace
 // MPTCP test bed, interface counters.
 #include "lab/lab.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // The namespace test bed: a client and a server network namespace joined by two veth pairs,
 // kernel MPTCP between them, a small MPTCP sender/sink, and the kernel's own view of the
 // connections (MPTCP netlink events, MPTCP_INFO). Used by the e2e tests and `mpsteer demo`.

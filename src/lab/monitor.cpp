@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // MPTCP path-manager events over generic netlink (what `ip mptcp monitor` prints), read in
 // process: subscribing is synchronous, so unlike a child `ip mptcp monitor` nothing races.
 #include <arpa/inet.h>

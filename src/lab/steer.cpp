@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // The datapath inside the lab: the server's chains, loading and attaching them inside a
 // namespace, reading the shared state back, and the kernel's per-subflow byte counters.
 #include <arpa/inet.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // A minimal MPTCP sender and sink: a deterministic byte stream, FNV-1a over what went out and
 // what came in, and the kernel's MPTCP_INFO of each socket (token, subflows, fallback).
 #include <arpa/inet.h>

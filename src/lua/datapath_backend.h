@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // What the scripts call on the real datapath: connections and subflows from the shared `conns`
 // and `flows` maps (bytes, packets, srtt/rttvar from `record`), overlaid with TCP_INFO from
 // sock_diag for the subflows whose sockets this host owns (srtt, rttvar, cwnd, bytes in flight,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // The hooks' event thread: takes datapath events off the ring buffer, runs the Lua hooks on
 // them (HookDispatcher::dispatch) and owns the scripts' Lua states. Everything that touches a
 // HookSet, its DatapathBackend or the HookDispatcher runs on this thread: events, on_tick, and

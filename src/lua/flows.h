@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // The scripts' handles for flows, and a flow entry as a script sees it. Shared by what the
 // scripts call (DatapathBackend) and what calls the scripts (HookDispatcher), both on the event
 // thread.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // What calls the scripts: turns a datapath event into hook calls on the event thread.
 // MP_CAPABLE with both tokens -> on_connection (once per connection: the later events that
 // repeat the keys are not passed on), MP_JOIN -> on_subflow, FLOW_CLOSED -> on_subflow_closed

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // Scripts and the set of them (see hooks.h): loading a script into its sandboxed state,
 // calling its hooks, counting its failures and disabling it, its status; the HookSet keeping
 // one Script per policy across applies and ticking them. The state itself is sandbox.h's, what

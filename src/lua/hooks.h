@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // Lua hooks (lua/README.md): operators' scripts that the agent runs on datapath events
 // and timers, turning their decisions into in-place map writes. One Lua 5.4 state per script,
 // sandboxed: base (without dofile, loadfile, collectgarbage; `load` takes text only), string

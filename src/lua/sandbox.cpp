@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // The sandboxed Lua state (see sandbox.h): the capped allocator, the instruction budget, the
 // restricted libraries with their sandbox-safe replacements, protected calls and garbage
 // collection between events.

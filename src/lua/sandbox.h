@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // The sandboxed Lua state of one script (internal to mpsteer_lua): the state and its limits,
 // the restricted libraries, protected calls with an instruction budget and a memory cap, and
 // garbage collection between events. What a script may call on the agent is script_api.h's;

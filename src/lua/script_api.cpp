@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // The script API (see script_api.h): the `mpsteer` functions, each checking its arguments,
 // calling the Backend and pushing the result, and the conversions they and the hooks share.
 #include "lua/script_api.h"

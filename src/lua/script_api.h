@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // The script API (internal to mpsteer_lua): the `mpsteer` table and `params` global a script
 // sees, their functions calling the Backend, and the conversions between the host's types
 // (Connection, Subflow, AddAddr, JSON) and Lua tables. Documented for script writers in

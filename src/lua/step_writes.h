@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // In-place step writes that hooks request (set_policy_backup) and the agent carries out. A
 // generation has one writer, the agent's rollout: the hooks run on the event thread, so they
 // only queue the new step values here; the agent drains the queue on its own thread (fd() is

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // The semantic checks' shared state (not a public header): Checker turns schema-valid
 // documents into model pieces (steps.cpp: selectors and actions; policy.cpp: host facts and
 // one policy), Resolver inlines selector sets and action chains (resolve.cpp), and load_docs

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // Internals of the manifest stage shared by its .cpp files (not a public header).
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // Entry points (files, directories, in-memory sources), diagnostics, number parsers and the
 // text forms of the model.
 #include <algorithm>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // Manifests: YAML documents (Policy, SelectorSet, ActionChain) loaded from files, converted to
 // typed JSON, validated against the JSON Schemas in schemas/ (embedded at build time), checked
 // for meaning (references, ranges, conflicts) and turned into a typed model with every

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // From schema-valid documents to the model: names registered, shared building blocks
 // checked once where they are defined, policies built and inlined, then the checks that need
 // several documents (unique names, priorities per hook, chain length, unused blocks).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // One policy document into the model (attachment, priority, selectors, actions, Lua hook),
 // with the facts of this host it depends on: which interfaces exist, where scripts are.
 #include <algorithm>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // The policy directory reader (policy_files.h): openat2 beneath a directory fd, regular files
 // only, every read capped.
 #include "manifest/policy_files.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // The one reader of a policy directory. Whoever can commit to the policy repository controls
 // every name, symlink and file type in it, and the agent reads it as root: nothing is read
 // through a symlink that leads out of the directory, only regular files are read, and every

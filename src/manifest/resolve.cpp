@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // References to shared building blocks: `selector_set: NAME` and `action_chain: NAME`
 // inlined into the referring list, with unknown names and cycles reported at the reference.
 #include <algorithm>

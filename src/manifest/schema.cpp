@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // JSON Schema validation with valijson, and the translation of its errors into messages with
 // a JSON pointer and a position. valijson reports a chain of errors per failure (the leaf, then
 // one "Failed to validate item #n" per enclosing level); only leaves are kept, reworded from

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // Selectors and actions of one document: each list item parsed into the model with its
 // parameters range-checked (addresses, prefixes, ports, sizes, rates, durations).
 #include <algorithm>

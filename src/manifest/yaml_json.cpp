@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // YAML -> typed JSON. yaml-cpp hands every scalar over as a string; JSON Schema needs types,
 // so plain scalars are resolved with the YAML 1.2 core schema (null, bool, int, float), quoted
 // ones stay strings, and each node's position is remembered by JSON pointer for error

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // Addresses as text, in one place. Families are the project's own encoding (4 or 6), as in
 // manifest::IpAddr and the datapath's mps_flow_key; any other value is read as IPv4.
 #pragma once

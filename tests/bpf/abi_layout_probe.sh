@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 # A deliberate layout change must fail to compile: src/datapath/abi_check.cpp builds as is,
 # and stops at its static assertions when MPS_ABI_LAYOUT_PROBE adds a field to mps_conn
 # (bpf/include/mpsteer/abi.h). Usage: abi_layout_probe.sh CXX INCLUDE_DIR ABI_CHECK_CPP

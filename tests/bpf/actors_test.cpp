@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // Actors: drop, pass, record, get_connect, get_subflow, rate_limit. Verdicts and output bytes
 // as in the selector tests, plus the state they leave in the shared maps and the events they
 // write. Each hook gets a fresh environment (flow state is per test and per hook).

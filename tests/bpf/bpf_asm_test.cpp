@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // The BPF assembler (src/datapath/bpf_asm.h) on its own: jump offsets filled in from labels
 // bound before or after the jump, and the mistakes it refuses. No kernel involved.
 #include <catch2/catch.hpp>

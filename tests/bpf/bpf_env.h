@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // Harness for the datapath packet tests: a private pin root and state maps per test, a
 // generation built from a ChainSet, BPF_PROG_TEST_RUN through an entry program, counters,
 // flow-map reads, and step constructors with typed parameters.

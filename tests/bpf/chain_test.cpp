@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // Chain semantics: AND / OR / NOT from the branch targets, policies tried in priority order,
 // the longest chain, chains cut for length, a missing prog_array slot, per-interface entries
 // and the two generation slots.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // Compiled entries (emitted by src/datapath/entry_emitter.cpp): each one must do exactly what
 // the entry program's interpreter does with the same generation — verdict, output bytes,
 // counters — for the packets it takes and for the ones it hands on; it runs only while its

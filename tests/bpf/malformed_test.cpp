@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // Malformed input: every frame below must come out of every chain without a guard (no step with
 // failure mode drop) untouched with PASS, counted as malformed (or as not TCP), whatever the
 // chain would have done to a well-formed packet — including chains whose actors modify packets

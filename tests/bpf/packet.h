@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // A small packet builder for the datapath tests: Ethernet (+ 802.1Q / 802.1ad tags), IPv4 (with
 // options and settable ihl / fragment fields), IPv6 (with hop-by-hop, routing and destination
 // options headers), TCP with arbitrary option bytes, and helpers for every MPTCP option.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // Tests of the packet builder and checksum verifier the datapath tests rely on (no privileges).
 #include <catch2/catch.hpp>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // The option-rewriting actors (bpf/rewrite.bpf.h) on exact bytes: each case gives the input
 // frame and the frame expected out, built independently with the packet builder, runs through
 // XDP and TC, and checks verdicts, both checksums, counters and the actor's maps.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // The agent's rollout (src/agent/rollout.h) is a generation's one writer: the hooks' in-place
 // writes (set_policy_backup) reach it through the StepWriteQueue and land in the generation
 // they were meant for, and a write from a second thread is refused.

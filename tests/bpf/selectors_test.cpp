@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // Stateless selectors, table-driven: each case runs "selector -> (match) act_drop / (miss) end"
 // through the XDP and the TC egress entry and checks the verdict, that the frame comes out
 // byte for byte as it went in, and the step and generation counters.

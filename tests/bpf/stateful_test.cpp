@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // Selectors that read flow state: token, sequence (subflow and data), flow_bytes. The state is
 // built the way the datapath builds it (SYNs through the entry program, keys through
 // get_connect and the event reader) or, where noted, written into the flow map directly.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // The option-rewriting actors against the real kernel in network namespaces: what the MPTCP
 // stack does when blk_subflow, add_subflow, set_backup, no_subflows, redirect and a drop
 // guard rewrite its packets, and tshark's verdict on the rewritten packets (no malformed

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // Helpers for the option-rewriting actors' end-to-end tests: packet captures checked with
 // tshark, an MPTCP connect with a deadline, per-subflow MPTCP flags and byte counters from
 // `ss`, and a three-namespace topology (client, middle host with two uplinks, server) built

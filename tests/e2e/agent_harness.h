@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // The agent as a child process against a Lab, for the agent's e2e tests and the apply-latency
 // benchmark: revisions published the way git-sync does (a new directory revs/<hash>, then a
 // symlink current.tmp -> revs/<hash> renamed over `current`), status.json read back, and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // The agent as a process the way systemd runs it: SIGTERM with the metrics server on stops it
 // cleanly (exit 0, the final status and --detach-on-exit done), SIGHUP re-reads the policy
 // directory, a second agent on the same pin root is refused, and the runtime files get their

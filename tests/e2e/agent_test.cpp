@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // The agent against live MPTCP between two namespaces, run as a child process the
 // way an operator runs it (`mpsteer run --netns <server> ...`):
 //  (1) a long transfer (at least 500 MB, content checksum) while 200 revisions are published

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // Commit-to-enforced latency of the agent: from the rename(2) that publishes a revision (the
 // git-sync way) to the moment the agent reports the new generation active on every hook
 // (status.json's applied_revision == the revision, polled every 2 ms; the agent writes it

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // The datapath on live MPTCP traffic between two namespaces: record, get_connect and
 // get_subflow against the kernel's own view of the connection, and rate_limit against the
 // kernel's per-subflow byte counters.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // The test bed itself: two namespaces, two paths, kernel MPTCP opening both subflows, and
 // a transfer arriving intact. Everything else in e2e builds on this.
 #include <catch2/catch.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // Lua hooks benchmarks; prints figures, not a test. Root, network namespaces.
 //   lua_bench latency [N]   event -> hook -> map update, p50/p99 over N connections per round,
 //                           the agent's event thread (lua::EventThread) in each --events mode,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // Lua hooks end to end: the agent, run on the lab's client with the shipped
 // small-flow policy (policies/small-flow-pm.yaml + lua/small_flow_pm.lua), against the
 // kernel's MPTCP. A 100 KB upload completes on its one subflow (the server's ADD_ADDR stays

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 # A fleet on one machine: N agents, each in its own network namespace with its own pin root and
 # state directory, each following one git repository through its own git-sync (a clone, a
 # worktree per commit, the `current` symlink flipped; polled every --sync-period), scraped by a

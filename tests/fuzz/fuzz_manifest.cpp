@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // libFuzzer target: arbitrary bytes through the whole loader (YAML parse, typed JSON, schema
 // validation, semantic checks) and, when valid, the compiler and the plan model round trip.
 // Built and run by tests/fuzz/run.sh, not by the default build.

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 # Fuzzes the manifest loader, validator and compiler with libFuzzer (Debian's clang, with
 # AddressSanitizer and UndefinedBehaviorSanitizer) for SECONDS (default 600).
 #   tests/fuzz/run.sh [seconds]

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // The agent's runtime files and endpoints without a datapath (no privileges): atomic writes
 // that never follow a planted link, file modes, the status reader on files that are not a
 // status, staleness, the metrics server under a client that holds its connection, the event

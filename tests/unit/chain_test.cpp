@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // The chain set (structural checks, deterministic serialisation) and MPTCP token derivation.
 #include <catch2/catch.hpp>
 

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 # The validate command end to end: every invalid manifest exits 1 and prints exactly its
 # expected error lines; the valid examples and the valid-YAML corpus exit 0; usage errors exit 2.
 # usage: cli_validate_test.sh MPSTEER_BINARY MANIFESTS_DIR

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // The compiler's output feeds the datapath loader: every shipped policy and the valid
 // examples compile into a ChainSet that Generation::build loads and verifies. Needs root and
 // BPF (label bpf); runs in a network namespace of its own where the interfaces the policies

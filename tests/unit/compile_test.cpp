@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // The compiler: step encoding, branch layout, entries per hook and interface, determinism,
 // and the plan model / diff.
 #include <arpa/inet.h>

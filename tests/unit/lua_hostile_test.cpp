@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // Hostile hook scripts (tests/unit/lua_hostile/*.lua): every escape from the sandbox's limits
 // and every way to stall or crash the host that we know of. Each must end contained: the call
 // returns within a bound, the script is reported with a clear, valid UTF-8 message, a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // Lua hooks without a kernel: the shipped scripts driven with synthetic events against a fake
 // backend that records every write, and the sandbox's containment of hostile scripts.
 #include <catch2/catch.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // Manifest loading and validation: the invalid corpus (one mistake per file, its expected
 // FILE:LINE:COL lines in the file's header), the valid examples, the shipped policies, and
 // the YAML -> typed JSON details.

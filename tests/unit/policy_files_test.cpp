@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // Hostile policy directories: whoever commits to the policy repository controls names,
 // symlinks and file types. Nothing outside the directory may be read or shown, nothing may
 // block, every cap is an error naming the file.

@@ -1,1 +1,2 @@
+-- SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 function on_tick() while true do end end
