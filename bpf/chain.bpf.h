@@ -25,14 +25,14 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, MPS_SLOTS * MPS_MAX_STEPS);
+	__uint(max_entries, MPS_SLOTS *MPS_MAX_STEPS);
 	__type(key, __u32);
 	__type(value, struct mps_step_counters);
 } step_counters SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, MPS_SLOTS * MPS_GC_MAX);
+	__uint(max_entries, MPS_SLOTS *MPS_GC_MAX);
 	__type(key, __u32);
 	__type(value, __u64);
 } gen_counters SEC(".maps");

@@ -388,7 +388,7 @@ static __always_inline struct mps_flow *account(void *ctx, bool xdp, struct mps_
  * paid 32 times over by the verifier.
  */
 static __always_inline __u64 m_cidr(const struct tuple *t, __u8 family, const struct mps_p_cidr *p,
-				   bool dst)
+				    bool dst)
 {
 	const __u32 *a = dst ? t->dst : t->src;
 	__u64 d = ((a[0] & p->mask[0]) ^ p->addr[0]) | ((a[1] & p->mask[1]) ^ p->addr[1]) |
@@ -399,7 +399,7 @@ static __always_inline __u64 m_cidr(const struct tuple *t, __u8 family, const st
 
 /* Either direction; ports only for subflow. */
 static __always_inline __u64 m_pair(const struct tuple *t, __u8 family, const struct mps_p_pair *p,
-				   bool ports)
+				    bool ports)
 {
 	__u64 fwd = (t->src[0] ^ p->a[0]) | (t->src[1] ^ p->a[1]) | (t->src[2] ^ p->a[2]) |
 		    (t->src[3] ^ p->a[3]) | (t->dst[0] ^ p->b[0]) | (t->dst[1] ^ p->b[1]) |
@@ -615,7 +615,7 @@ static __always_inline int act_get_subflow(void *ctx, bool xdp, struct mps_pkt_c
  * is always complete. */
 static __always_inline void csum_replace2(__sum16 *sum, __be16 old, __be16 new)
 {
-	__u32 c = (__u16)~*sum;
+	__u32 c = (__u16) ~*sum;
 	c += (__u16)~old;
 	c += new;
 	c = (c & 0xffff) + (c >> 16);
@@ -688,10 +688,11 @@ static __always_inline int act_rate_limit(void *ctx, bool xdp, struct mps_pkt_ct
 
 /*
  * The interpreter. The cheap selectors run inline (no call: a BPF-to-BPF call costs ~11 ns
- * here), and so do the actors that only give a verdict (pass, drop). Any other actor is a tail call to its own program with a
- * constant slot, which the JIT turns into a direct jump: a tail call through a variable
- * index is an indirect jump, ~13 ns behind a retpoline, against ~1 ns (see bpf/README.md).
- * The actor then tail-calls the interpreter (slot 0) to continue at its on_match step.
+ * here), and so do the actors that only give a verdict (pass, drop). Any other actor is a tail call
+ * to its own program with a constant slot, which the JIT turns into a direct jump: a tail call
+ * through a variable index is an indirect jump, ~13 ns behind a retpoline, against ~1 ns (see
+ * bpf/README.md). The actor then tail-calls the interpreter (slot 0) to continue at its on_match
+ * step.
  */
 static __always_inline const struct mps_step *load_step(const struct mps_pkt_ctx *pc)
 {
@@ -727,8 +728,8 @@ static __always_inline int unparseable(__u32 slot, __u32 at, bool xdp)
 	return DROP(xdp);
 }
 
-static __always_inline int missed_tail_call(const struct mps_pkt_ctx *pc, __u32 at,
-					    __u8 step_flags, bool xdp)
+static __always_inline int missed_tail_call(const struct mps_pkt_ctx *pc, __u32 at, __u8 step_flags,
+					    bool xdp)
 {
 	gen_count(pc, MPS_GC_MISSED_TAIL_CALL);
 	__u32 i = ctx_slot(pc) * MPS_MAX_STEPS + at;
@@ -738,12 +739,12 @@ static __always_inline int missed_tail_call(const struct mps_pkt_ctx *pc, __u32 
 	return (step_flags & MPS_STEPF_FAIL_DROP) ? DROP(xdp) : PASS(xdp);
 }
 
-#define TAIL(ctx, xdp, slot)                                                                   \
-	do {                                                                                   \
-		if (xdp)                                                                       \
-			bpf_tail_call_static(ctx, &jmp_xdp, slot);                             \
-		else                                                                           \
-			bpf_tail_call_static(ctx, &jmp_tc, slot);                              \
+#define TAIL(ctx, xdp, slot)                                                                       \
+	do {                                                                                       \
+		if (xdp)                                                                           \
+			bpf_tail_call_static(ctx, &jmp_xdp, slot);                                 \
+		else                                                                               \
+			bpf_tail_call_static(ctx, &jmp_tc, slot);                                  \
 	} while (0)
 
 /* Make the XDP metadata (only when a program needs it: the helper costs ~8 ns; when that fails,
@@ -783,19 +784,44 @@ static __always_inline int call_prog(void *ctx, bool xdp, struct mps_pkt_ctx *pc
 		return missed_tail_call(pc, at, flags, xdp);
 	}
 	switch (st->prog) {
-	case MPS_SEL_TOKEN: TAIL(ctx, xdp, MPS_SEL_TOKEN); break;
-	case MPS_SEL_SEQUENCE: TAIL(ctx, xdp, MPS_SEL_SEQUENCE); break;
-	case MPS_SEL_FLOW_BYTES: TAIL(ctx, xdp, MPS_SEL_FLOW_BYTES); break;
-	case MPS_ACT_RECORD: TAIL(ctx, xdp, MPS_ACT_RECORD); break;
-	case MPS_ACT_GET_CONNECT: TAIL(ctx, xdp, MPS_ACT_GET_CONNECT); break;
-	case MPS_ACT_GET_SUBFLOW: TAIL(ctx, xdp, MPS_ACT_GET_SUBFLOW); break;
-	case MPS_ACT_RATE_LIMIT: TAIL(ctx, xdp, MPS_ACT_RATE_LIMIT); break;
-	case MPS_ACT_BLK_SUBFLOW: TAIL(ctx, xdp, MPS_ACT_BLK_SUBFLOW); break;
-	case MPS_ACT_ADD_SUBFLOW: TAIL(ctx, xdp, MPS_ACT_ADD_SUBFLOW); break;
-	case MPS_ACT_SET_BACKUP: TAIL(ctx, xdp, MPS_ACT_SET_BACKUP); break;
-	case MPS_ACT_NO_SUBFLOWS: TAIL(ctx, xdp, MPS_ACT_NO_SUBFLOWS); break;
-	case MPS_ACT_REDIRECT: TAIL(ctx, xdp, MPS_ACT_REDIRECT); break;
-	default: break;
+	case MPS_SEL_TOKEN:
+		TAIL(ctx, xdp, MPS_SEL_TOKEN);
+		break;
+	case MPS_SEL_SEQUENCE:
+		TAIL(ctx, xdp, MPS_SEL_SEQUENCE);
+		break;
+	case MPS_SEL_FLOW_BYTES:
+		TAIL(ctx, xdp, MPS_SEL_FLOW_BYTES);
+		break;
+	case MPS_ACT_RECORD:
+		TAIL(ctx, xdp, MPS_ACT_RECORD);
+		break;
+	case MPS_ACT_GET_CONNECT:
+		TAIL(ctx, xdp, MPS_ACT_GET_CONNECT);
+		break;
+	case MPS_ACT_GET_SUBFLOW:
+		TAIL(ctx, xdp, MPS_ACT_GET_SUBFLOW);
+		break;
+	case MPS_ACT_RATE_LIMIT:
+		TAIL(ctx, xdp, MPS_ACT_RATE_LIMIT);
+		break;
+	case MPS_ACT_BLK_SUBFLOW:
+		TAIL(ctx, xdp, MPS_ACT_BLK_SUBFLOW);
+		break;
+	case MPS_ACT_ADD_SUBFLOW:
+		TAIL(ctx, xdp, MPS_ACT_ADD_SUBFLOW);
+		break;
+	case MPS_ACT_SET_BACKUP:
+		TAIL(ctx, xdp, MPS_ACT_SET_BACKUP);
+		break;
+	case MPS_ACT_NO_SUBFLOWS:
+		TAIL(ctx, xdp, MPS_ACT_NO_SUBFLOWS);
+		break;
+	case MPS_ACT_REDIRECT:
+		TAIL(ctx, xdp, MPS_ACT_REDIRECT);
+		break;
+	default:
+		break;
 	}
 	return missed_tail_call(pc, at, flags, xdp);
 }
@@ -825,11 +851,21 @@ static __always_inline int walk(void *ctx, bool xdp, struct mps_pkt_ctx *pc, con
 		const struct mps_step *st = load_step(pc);
 		__u64 m;
 		switch (st->prog) {
-		case MPS_SEL_SUBFLOW: m = m_pair(t, pc->family, &st->p.pair, true); break;
-		case MPS_SEL_IP_PAIR: m = m_pair(t, pc->family, &st->p.pair, false); break;
-		case MPS_SEL_SRC: m = m_cidr(t, pc->family, &st->p.cidr, false); break;
-		case MPS_SEL_DST: m = m_cidr(t, pc->family, &st->p.cidr, true); break;
-		case MPS_SEL_PORT: m = m_port(t, &st->p.port); break;
+		case MPS_SEL_SUBFLOW:
+			m = m_pair(t, pc->family, &st->p.pair, true);
+			break;
+		case MPS_SEL_IP_PAIR:
+			m = m_pair(t, pc->family, &st->p.pair, false);
+			break;
+		case MPS_SEL_SRC:
+			m = m_cidr(t, pc->family, &st->p.cidr, false);
+			break;
+		case MPS_SEL_DST:
+			m = m_cidr(t, pc->family, &st->p.cidr, true);
+			break;
+		case MPS_SEL_PORT:
+			m = m_port(t, &st->p.port);
+			break;
 		case MPS_SEL_PACKET_TYPE:
 			if (!(pc->flags & MPS_CTXF_SCANNED))
 				return WALK_SCAN;
@@ -849,7 +885,7 @@ static __always_inline int walk(void *ctx, bool xdp, struct mps_pkt_ctx *pc, con
 		 * programs. Selectors are not counted either: a counter update costs as much as
 		 * the selector; actors and verdicts count what a policy did. */
 		__u16 on_match = st->on_match, on_miss = st->on_miss;
-		pc->pc = on_miss ^ ((on_match ^ on_miss) & (__u16)-(__s64)m);
+		pc->pc = on_miss ^ ((on_match ^ on_miss) & (__u16) - (__s64)m);
 	}
 	return WALK_MORE;
 }
@@ -895,7 +931,8 @@ static __always_inline int entry(void *ctx, bool xdp, __u8 hook, __u32 ifindex, 
 	__u32 pkt_len;
 
 	__u32 slot = (preflight ? *(volatile __u32 *)&mps_slots.staged
-				: *(volatile __u32 *)&mps_slots.active) & 1;
+				: *(volatile __u32 *)&mps_slots.active) &
+		     1;
 	const struct mps_entry *e = &mps_slots.tables[slot].entries[hook];
 	/* With per-interface chains the default pc is often END (every policy names its
 	 * interfaces): look the interface up before giving up. */
@@ -1000,59 +1037,71 @@ int interp_tc(struct __sk_buff *ctx)
 }
 
 /* Selectors with their own program (they look up and update flow state). */
-#define SELECTOR(name, expr)                                                                   \
-	static __always_inline int name##_body(void *ctx, bool xdp)                             \
-	{                                                                                      \
-		struct mps_pkt_ctx pc;                                                         \
-		if (pctx_load(ctx, xdp, &pc))                                                  \
-			return PASS(xdp);                                                      \
-		const struct mps_step *st = load_step(&pc);                                    \
-		int m = (expr);                                                                \
-		if (m < 0) {                                                                   \
-			gen_count(&pc, MPS_GC_MALFORMED);                                      \
-			return unparseable(ctx_slot(&pc), pc.pc, xdp);                         \
-		}                                                                              \
-		step_count(&pc, pc.pc, m, false);                                              \
-		__u32 at = pc.pc;                                                              \
-		pc.pc = m ? st->on_match : st->on_miss;                                        \
-		if (pc.pc == MPS_PC_END)                                                       \
-			return PASS(xdp);                                                      \
-		if (pctx_store(ctx, xdp, &pc))                                                 \
-			return PASS(xdp);                                                      \
-		TAIL(ctx, xdp, MPS_PROG_NONE);                                                 \
-		return missed_tail_call(&pc, at, st->flags, xdp);                              \
-	}                                                                                      \
-	SEC("xdp") int name##_xdp(struct xdp_md *ctx) { return name##_body(ctx, true); }       \
-	SEC("tc") int name##_tc(struct __sk_buff *ctx) { return name##_body(ctx, false); }
+#define SELECTOR(name, expr)                                                                       \
+	static __always_inline int name##_body(void *ctx, bool xdp)                                \
+	{                                                                                          \
+		struct mps_pkt_ctx pc;                                                             \
+		if (pctx_load(ctx, xdp, &pc))                                                      \
+			return PASS(xdp);                                                          \
+		const struct mps_step *st = load_step(&pc);                                        \
+		int m = (expr);                                                                    \
+		if (m < 0) {                                                                       \
+			gen_count(&pc, MPS_GC_MALFORMED);                                          \
+			return unparseable(ctx_slot(&pc), pc.pc, xdp);                             \
+		}                                                                                  \
+		step_count(&pc, pc.pc, m, false);                                                  \
+		__u32 at = pc.pc;                                                                  \
+		pc.pc = m ? st->on_match : st->on_miss;                                            \
+		if (pc.pc == MPS_PC_END)                                                           \
+			return PASS(xdp);                                                          \
+		if (pctx_store(ctx, xdp, &pc))                                                     \
+			return PASS(xdp);                                                          \
+		TAIL(ctx, xdp, MPS_PROG_NONE);                                                     \
+		return missed_tail_call(&pc, at, st->flags, xdp);                                  \
+	}                                                                                          \
+	SEC("xdp") int name##_xdp(struct xdp_md *ctx)                                              \
+	{                                                                                          \
+		return name##_body(ctx, true);                                                     \
+	}                                                                                          \
+	SEC("tc") int name##_tc(struct __sk_buff *ctx)                                             \
+	{                                                                                          \
+		return name##_body(ctx, false);                                                    \
+	}
 
 SELECTOR(sel_token, sel_token(ctx, xdp, &pc, st))
 SELECTOR(sel_sequence, sel_sequence(ctx, xdp, &pc, st))
 SELECTOR(sel_flow_bytes, sel_flow_bytes(ctx, xdp, &pc, st))
 
-#define ACTOR(name, expr)                                                                      \
-	static __always_inline int name##_body(void *ctx, bool xdp)                             \
-	{                                                                                      \
-		struct mps_pkt_ctx pc;                                                         \
-		if (pctx_load(ctx, xdp, &pc))                                                  \
-			return PASS(xdp);                                                      \
-		const struct mps_step *st = load_step(&pc);                                    \
-		int r = (expr);                                                                \
-		if (r < 0) {                                                                   \
-			gen_count(&pc, MPS_GC_MALFORMED);                                      \
-			return unparseable(ctx_slot(&pc), pc.pc, xdp);                         \
-		}                                                                              \
-		step_count(&pc, pc.pc, r > 0, false);                                          \
-		__u32 at = pc.pc;                                                              \
-		pc.pc = st->on_match;                                                          \
-		if (pc.pc == MPS_PC_END)                                                       \
-			return PASS(xdp);                                                      \
-		if (pctx_store(ctx, xdp, &pc))                                                 \
-			return PASS(xdp);                                                      \
-		TAIL(ctx, xdp, MPS_PROG_NONE);                                                 \
-		return missed_tail_call(&pc, at, st->flags, xdp);                              \
-	}                                                                                      \
-	SEC("xdp") int name##_xdp(struct xdp_md *ctx) { return name##_body(ctx, true); }       \
-	SEC("tc") int name##_tc(struct __sk_buff *ctx) { return name##_body(ctx, false); }
+#define ACTOR(name, expr)                                                                          \
+	static __always_inline int name##_body(void *ctx, bool xdp)                                \
+	{                                                                                          \
+		struct mps_pkt_ctx pc;                                                             \
+		if (pctx_load(ctx, xdp, &pc))                                                      \
+			return PASS(xdp);                                                          \
+		const struct mps_step *st = load_step(&pc);                                        \
+		int r = (expr);                                                                    \
+		if (r < 0) {                                                                       \
+			gen_count(&pc, MPS_GC_MALFORMED);                                          \
+			return unparseable(ctx_slot(&pc), pc.pc, xdp);                             \
+		}                                                                                  \
+		step_count(&pc, pc.pc, r > 0, false);                                              \
+		__u32 at = pc.pc;                                                                  \
+		pc.pc = st->on_match;                                                              \
+		if (pc.pc == MPS_PC_END)                                                           \
+			return PASS(xdp);                                                          \
+		if (pctx_store(ctx, xdp, &pc))                                                     \
+			return PASS(xdp);                                                          \
+		TAIL(ctx, xdp, MPS_PROG_NONE);                                                     \
+		return missed_tail_call(&pc, at, st->flags, xdp);                                  \
+	}                                                                                          \
+	SEC("xdp") int name##_xdp(struct xdp_md *ctx)                                              \
+	{                                                                                          \
+		return name##_body(ctx, true);                                                     \
+	}                                                                                          \
+	SEC("tc") int name##_tc(struct __sk_buff *ctx)                                             \
+	{                                                                                          \
+		return name##_body(ctx, false);                                                    \
+	}
 
 ACTOR(act_record, act_record(ctx, xdp, &pc))
 ACTOR(act_get_connect, act_get_connect(ctx, xdp, &pc))

@@ -39,9 +39,9 @@ struct {
 	__type(value, struct mps_prio_tmpl);
 } prio_tmpl SEC(".maps");
 
-#define MPS_AF_INET 2
+#define MPS_AF_INET  2
 #define MPS_AF_INET6 10
-#define MPC_FLAG_C 0x20 /* MP_CAPABLE flags byte: A B C D E F G H from the high bit */
+#define MPC_FLAG_C   0x20 /* MP_CAPABLE flags byte: A B C D E F G H from the high bit */
 
 /* ---- small rewriting helpers ------------------------------------------------------------ */
 
@@ -66,8 +66,8 @@ static __always_inline __u16 csum_fold32(__u64 s)
  * TC (which leaves a CHECKSUM_PARTIAL field alone: the payload sum is computed later).
  * Returns 1 when changed, 0 when the word already had that value, <0 on error.
  */
-static __always_inline int tcp_put16(void *ctx, bool xdp, const struct mps_pkt_ctx *pc,
-				     __u32 woff, __be16 new)
+static __always_inline int tcp_put16(void *ctx, bool xdp, const struct mps_pkt_ctx *pc, __u32 woff,
+				     __be16 new)
 {
 	struct tcphdr *tcp = view_tcp(ctx, xdp, pc);
 	if (!tcp)
@@ -96,8 +96,8 @@ static __always_inline int tcp_put16(void *ctx, bool xdp, const struct mps_pkt_c
 /* One byte of the TCP header: new = ((old & keep) | set) ^ flip. The checksum is fixed on the
  * aligned word holding the byte; a byte at an even offset has its neighbour inside the header
  * too, because TCP header lengths are multiples of 4. */
-static __always_inline int tcp_mod8(void *ctx, bool xdp, const struct mps_pkt_ctx *pc,
-				    __u32 boff, __u8 keep, __u8 set, __u8 flip)
+static __always_inline int tcp_mod8(void *ctx, bool xdp, const struct mps_pkt_ctx *pc, __u32 boff,
+				    __u8 keep, __u8 set, __u8 flip)
 {
 	struct tcphdr *tcp = view_tcp(ctx, xdp, pc);
 	if (!tcp)
@@ -144,7 +144,7 @@ static __always_inline int insert_opt4(void *ctx, bool xdp, struct mps_pkt_ctx *
 	__be16 old_tl = bpf_htons(pc->l4_len), new_tl = bpf_htons(pc->l4_len + 4);
 	__be16 old_ipl, new_ipl;
 	__u32 ipl_off = pc->family == 4 ? offsetof(struct iphdr, tot_len)
-					 : offsetof(struct ipv6hdr, payload_len);
+					: offsetof(struct ipv6hdr, payload_len);
 	{
 		__u8 *ip = ctx_data(ctx, xdp) + l3;
 		if ((void *)(ip + 8) > ctx_end(ctx, xdp))
@@ -199,8 +199,8 @@ static __always_inline int insert_opt4(void *ctx, bool xdp, struct mps_pkt_ctx *
 		    bpf_l4_csum_replace(skb, csum, old_w12, new_w12, 2) ||
 		    bpf_l4_csum_replace(skb, csum, old_tl, new_tl, BPF_F_PSEUDO_HDR | 2))
 			return -1;
-		if (pc->family == 4 &&
-		    bpf_l3_csum_replace(skb, l3 + offsetof(struct iphdr, check), old_ipl, new_ipl, 2))
+		if (pc->family == 4 && bpf_l3_csum_replace(skb, l3 + offsetof(struct iphdr, check),
+							   old_ipl, new_ipl, 2))
 			return -1;
 	}
 	pc->l4_len += 4;
@@ -349,13 +349,13 @@ static __always_inline int record_template(void *ctx, bool xdp, const struct mps
 		if (!v)
 			return 0;
 	}
-	long r = xdp ? bpf_xdp_load_bytes(ctx, 0, v->hdr, len)
-		     : bpf_skb_load_bytes(ctx, 0, v->hdr, len);
+	long r =
+	    xdp ? bpf_xdp_load_bytes(ctx, 0, v->hdr, len) : bpf_skb_load_bytes(ctx, 0, v->hdr, len);
 	if (r)
 		return 0;
 	v->ns = bpf_ktime_get_ns();
-	v->ifindex = xdp ? ((struct xdp_md *)ctx)->ingress_ifindex
-			 : ((struct __sk_buff *)ctx)->ifindex;
+	v->ifindex =
+	    xdp ? ((struct xdp_md *)ctx)->ingress_ifindex : ((struct __sk_buff *)ctx)->ifindex;
 	v->pc = at;
 	v->hook = pc->hook;
 	v->family = pc->family;
@@ -487,8 +487,7 @@ static __always_inline int add_subflow_trigger(struct __sk_buff *skb, struct mps
  * The checksum is computed afresh; a copy still in CHECKSUM_PARTIAL (TC egress: the field
  * holds the pseudo-header sum) gets the new pseudo-header sum instead.
  */
-static __always_inline int make_carrier(struct __sk_buff *skb, struct mps_pkt_ctx *pc,
-					__u8 addr_id)
+static __always_inline int make_carrier(struct __sk_buff *skb, struct mps_pkt_ctx *pc, __u8 addr_id)
 {
 	struct mps_announce_key k = {};
 	struct opt_locs locs;
@@ -619,7 +618,8 @@ static __always_inline int make_carrier(struct __sk_buff *skb, struct mps_pkt_ct
 				    pc->hook == MPS_HOOK_TC_INGRESS ? BPF_F_INGRESS : 0);
 	if (r) {
 		a->state = MPS_ANN_PENDING;
-		struct mps_add_request rq = {.addr_id = addr_id, .requested_ns = bpf_ktime_get_ns()};
+		struct mps_add_request rq = {.addr_id = addr_id,
+					     .requested_ns = bpf_ktime_get_ns()};
 		bpf_map_update_elem(&add_requests, &k.flow, &rq, BPF_ANY);
 		return 0;
 	}
@@ -669,8 +669,14 @@ static __always_inline int act_add_subflow_body(void *ctx, bool xdp)
 	return missed_tail_call(&pc, at, st->flags, xdp);
 }
 
-SEC("xdp") int act_add_subflow_xdp(struct xdp_md *ctx) { return act_add_subflow_body(ctx, true); }
-SEC("tc") int act_add_subflow_tc(struct __sk_buff *ctx) { return act_add_subflow_body(ctx, false); }
+SEC("xdp") int act_add_subflow_xdp(struct xdp_md *ctx)
+{
+	return act_add_subflow_body(ctx, true);
+}
+SEC("tc") int act_add_subflow_tc(struct __sk_buff *ctx)
+{
+	return act_add_subflow_body(ctx, false);
+}
 
 /* ---- redirect --------------------------------------------------------------------------- */
 
@@ -708,7 +714,7 @@ static __always_inline int xdp_prepare_redirect(struct xdp_md *ctx, const struct
 	}
 	fib.ifindex = ifindex;
 	if (bpf_fib_lookup(ctx, &fib, sizeof(fib), BPF_FIB_LOOKUP_OUTPUT) !=
-		    BPF_FIB_LKUP_RET_SUCCESS ||
+		BPF_FIB_LKUP_RET_SUCCESS ||
 	    fib.ifindex != ifindex)
 		return 0;
 	data = (void *)(long)ctx->data;
@@ -765,7 +771,13 @@ static __always_inline int act_redirect_body(void *ctx, bool xdp)
 	return missed_tail_call(&pc, at, st->flags, xdp);
 }
 
-SEC("xdp") int act_redirect_xdp(struct xdp_md *ctx) { return act_redirect_body(ctx, true); }
-SEC("tc") int act_redirect_tc(struct __sk_buff *ctx) { return act_redirect_body(ctx, false); }
+SEC("xdp") int act_redirect_xdp(struct xdp_md *ctx)
+{
+	return act_redirect_body(ctx, true);
+}
+SEC("tc") int act_redirect_tc(struct __sk_buff *ctx)
+{
+	return act_redirect_body(ctx, false);
+}
 
 #endif

@@ -101,17 +101,17 @@ void Agent::configure_hooks(const manifest::Model& model, const std::string& rev
     for (const auto& p : model.policies) {
         if (!p.lua) continue;
         try {
-            specs.push_back(lua::read_spec(p.name, p.lua->script, p.lua->path, p.lua->every_ms,
-                                           p.lua->params));
+            specs.push_back(
+                lua::read_spec(p.name, p.lua->script, p.lua->path, p.lua->every_ms, p.lua->params));
         } catch (const std::exception& e) {
             spdlog::error("lua {}: {}", p.name, e.what());
         }
     }
     auto running = rollout_.running_generation();
     const uint32_t number = running ? running->number : 0;
-    auto owned = std::make_shared<std::tuple<std::vector<lua::ScriptSpec>, std::string,
-                                             decltype(running)>>(std::move(specs), revision,
-                                                                 std::move(running));
+    auto owned =
+        std::make_shared<std::tuple<std::vector<lua::ScriptSpec>, std::string, decltype(running)>>(
+            std::move(specs), revision, std::move(running));
     if (!event_thread_->call_for(kHookThreadWait, [this, owned, number] {
             lua_backend_.set_running(std::move(std::get<2>(*owned)));
             hooks_.configure(std::get<0>(*owned), std::get<1>(*owned), number);
@@ -145,7 +145,8 @@ void Agent::reconcile() {
     watch_->follow(rev.root);
     const bool ifaces_changed = rollout_.interfaces_changed(present_interfaces());
     if (!ifaces_changed && rev.content == failed_content_) {
-        status_.attempted_revision = rev.id;  // a new commit of the same broken content: still not applied
+        status_.attempted_revision =
+            rev.id;  // a new commit of the same broken content: still not applied
         return;
     }
     if (rollout_.running() && rev.content == applied_content_ && !ifaces_changed) {
@@ -217,7 +218,9 @@ void Agent::write_status() {
             s.script = c->script;
             s.last_error = c->hook + ": has held the event thread for " +
                            std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                              Clock::now() - c->since).count()) + " ms";
+                                              Clock::now() - c->since)
+                                              .count()) +
+                           " ms";
         } else {
             s.policy = s.script = "(unknown)";
             s.last_error = "the event thread did not answer within 1 s";
@@ -238,7 +241,8 @@ int Agent::run() {
     // Status and events are for root and the mpsteer group only.
     if (chown(cfg_.state_dir.c_str(), 0, static_cast<gid_t>(runtime_gid_)))
         spdlog::warn("chown {}: {}", cfg_.state_dir, std::strerror(errno));
-    fs::permissions(cfg_.state_dir, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec);
+    fs::permissions(cfg_.state_dir,
+                    fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec);
     events_ = std::make_unique<EventLog>(events_path(cfg_.state_dir));
     status_.suspended = fs::exists(suspended_path(cfg_.state_dir));
     metrics_ = std::make_unique<MetricsOutput>(cfg_.metrics_port, cfg_.metrics_textfile);
@@ -380,8 +384,10 @@ void reset(const std::string& pin_root, const std::string& state_dir) {
     auto lock = AgentLock::try_take(state_dir);
     if (!lock) throw std::runtime_error("an agent is running (stop it first)");
     const bool pins_exist = fs::is_directory(pin_root);
-    auto pin_lock = pins_exist ? AgentLock::try_take_pin_root(pin_root) : std::optional<AgentLock>();
-    if (pins_exist && !pin_lock) throw std::runtime_error("an agent uses " + pin_root + " (stop it first)");
+    auto pin_lock =
+        pins_exist ? AgentLock::try_take_pin_root(pin_root) : std::optional<AgentLock>();
+    if (pins_exist && !pin_lock)
+        throw std::runtime_error("an agent uses " + pin_root + " (stop it first)");
     Rollout::remove_pins(pin_root);
     std::error_code ec;
     for (auto p : {status_path(state_dir), events_path(state_dir), suspended_path(state_dir),

@@ -9,7 +9,9 @@
 
 namespace mpsteer::agent {
 namespace {
-std::string lock_path(const std::string& state_dir) { return state_dir + "/agent.lock"; }
+std::string lock_path(const std::string& state_dir) {
+    return state_dir + "/agent.lock";
+}
 }  // namespace
 
 std::optional<AgentLock> AgentLock::try_take(const std::string& state_dir) {

@@ -77,7 +77,8 @@ private:
             status = "404 Not Found";
             body = "try /metrics\n";
         }
-        return "HTTP/1.1 " + status + "\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: " +
+        return "HTTP/1.1 " + status +
+               "\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: " +
                std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
     }
 
@@ -111,9 +112,14 @@ private:
                 fds.push_back({c.fd, static_cast<short>(c.out.empty() ? POLLIN : POLLOUT), 0});
                 wake = std::min(wake, c.deadline);
             }
-            int timeout = clients.empty() ? -1
-                : static_cast<int>(std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                            wake - Clock::now()).count() + 1));
+            int timeout =
+                clients.empty()
+                    ? -1
+                    : static_cast<int>(std::max<int64_t>(
+                          0,
+                          std::chrono::duration_cast<std::chrono::milliseconds>(wake - Clock::now())
+                                  .count() +
+                              1));
             if (poll(fds.data(), fds.size(), timeout) < 0 && errno != EINTR) {
                 spdlog::error("metrics: poll: {}", std::strerror(errno));
                 break;
@@ -124,8 +130,10 @@ private:
             for (size_t i = 0; i < clients.size(); ++i) {
                 auto& c = clients[i];
                 bool open = now < c.deadline && (!fds[i + 2].revents || step(c));
-                if (open) kept.push_back(std::move(c));
-                else close(c.fd);
+                if (open)
+                    kept.push_back(std::move(c));
+                else
+                    close(c.fd);
             }
             clients = std::move(kept);
             while (fds[1].revents && clients.size() < kMaxClients) {
@@ -218,13 +226,15 @@ std::string to_prometheus(const nlohmann::json& s) {
         out += "mpsteer_events_total{type=\"" + k + "\"} " + num(v) + "\n";
     if (s.contains("lua_hooks") && !s["lua_hooks"].empty()) {
         const std::pair<const char*, const char*> lh[] = {
-            {"calls", "Lua hook calls"}, {"failures", "Lua hook calls that failed"},
+            {"calls", "Lua hook calls"},
+            {"failures", "Lua hook calls that failed"},
             {"writes", "Map writes requested by Lua hooks"}};
         for (auto [key, help] : lh) {
             std::string name = std::string("mpsteer_lua_hook_") + key + "_total";
             metric(name, "counter", help);
             for (const auto& h : s["lua_hooks"])
-                out += name + "{policy=\"" + esc(h.value("policy", "")) + "\"} " + num(h[key]) + "\n";
+                out +=
+                    name + "{policy=\"" + esc(h.value("policy", "")) + "\"} " + num(h[key]) + "\n";
         }
         metric("mpsteer_lua_hook_disabled", "gauge", "1 when the policy's Lua hook is disabled");
         for (const auto& h : s["lua_hooks"])
@@ -245,7 +255,8 @@ std::string to_prometheus(const nlohmann::json& s) {
                "Datapath events taken by the event thread, by how it found them");
         const uint64_t all = e.value("events", uint64_t(0)),
                        polled = e.value("events_while_polling", uint64_t(0));
-        out += "mpsteer_event_thread_events_total{found=\"polling\"} " + std::to_string(polled) + "\n";
+        out +=
+            "mpsteer_event_thread_events_total{found=\"polling\"} " + std::to_string(polled) + "\n";
         out += "mpsteer_event_thread_events_total{found=\"after_wakeup\"} " +
                std::to_string(all - std::min(all, polled)) + "\n";
         metric("mpsteer_event_thread_wakeups_total", "counter",

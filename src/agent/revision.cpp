@@ -50,13 +50,14 @@ std::string git_head(const fs::path& root) {
 
 // The id is shown in logs and the status: only ever a commit hash, never other text.
 bool commit_hash(const std::string& s) {
-    return (s.size() == 40 || s.size() == 64) &&
-           std::all_of(s.begin(), s.end(), [](char c) {
+    return (s.size() == 40 || s.size() == 64) && std::all_of(s.begin(), s.end(), [](char c) {
                return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
            });
 }
 
-bool any_file(const std::string&) { return true; }
+bool any_file(const std::string&) {
+    return true;
+}
 }  // namespace
 
 Revision snapshot(const std::string& dir) {
@@ -104,9 +105,17 @@ Revision snapshot(const std::string& dir) {
     return r;
 }
 
-std::string status_path(const std::string& d) { return d + "/status.json"; }
-std::string events_path(const std::string& d) { return d + "/events.jsonl"; }
-std::string suspended_path(const std::string& d) { return d + "/suspended"; }
-std::string applied_path(const std::string& d) { return d + "/state/applied.json"; }
+std::string status_path(const std::string& d) {
+    return d + "/status.json";
+}
+std::string events_path(const std::string& d) {
+    return d + "/events.jsonl";
+}
+std::string suspended_path(const std::string& d) {
+    return d + "/suspended";
+}
+std::string applied_path(const std::string& d) {
+    return d + "/state/applied.json";
+}
 
 }  // namespace mpsteer::agent

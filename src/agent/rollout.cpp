@@ -40,8 +40,12 @@ Rollout::Rollout(const Config& cfg, const datapath::StateMaps& state) : cfg_(cfg
 Rollout::~Rollout() = default;
 
 // The loaded programs and the generation slots, per build of the BPF object.
-std::string Rollout::dp_dir(const std::string& id) const { return cfg_.pin_root + "/dp/" + id; }
-std::string Rollout::dp_dir() const { return dp_dir(datapath::Datapath::object_id()); }
+std::string Rollout::dp_dir(const std::string& id) const {
+    return cfg_.pin_root + "/dp/" + id;
+}
+std::string Rollout::dp_dir() const {
+    return dp_dir(datapath::Datapath::object_id());
+}
 
 void Rollout::owner_only(const char* what) const {
     if (std::this_thread::get_id() != owner_)
@@ -279,9 +283,9 @@ Rollout::Outcome Rollout::apply(const Revision& rev) {
     o.generation = n;
     o.model = std::move(res.model);
     o.duration_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-    spdlog::info("generation {} active on {} hook(s): revision {}, {} policies, {} steps ({:.0f} ms)",
-                 n, links_.size(), rev.id, out.chains.policies.size(), chains.steps.size(),
-                 o.duration_ms);
+    spdlog::info(
+        "generation {} active on {} hook(s): revision {}, {} policies, {} steps ({:.0f} ms)", n,
+        links_.size(), rev.id, out.chains.policies.size(), chains.steps.size(), o.duration_ms);
     return o;
 }
 
@@ -349,8 +353,7 @@ void Rollout::retire(std::unique_ptr<Generation>& g) {
     try {
         auto gc = g->gen_counters();
         for (int i = 0; i < MPS_GC_MAX; ++i) retired_gen_.values[i] += gc.values[i];
-    } catch (const std::exception&) {
-    }
+    } catch (const std::exception&) {}
     g.reset();
 }
 
@@ -404,8 +407,7 @@ DatapathStatus Rollout::report() const {
                 auto gc = gen->gen_counters();
                 for (int i = 0; i < MPS_GC_MAX; ++i) r.totals.values[i] += gc.values[i];
                 if (gen == current_.get()) r.missed_tail_calls = gc.values[MPS_GC_MISSED_TAIL_CALL];
-            } catch (const std::exception&) {
-            }
+            } catch (const std::exception&) {}
         }
         std::set<std::string> active(current_->chains().policies.begin(),
                                      current_->chains().policies.end());

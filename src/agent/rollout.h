@@ -52,18 +52,18 @@ public:
     bool interfaces_changed(const std::set<std::string>& present) const;
 
     struct Outcome {
-        Stall failure = Stall::none;  // none: the revision runs now
-        std::string message;          // why not (the Stalled condition's message)
+        Stall failure = Stall::none;                // none: the revision runs now
+        std::string message;                        // why not (the Stalled condition's message)
         std::vector<std::string> errors, warnings;  // the revision's diagnostics, paths relative
-        manifest::Model model;        // applied: what runs (the Lua hooks follow it)
-        uint32_t generation = 0;      // applied: its number
+        manifest::Model model;                      // applied: what runs (the Lua hooks follow it)
+        uint32_t generation = 0;                    // applied: its number
         double duration_ms = 0;
         bool applied() const { return failure == Stall::none; }
     };
     Outcome apply(const Revision& rev);
 
-    // Loads the running generation's compiled entries and moves the links onto them (bpf/README.md);
-    // any failure leaves the entry programs.
+    // Loads the running generation's compiled entries and moves the links onto them
+    // (bpf/README.md); any failure leaves the entry programs.
     void compile_entries();
 
     // Hooks' in-place writes (set_policy_backup); writes for another generation are dropped.

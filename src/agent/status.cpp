@@ -81,15 +81,20 @@ constexpr off_t kStatusMaxBytes = 16 << 20;
 std::string read_status_text(const std::string& path) {
     int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) {
-        if (errno == ENOENT) throw std::runtime_error("no status at " + path + " (has an agent run here?)");
+        if (errno == ENOENT)
+            throw std::runtime_error("no status at " + path + " (has an agent run here?)");
         throw std::runtime_error("cannot open " + path + ": " + std::strerror(errno));
     }
     struct stat st {};
     std::string why;
-    if (fstat(fd, &st)) why = std::strerror(errno);
-    else if (S_ISDIR(st.st_mode)) why = "is a directory, not a status file";
-    else if (!S_ISREG(st.st_mode)) why = "is not a regular file";
-    else if (st.st_size > kStatusMaxBytes) why = "is too large for a status (" + std::to_string(st.st_size) + " bytes)";
+    if (fstat(fd, &st))
+        why = std::strerror(errno);
+    else if (S_ISDIR(st.st_mode))
+        why = "is a directory, not a status file";
+    else if (!S_ISREG(st.st_mode))
+        why = "is not a regular file";
+    else if (st.st_size > kStatusMaxBytes)
+        why = "is too large for a status (" + std::to_string(st.st_size) + " bytes)";
     std::string text;
     while (why.empty()) {
         char buf[65536];
@@ -127,7 +132,8 @@ void write_atomic(const std::string& path, const std::string& text, unsigned mod
     std::string tmp = path + ".XXXXXX";
     int fd = mkostemp(tmp.data(), O_CLOEXEC);  // O_CREAT|O_EXCL: a planted name is not followed
     if (fd < 0) throw std::runtime_error("creating " + tmp + ": " + std::strerror(errno));
-    bool ok = fchmod(fd, mode) == 0 && (gid < 0 || fchown(fd, static_cast<uid_t>(-1), static_cast<gid_t>(gid)) == 0);
+    bool ok = fchmod(fd, mode) == 0 &&
+              (gid < 0 || fchown(fd, static_cast<uid_t>(-1), static_cast<gid_t>(gid)) == 0);
     for (size_t off = 0; ok && off < text.size();) {
         ssize_t n = write(fd, text.data() + off, text.size() - off);
         if (n < 0 && errno == EINTR) continue;
@@ -164,8 +170,10 @@ void EventLog::open() {
 
 void EventLog::record(const datapath::Event& ev) {
     const auto& r = ev.raw;
-    nlohmann::json j = {{"time", now_iso()}, {"flow", datapath::to_string(r.flow)},
-                        {"hook", std::string(datapath::to_string(static_cast<datapath::Hook>(r.hook)))}};
+    nlohmann::json j = {
+        {"time", now_iso()},
+        {"flow", datapath::to_string(r.flow)},
+        {"hook", std::string(datapath::to_string(static_cast<datapath::Hook>(r.hook)))}};
     if (r.type < 5) ++counts_[r.type];
     if (r.type == MPS_EV_MP_CAPABLE) {
         j["type"] = "mp_capable";
@@ -206,25 +214,27 @@ nlohmann::json render_status(const AgentStatus& a, const DatapathStatus& dp,
                              const HookStatus& hooks, const EventLog& events,
                              const std::string& policies_dir) {
     const bool stalled = a.stall != Stall::none;
-    const Readiness readiness = a.suspended    ? Readiness::suspended
-                                : !dp.running  ? Readiness::nothing_applied
-                                : stalled      ? Readiness::stalled
-                                               : Readiness::applied;
+    const Readiness readiness = a.suspended   ? Readiness::suspended
+                                : !dp.running ? Readiness::nothing_applied
+                                : stalled     ? Readiness::stalled
+                                              : Readiness::applied;
     const bool ready = readiness == Readiness::applied;
     nlohmann::json conds = nlohmann::json::array();
-    conds.push_back({{"type", "Ready"},
-                     {"status", ready},
-                     {"reason", readiness == Readiness::stalled ? to_string(a.stall) : to_string(readiness)},
-                     {"message", ready ? "revision " + a.applied_revision + " is active"
-                                 : a.suspended ? "applying is suspended (mpsteer resume)"
-                                               : a.stall_message}});
+    conds.push_back(
+        {{"type", "Ready"},
+         {"status", ready},
+         {"reason", readiness == Readiness::stalled ? to_string(a.stall) : to_string(readiness)},
+         {"message", ready         ? "revision " + a.applied_revision + " is active"
+                     : a.suspended ? "applying is suspended (mpsteer resume)"
+                                   : a.stall_message}});
     conds.push_back({{"type", "Stalled"},
                      {"status", stalled},
                      {"reason", to_string(a.stall)},
                      {"message", a.stall_message}});
     std::string hook_off;  // a disabled script degrades the agent
     for (const auto& h : hooks.scripts)
-        if (h.disabled) hook_off += (hook_off.empty() ? "" : ", ") + h.policy + " (" + h.script + ")";
+        if (h.disabled)
+            hook_off += (hook_off.empty() ? "" : ", ") + h.policy + " (" + h.script + ")";
     const uint64_t missed = dp.missed_tail_calls;
     const Degradation degradation = missed                ? Degradation::missed_tail_calls
                                     : !a.warnings.empty() ? Degradation::warnings
@@ -232,7 +242,9 @@ nlohmann::json render_status(const AgentStatus& a, const DatapathStatus& dp,
                                                           : Degradation::none;
     std::string degraded_message;
     switch (degradation) {
-    case Degradation::missed_tail_calls: degraded_message = std::to_string(missed) + " missed tail calls"; break;
+    case Degradation::missed_tail_calls:
+        degraded_message = std::to_string(missed) + " missed tail calls";
+        break;
     case Degradation::warnings: degraded_message = a.warnings.front(); break;
     case Degradation::lua_hook_disabled: degraded_message = "Lua hook disabled: " + hook_off; break;
     case Degradation::none: break;
@@ -271,8 +283,10 @@ nlohmann::json render_status(const AgentStatus& a, const DatapathStatus& dp,
             {"datapath", gen_counters},
             {"errors", a.errors},
             {"warnings", a.warnings},
-            {"applies", {{"succeeded", a.applies_succeeded}, {"failed", a.applies_failed},
-                         {"last_duration_ms", a.last_apply_ms}}},
+            {"applies",
+             {{"succeeded", a.applies_succeeded},
+              {"failed", a.applies_failed},
+              {"last_duration_ms", a.last_apply_ms}}},
             {"events", events.counts_json()},
             {"lua_hooks", hooks.scripts_json},
             {"event_thread", hooks.event_thread},
@@ -296,7 +310,8 @@ nlohmann::json read_status(const std::string& state_dir) {
     const bool running = AgentLock::held(state_dir);
     s["agent_running"] = running;
     if (!running) {
-        not_ready("AgentRunning", "NotRunning", "no agent runs; the datapath keeps the last generation");
+        not_ready("AgentRunning", "NotRunning",
+                  "no agent runs; the datapath keeps the last generation");
         return s;
     }
     // A live agent that stopped writing is frozen: not ready.
@@ -307,8 +322,8 @@ nlohmann::json read_status(const std::string& state_dir) {
     if (!has_time || age_ms > kStatusStaleAfterSeconds * 1000)
         not_ready("Fresh", "StatusStale",
                   !has_time ? "the status carries no write time"
-                             : "the agent last wrote its status " + std::to_string(age_ms / 1000) +
-                                   " s ago (it writes every second)");
+                            : "the agent last wrote its status " + std::to_string(age_ms / 1000) +
+                                  " s ago (it writes every second)");
     return s;
 }
 

@@ -19,7 +19,14 @@
 namespace mpsteer::agent {
 
 // Why the last attempted revision does not run (the Stalled condition's reason).
-enum class Stall { none, source_unavailable, validation_failed, compile_failed, build_failed, switch_failed };
+enum class Stall {
+    none,
+    source_unavailable,
+    validation_failed,
+    compile_failed,
+    build_failed,
+    switch_failed
+};
 const char* to_string(Stall s);  // "" for none
 
 // The Ready condition: applied, or why not.

@@ -37,8 +37,7 @@ bool Watch::handle(int fd) {
     if (fd == inotify_) return relevant_inotify();
     if (fd != netlink_) return false;
     char buf[8192];
-    while (read(fd, buf, sizeof buf) > 0) {
-    }
+    while (read(fd, buf, sizeof buf) > 0) {}
     return true;  // any link change: the interfaces are compared on reconcile
 }
 

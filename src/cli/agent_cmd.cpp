@@ -21,7 +21,8 @@ namespace {
 std::string g_state_dir = "/run/mpsteer";
 
 void add_state_dir(CLI::App* cmd) {
-    cmd->add_option("--state-dir", g_state_dir, "runtime state of the agent")->capture_default_str();
+    cmd->add_option("--state-dir", g_state_dir, "runtime state of the agent")
+        ->capture_default_str();
 }
 
 int print_status_text(nlohmann::json s);
@@ -50,14 +51,17 @@ int print_status(bool json) {
 
 // By value: operator[] on a missing key must insert (a const one is undefined behaviour).
 int print_status_text(nlohmann::json s) {
-    std::cout << "agent:      " << (s.value("agent_running", false) ? "running (pid " +
-                                    std::to_string(s.value("pid", 0)) + ")" : "not running")
+    std::cout << "agent:      "
+              << (s.value("agent_running", false)
+                      ? "running (pid " + std::to_string(s.value("pid", 0)) + ")"
+                      : "not running")
               << "\nready:      " << (s.value("ready", false) ? "yes" : "no")
               << "\ngeneration: " << s["generation"]
               << "\napplied:    " << s.value("applied_revision", "-")
               << "\nattempted:  " << s.value("attempted_revision", "-")
               << (s.value("suspended", false) ? "\nsuspended:  yes (mpsteer resume)" : "") << "\n";
-    // Degraded and Stalled when true; Ready, and AgentRunning and Fresh (added by the reader) always.
+    // Degraded and Stalled when true; Ready, and AgentRunning and Fresh (added by the reader)
+    // always.
     for (const auto& c : s["conditions"])
         if (c.value("status", false) || c.value("type", "") == "Ready" ||
             c.value("type", "") == "AgentRunning" || c.value("type", "") == "Fresh")
@@ -130,16 +134,16 @@ void add_agent_commands(CLI::App& app) {
     run->add_option("--debounce-ms", debounce_ms, "quiet time after a change before applying")
         ->check(CLI::Range(0, 60000))
         ->capture_default_str();
-    run->add_option("--metrics-port", cfg.metrics_port,
-                    "Prometheus /metrics on 127.0.0.1 (0: off)")
+    run->add_option("--metrics-port", cfg.metrics_port, "Prometheus /metrics on 127.0.0.1 (0: off)")
         ->check(CLI::Range(0, 65535))
         ->capture_default_str();
     run->add_option("--metrics-textfile", cfg.metrics_textfile,
                     "also write metrics to this node_exporter textfile");
     run->add_option("--netns", cfg.netns,
                     "run in this named network namespace (keeps the host's bpffs for pins)");
-    run->add_flag("--detach-on-exit", cfg.detach_on_exit,
-                  "detach from every interface when stopping (default: the datapath keeps running)");
+    run->add_flag(
+        "--detach-on-exit", cfg.detach_on_exit,
+        "detach from every interface when stopping (default: the datapath keeps running)");
     // The Lua hooks' event thread (lua/README.md, "Event latency").
     run->add_option("--events", cfg.events_mode,
                     "how the Lua hooks' event thread waits for datapath events: wait (sleeps; "
@@ -166,7 +170,8 @@ void add_agent_commands(CLI::App& app) {
         set_exit_code(agent::run(cfg));
     });
 
-    auto* status = app.add_subcommand("status", "Show the agent's conditions, revisions and counters");
+    auto* status =
+        app.add_subcommand("status", "Show the agent's conditions, revisions and counters");
     static bool json = false;
     static std::string output = "text";
     status->add_option("--output", output, "text or json")
@@ -175,7 +180,8 @@ void add_agent_commands(CLI::App& app) {
     add_state_dir(status);
     status->callback([] { set_exit_code(print_status(output == "json")); });
 
-    auto* suspend = app.add_subcommand("suspend", "Stop applying new revisions (the datapath keeps running)");
+    auto* suspend =
+        app.add_subcommand("suspend", "Stop applying new revisions (the datapath keeps running)");
     add_state_dir(suspend);
     suspend->callback([] {
         fs::create_directories(g_state_dir);
@@ -205,7 +211,8 @@ void add_agent_commands(CLI::App& app) {
         }
     });
 
-    auto* events = app.add_subcommand("events", "Print datapath events (MP_CAPABLE, MP_JOIN) as JSON lines");
+    auto* events =
+        app.add_subcommand("events", "Print datapath events (MP_CAPABLE, MP_JOIN) as JSON lines");
     static bool follow = false;
     events->add_flag("-f,--follow", follow, "keep printing new events");
     add_state_dir(events);

@@ -86,14 +86,14 @@ int run_bench(bool json, uint32_t repeat, int rounds) {
     auto frame = mptcp_data_frame();
 
     std::vector<Case> cases;
-    auto base = Generation::build(chain(2, false), 1, state, {"bench_bare_pass", "bench_parse_only"});
+    auto base =
+        Generation::build(chain(2, false), 1, state, {"bench_bare_pass", "bench_parse_only"});
     int bare = base->prog_fd("bench_bare_pass"), parse = base->prog_fd("bench_parse_only");
     cases.push_back({"bare_pass_ns", nullptr, bare, {}});
     cases.push_back({"parse_only_ns", nullptr, parse, {}});
-    for (auto [key, n, miss] : {std::tuple{"chain2_match_ns", 2, false},
-                                std::tuple{"chain4_match_ns", 4, false},
-                                std::tuple{"chain8_match_ns", 8, false},
-                                std::tuple{"chain4_nomatch_ns", 4, true}}) {
+    for (auto [key, n, miss] :
+         {std::tuple{"chain2_match_ns", 2, false}, std::tuple{"chain4_match_ns", 4, false},
+          std::tuple{"chain8_match_ns", 8, false}, std::tuple{"chain4_nomatch_ns", 4, true}}) {
         auto g = Generation::build(chain(n, miss), 2, state);
         if (!g->compiled(Hook::xdp)) throw Error(std::string(key) + ": chain not compiled");
         int fd = g->entry_fd(Hook::xdp);
@@ -160,7 +160,9 @@ void add_bench_command(CLI::App& app) {
     cmd->add_option("--repeat", repeat, "BPF_PROG_TEST_RUN repetitions per sample")
         ->check(CLI::Range(100000u, 100000000u))
         ->capture_default_str();
-    cmd->add_option("--rounds", rounds, "samples per case, interleaved (medians reported; ratios: median of the per-round ratios)")
+    cmd->add_option(
+           "--rounds", rounds,
+           "samples per case, interleaved (medians reported; ratios: median of the per-round ratios)")
         ->check(CLI::Range(1, 100))
         ->capture_default_str();
     cmd->callback([] {

@@ -3,8 +3,12 @@
 
 namespace mpsteer::cli {
 static int g_exit_code = 0;
-void set_exit_code(int code) { g_exit_code = code; }
-int exit_code() { return g_exit_code; }
+void set_exit_code(int code) {
+    g_exit_code = code;
+}
+int exit_code() {
+    return g_exit_code;
+}
 
 // Defined in each <name>_cmd.cpp. One line per command, here and in the list below.
 void add_bench_command(CLI::App&);
@@ -15,11 +19,8 @@ void add_agent_commands(CLI::App&);
 
 std::vector<AddCommand> all_commands() {
     return {
-        add_bench_command,
-        add_validate_command,
-        add_plan_command,
-        add_demo_command,
-        add_agent_commands,
+        add_bench_command, add_validate_command, add_plan_command,
+        add_demo_command,  add_agent_commands,
     };
 }
 }  // namespace mpsteer::cli

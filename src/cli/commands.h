@@ -3,7 +3,9 @@
 #pragma once
 #include <vector>
 
-namespace CLI { class App; }
+namespace CLI {
+class App;
+}
 
 namespace mpsteer::cli {
 using AddCommand = void (*)(CLI::App&);

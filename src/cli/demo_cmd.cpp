@@ -48,8 +48,8 @@ std::string hex(uint32_t v) {
 
 // "10.0.2.1:40991 -> 10.0.2.2:5201", client first (the lower address in the lab).
 std::string subflow_name(const mps_flow_key& k) {
-    return net::address_text(4, k.a) + ":" + std::to_string(k.port_a) + " -> " + net::address_text(4, k.b) + ":" +
-           std::to_string(k.port_b);
+    return net::address_text(4, k.a) + ":" + std::to_string(k.port_a) + " -> " +
+           net::address_text(4, k.b) + ":" + std::to_string(k.port_b);
 }
 
 int path_of(const mps_flow_key& k) {
@@ -90,11 +90,11 @@ public:
         print_lab(lab);
 
         datapath::init_libbpf_logging();
-        Steering steer(server_chains(lab, kLimit), lab.server_ns(),
-                       Steering::pin_root_for("demo"));
+        Steering steer(server_chains(lab, kLimit), lab.server_ns(), Steering::pin_root_for("demo"));
         std::printf("  chain   loaded on the server (%s):\n", steer.state().pin_root().c_str());
         std::istringstream chains(steer.generation().chains().describe());
-        for (std::string line; std::getline(chains, line);) std::printf("            %s\n", line.c_str());
+        for (std::string line; std::getline(chains, line);)
+            std::printf("            %s\n", line.c_str());
         for (const auto& l : steer.links())
             std::printf("          attached to %s %s (%s)\n", l->ifname().c_str(),
                         std::string(to_string(l->hook())).c_str(), l->mode().c_str());
@@ -152,9 +152,10 @@ private:
             if (e.token_a && e.token_b) {
                 if (!told_.insert(name + "/tokens").second) return;
                 stamp();
-                std::printf("connection  %s  MP_CAPABLE v%u keys -> tokens client %s, server "
-                            "%s (%s)\n", name.c_str(), r.version, hex(e.token_a).c_str(),
-                            hex(e.token_b).c_str(), hook);
+                std::printf(
+                    "connection  %s  MP_CAPABLE v%u keys -> tokens client %s, server "
+                    "%s (%s)\n",
+                    name.c_str(), r.version, hex(e.token_a).c_str(), hex(e.token_b).c_str(), hook);
                 tok_client_ = e.token_a;
                 tok_server_ = e.token_b;
             } else if (told_.insert(name).second) {
@@ -190,7 +191,10 @@ private:
             auto& last = last_[subflow_name(k)];
             double rate = (f.dir[0].bytes - last.bytes) / (now - last.t);
             last = {f.dir[0].bytes, now};
-            if (first) stamp(); else std::printf("          ");
+            if (first)
+                stamp();
+            else
+                std::printf("          ");
             first = false;
             std::printf("path %d  %-30s %s  %8llu pkts in, %6llu out, srtt %5.1f ms%s\n", path,
                         subflow_name(k).c_str(), mbit(rate).c_str(),
@@ -206,12 +210,15 @@ private:
         std::printf("\nsummary\n");
         std::printf("  transfer  %.1f MB in %.1f s, %s\n", sent.bytes / 1e6, sent.seconds,
                     intact ? "received intact (content checksum matches)" : "DAMAGED");
-        std::printf("  tokens    kernel: client %s, server %s; from the keys get_connect saw: "
-                    "client %s, server %s -> %s\n",
-                    hex(sent.token).c_str(), hex(got.token).c_str(), hex(tok_client_).c_str(),
-                    hex(tok_server_).c_str(), tokens ? "match" : "MISMATCH");
-        std::printf("  subflows  mpsteer saw %d MP_CAPABLE event(s) and %d MP_JOIN; the kernel "
-                    "had %u subflow(s) besides the first\n", mpc_, joins_, sent.subflows);
+        std::printf(
+            "  tokens    kernel: client %s, server %s; from the keys get_connect saw: "
+            "client %s, server %s -> %s\n",
+            hex(sent.token).c_str(), hex(got.token).c_str(), hex(tok_client_).c_str(),
+            hex(tok_server_).c_str(), tokens ? "match" : "MISMATCH");
+        std::printf(
+            "  subflows  mpsteer saw %d MP_CAPABLE event(s) and %d MP_JOIN; the kernel "
+            "had %u subflow(s) besides the first\n",
+            mpc_, joins_, sent.subflows);
         std::printf("  cleanup   removing the namespaces, links and pins\n");
         return intact && tokens && joins_ >= 1 ? 0 : 1;
     }
@@ -272,6 +279,7 @@ public:
         waitpid(pid_, nullptr, 0);
         pid_ = -1;
     }
+
 private:
     pid_t pid_ = -1;
 };
@@ -304,10 +312,17 @@ int agent_demo(const std::string& share, int seconds) {
         std::filesystem::copy(share + "/" + d, policies + "/" + d,
                               std::filesystem::copy_options::recursive);
     const std::string log = state + "/agent.log";
-    const std::vector<std::string> args = {"run",          "--policies",    policies,
-                                            "--netns",     lab.client_ns(), "--state-dir",
-                                            state,         "--pin-root",    pins,
-                                            "--metrics-port", "0"};
+    const std::vector<std::string> args = {"run",
+                                           "--policies",
+                                           policies,
+                                           "--netns",
+                                           lab.client_ns(),
+                                           "--state-dir",
+                                           state,
+                                           "--pin-root",
+                                           pins,
+                                           "--metrics-port",
+                                           "0"};
     std::printf("starting the agent on the client:\n  mpsteer");
     for (const auto& a : args) std::printf(" %s", a.c_str());
     std::printf("\n  (its log: %s)\n", log.c_str());
@@ -359,10 +374,10 @@ int agent_demo(const std::string& share, int seconds) {
             for (const auto& k : kernel.poll(done ? 100ms : 20ms)) {
                 if (k.type != MPTCP_EVENT_SUB_ESTABLISHED) continue;
                 ++joined;
-                std::printf("  [%5.2fs] kernel: subflow %s:%u -> %s:%u established after %.0f KB\n",
-                            std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-                                .count(),
-                            k.saddr.c_str(), k.sport, k.daddr.c_str(), k.dport, got / 1e3);
+                std::printf(
+                    "  [%5.2fs] kernel: subflow %s:%u -> %s:%u established after %.0f KB\n",
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+                    k.saddr.c_str(), k.sport, k.daddr.c_str(), k.dport, got / 1e3);
             }
         }
         rx_thread.join();
@@ -374,9 +389,9 @@ int agent_demo(const std::string& share, int seconds) {
                     rx.fallback ? "FELL BACK to TCP" : "kept", joined);
         return std::pair{intact && !rx.fallback, joined};
     };
-    auto [small_ok, small_joins] = transfer(
-        "download 1: 100 KB from the server (below the 220 KB small-flow threshold)",
-        SendOptions::of_bytes(100'000), port);
+    auto [small_ok, small_joins] =
+        transfer("download 1: 100 KB from the server (below the 220 KB small-flow threshold)",
+                 SendOptions::of_bytes(100'000), port);
     auto [large_ok, large_joins] = transfer(
         ("download 2: " + std::to_string(seconds) + " s from the server (crosses the threshold)")
             .c_str(),
@@ -384,14 +399,16 @@ int agent_demo(const std::string& share, int seconds) {
 
     std::printf("mpsteer status --state-dir %s\n", state.c_str());
     std::fflush(stdout);
-    std::system((std::filesystem::read_symlink("/proc/self/exe").string() +
-                 " status --state-dir " + state).c_str());
+    std::system(
+        (std::filesystem::read_symlink("/proc/self/exe").string() + " status --state-dir " + state)
+            .c_str());
     agent.stop();
     const bool ok = small_ok && large_ok && small_joins == 0 && large_joins >= 1;
-    std::printf("\nsummary   small download on one subflow: %s; large download got its second "
-                "subflow: %s\n          cleanup: stopping the agent, removing %s, %s and the lab\n",
-                small_joins == 0 ? "yes" : "NO", large_joins >= 1 ? "yes" : "NO", pins.c_str(),
-                state.c_str());
+    std::printf(
+        "\nsummary   small download on one subflow: %s; large download got its second "
+        "subflow: %s\n          cleanup: stopping the agent, removing %s, %s and the lab\n",
+        small_joins == 0 ? "yes" : "NO", large_joins >= 1 ? "yes" : "NO", pins.c_str(),
+        state.c_str());
     return ok ? 0 : 1;
 }
 
@@ -399,8 +416,9 @@ int agent_demo(const std::string& share, int seconds) {
 
 void add_demo_command(CLI::App& app) {
     auto* cmd = app.add_subcommand(
-        "demo", "Build a two-namespace MPTCP lab, run the agent with the shipped policies on it "
-                "and show them acting on live traffic (needs root)");
+        "demo",
+        "Build a two-namespace MPTCP lab, run the agent with the shipped policies on it "
+        "and show them acting on live traffic (needs root)");
     static int seconds = 5;
     static bool chain = false;
     static std::string share = default_share();

@@ -21,15 +21,24 @@ constexpr int kEnd = -1;  // label meaning MPS_PC_END
 
 uint32_t kind_bit(const std::string& name) {
     static const std::map<std::string, uint32_t> bits = {
-        {"mp_capable", MPS_K_MP_CAPABLE}, {"mp_join", MPS_K_MP_JOIN},
-        {"dss", MPS_K_DSS},               {"add_addr", MPS_K_ADD_ADDR},
-        {"remove_addr", MPS_K_REMOVE_ADDR}, {"mp_prio", MPS_K_MP_PRIO},
-        {"mp_fail", MPS_K_MP_FAIL},       {"fastclose", MPS_K_FASTCLOSE},
-        {"mp_tcprst", MPS_K_MP_TCPRST},   {"data_ack", MPS_K_DATA_ACK},
-        {"data_fin", MPS_K_DATA_FIN},     {"any_mptcp", MPS_K_ANY_MPTCP},
-        {"plain_tcp", MPS_K_PLAIN_TCP},   {"syn", MPS_K_SYN},
-        {"fin", MPS_K_FIN},               {"rst", MPS_K_RST},
-        {"ack", MPS_K_ACK},               {"payload", MPS_K_PAYLOAD},
+        {"mp_capable", MPS_K_MP_CAPABLE},
+        {"mp_join", MPS_K_MP_JOIN},
+        {"dss", MPS_K_DSS},
+        {"add_addr", MPS_K_ADD_ADDR},
+        {"remove_addr", MPS_K_REMOVE_ADDR},
+        {"mp_prio", MPS_K_MP_PRIO},
+        {"mp_fail", MPS_K_MP_FAIL},
+        {"fastclose", MPS_K_FASTCLOSE},
+        {"mp_tcprst", MPS_K_MP_TCPRST},
+        {"data_ack", MPS_K_DATA_ACK},
+        {"data_fin", MPS_K_DATA_FIN},
+        {"any_mptcp", MPS_K_ANY_MPTCP},
+        {"plain_tcp", MPS_K_PLAIN_TCP},
+        {"syn", MPS_K_SYN},
+        {"fin", MPS_K_FIN},
+        {"rst", MPS_K_RST},
+        {"ack", MPS_K_ACK},
+        {"payload", MPS_K_PAYLOAD},
         {"timestamp", MPS_K_TIMESTAMP},
     };
     auto it = bits.find(name);
@@ -66,7 +75,9 @@ struct Builder {
 
     mps_step encode(const Selector& s) {
         mps_step st{};
-        auto make = [&](mps_prog p) { st = datapath::make_step(p, MPS_PC_END, MPS_PC_END, policy); };
+        auto make = [&](mps_prog p) {
+            st = datapath::make_step(p, MPS_PC_END, MPS_PC_END, policy);
+        };
         switch (s.kind) {
         case Selector::Kind::src:
         case Selector::Kind::dst: {
@@ -338,8 +349,9 @@ std::vector<manifest::Diagnostic> check_limits(const manifest::Model& model) {
         // Each hook, and each interface named on it, has its own copy of its policies' steps.
         const Policy& p = policy_of(MPS_MAX_STEPS);
         error(p.attach_pos, "/spec/attach",
-              too_many_steps(b.steps.size()) + " (every hook, and every interface named on it, "
-              "has its own copy of its policies' steps); this policy's steps pass the limit");
+              too_many_steps(b.steps.size()) +
+                  " (every hook, and every interface named on it, "
+                  "has its own copy of its policies' steps); this policy's steps pass the limit");
         return out;
     }
     resolve_targets(b);
@@ -361,9 +373,9 @@ std::vector<manifest::Diagnostic> check_limits(const manifest::Model& model) {
             int n = from(b.resolve(label));
             if (n <= datapath::kMaxActorsPerPath) continue;
             if (reported.insert(p->name).second) {
-                std::string where = "on hook '" + std::string(datapath::to_string(entry.hook)) +
-                                    "'" + (entry.ifname.empty() ? "" : " interface '" +
-                                                                           entry.ifname + "'");
+                std::string where =
+                    "on hook '" + std::string(datapath::to_string(entry.hook)) + "'" +
+                    (entry.ifname.empty() ? "" : " interface '" + entry.ifname + "'");
                 error(p->priority_pos, "/spec/priority",
                       where + " a packet may enter " + std::to_string(n) +
                           " step programs from this policy on; at most " +

@@ -83,15 +83,15 @@ std::optional<PlanModel> read_applied(const std::string& path = kAppliedStatePat
 
 struct HookPlan {
     std::string hook;
-    std::string ifname;  // "" = every interface
-    std::string status;  // "added", "removed", "changed", "unchanged"
+    std::string ifname;                  // "" = every interface
+    std::string status;                  // "added", "removed", "changed", "unchanged"
     std::vector<std::string> steps;      // the new chain (the old one when removed)
     std::vector<std::string> old_steps;  // when changed
 };
 
 struct PlanDiff {
     std::vector<std::string> added, changed, removed, unchanged;  // policy names, sorted
-    std::vector<HookPlan> hooks;  // by hook, then interface
+    std::vector<HookPlan> hooks;                                  // by hook, then interface
     bool empty() const { return added.empty() && changed.empty() && removed.empty(); }
 };
 

@@ -95,8 +95,8 @@ json to_json(const PlanModel& m) {
     }
     j["entries"] = json::array();
     for (const auto& e : m.chains.entries)
-        j["entries"].push_back({{"hook", datapath::to_string(e.hook)}, {"ifname", e.ifname},
-                                {"pc", e.pc}});
+        j["entries"].push_back(
+            {{"hook", datapath::to_string(e.hook)}, {"ifname", e.ifname}, {"pc", e.pc}});
     j["attachments"] = json::array();
     for (const auto& a : m.chains.attachments)
         j["attachments"].push_back({{"hook", datapath::to_string(a.hook)}, {"ifname", a.ifname}});
@@ -182,9 +182,12 @@ PlanDiff diff(const PlanModel& running, const PlanModel& next) {
     for (const auto& p : next.policies) new_p[p.name] = &p;
     for (const auto& [name, p] : new_p) {
         auto it = old_p.find(name);
-        if (it == old_p.end()) d.added.push_back(name);
-        else if (it->second->canonical != p->canonical) d.changed.push_back(name);
-        else d.unchanged.push_back(name);
+        if (it == old_p.end())
+            d.added.push_back(name);
+        else if (it->second->canonical != p->canonical)
+            d.changed.push_back(name);
+        else
+            d.unchanged.push_back(name);
     }
     for (const auto& [name, p] : old_p)
         if (!new_p.count(name)) d.removed.push_back(name);
@@ -235,12 +238,15 @@ std::string to_text(const PlanDiff& d) {
             for (const auto& l : h.old_steps) o << "  - " << l << '\n';
             for (const auto& l : h.steps) o << "  + " << l << '\n';
         } else {
-            const char* sign = h.status == "added" ? "  + " : h.status == "removed" ? "  - " : "    ";
+            const char* sign = h.status == "added"     ? "  + "
+                               : h.status == "removed" ? "  - "
+                                                       : "    ";
             for (const auto& l : h.steps) o << sign << l << '\n';
         }
     }
-    o << "\n" << d.added.size() << " to add, " << d.changed.size() << " to change, "
-      << d.removed.size() << " to remove, " << d.unchanged.size() << " unchanged\n";
+    o << "\n"
+      << d.added.size() << " to add, " << d.changed.size() << " to change, " << d.removed.size()
+      << " to remove, " << d.unchanged.size() << " unchanged\n";
     return o.str();
 }
 

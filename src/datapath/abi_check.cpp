@@ -260,4 +260,3 @@ MPS_ABI_FIELD(mps_ctl_flow_req, conn_token, 44);
 MPS_ABI_FIELD(mps_ctl_flow_req, token, 48);
 MPS_ABI_FIELD(mps_ctl_flow_req, idsn, 56);
 MPS_ABI_FIELD(mps_ctl_flow_req, rate_bps, 72);
-

@@ -114,8 +114,9 @@ std::optional<Announcement> ActorMaps::find(const mps_announce_key& k) const {
 
 bool ActorMaps::request_add_subflow(const mps_announce_key& k) {
     auto a = find(k);
-    if (!a) throw Error("add_subflow: no stored announcement with address id " +
-                        std::to_string(k.addr_id) + " on that flow");
+    if (!a)
+        throw Error("add_subflow: no stored announcement with address id " +
+                    std::to_string(k.addr_id) + " on that flow");
     if (a->value.state == MPS_ANN_RELEASED || a->value.state == MPS_ANN_INJECTING) return false;
     // State first, then the request: the datapath acts on a request only for a pending
     // announcement. (A concurrent `hidden` increment may be lost; it is a statistic.)
@@ -145,7 +146,9 @@ std::optional<mps_prio_sent> ActorMaps::prio_sent(const mps_flow_key& k) const {
     return v;
 }
 
-void ActorMaps::forget_prio(const mps_flow_key& k) { bpf_map_delete_elem(prio_.get(), &k); }
+void ActorMaps::forget_prio(const mps_flow_key& k) {
+    bpf_map_delete_elem(prio_.get(), &k);
+}
 
 namespace {
 void put16(uint8_t* p, uint16_t v) {
@@ -171,8 +174,14 @@ std::vector<uint8_t> prio_frame(const mps_prio_tmpl& t, bool backup) {
     for (size_t i = l4 + 20; i < len;) {
         uint8_t kind = h[i];
         if (kind == 0) break;
-        if (kind == 1) { i++; continue; }
-        if (i + 1 >= len || h[i + 1] < 2 || i + h[i + 1] > len) { ts = nullptr; break; }
+        if (kind == 1) {
+            i++;
+            continue;
+        }
+        if (i + 1 >= len || h[i + 1] < 2 || i + h[i + 1] > len) {
+            ts = nullptr;
+            break;
+        }
         if (kind == 8 && h[i + 1] == 10) ts = h + i;
         i += h[i + 1];
     }
@@ -183,7 +192,7 @@ std::vector<uint8_t> prio_frame(const mps_prio_tmpl& t, bool backup) {
     tcp[5] = uint8_t(seq >> 16);
     tcp[6] = uint8_t(seq >> 8);
     tcp[7] = uint8_t(seq);
-    tcp[13] = 0x10;  // ACK only
+    tcp[13] = 0x10;      // ACK only
     put16(tcp + 16, 0);  // checksum
     put16(tcp + 18, 0);  // urgent pointer
     if (ts) {
@@ -267,8 +276,7 @@ void ActorMaps::send_prio(const PrioTemplate& t, bool backup) const {
         std::memcpy(to.sll_addr, f.data(), l2 ? ETH_ALEN : 0);
         const uint8_t* data = f.data() + (l2 ? 0 : v.l3_off);
         size_t n = f.size() - (l2 ? 0 : v.l3_off);
-        if (sendto(s.get(), data, n, 0, reinterpret_cast<sockaddr*>(&to), sizeof to) !=
-            ssize_t(n))
+        if (sendto(s.get(), data, n, 0, reinterpret_cast<sockaddr*>(&to), sizeof to) != ssize_t(n))
             fail("set_backup: sending MP_PRIO on ifindex " + std::to_string(v.ifindex));
         return;
     }

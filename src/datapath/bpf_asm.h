@@ -72,9 +72,13 @@ public:
         exit();
     }
 
-    void jmp32(uint8_t op, Reg d, int32_t imm, Label l) { jump(BPF_JMP32 | op | BPF_K, d, R0, imm, l); }
+    void jmp32(uint8_t op, Reg d, int32_t imm, Label l) {
+        jump(BPF_JMP32 | op | BPF_K, d, R0, imm, l);
+    }
     void jmp32(uint8_t op, Reg d, Reg s, Label l) { jump(BPF_JMP32 | op | BPF_X, d, s, 0, l); }
-    void jmp64(uint8_t op, Reg d, int32_t imm, Label l) { jump(BPF_JMP | op | BPF_K, d, R0, imm, l); }
+    void jmp64(uint8_t op, Reg d, int32_t imm, Label l) {
+        jump(BPF_JMP | op | BPF_K, d, R0, imm, l);
+    }
     void jmp64(uint8_t op, Reg d, Reg s, Label l) { jump(BPF_JMP | op | BPF_X, d, s, 0, l); }
     // Unconditional; nothing when `l` is `next`, the code that follows.
     void ja(Label l, Label next = Label{}) {

@@ -58,13 +58,15 @@ constexpr std::array kProgNames{
 };
 // A program's prog-array slot is its value: every one between the interpreter (slot 0) and
 // the entry programs (MPS_JMP_ENTRY..., abi_check.cpp places those below MPS_PROG_MAX).
-static_assert(std::ranges::all_of(kProgNames, [](const ProgName& p) {
-                  return p.prog > MPS_PROG_NONE && p.prog < MPS_JMP_ENTRY;
-              }),
+static_assert(std::ranges::all_of(kProgNames,
+                                  [](const ProgName& p) {
+                                      return p.prog > MPS_PROG_NONE && p.prog < MPS_JMP_ENTRY;
+                                  }),
               "a program's slot collides with the interpreter or the entry programs");
 
-
-std::string pc_str(uint16_t pc) { return pc == MPS_PC_END ? "end" : std::to_string(pc); }
+std::string pc_str(uint16_t pc) {
+    return pc == MPS_PC_END ? "end" : std::to_string(pc);
+}
 
 std::string params_str(const mps_step& s) {
     std::ostringstream o;
@@ -79,10 +81,13 @@ std::string params_str(const mps_step& s) {
           << net::address_text(p.pair.family, p.pair.b) << ':' << p.pair.port_b;
         break;
     case MPS_SEL_IP_PAIR:
-        o << net::address_text(p.pair.family, p.pair.a) << " <-> " << net::address_text(p.pair.family, p.pair.b);
+        o << net::address_text(p.pair.family, p.pair.a) << " <-> "
+          << net::address_text(p.pair.family, p.pair.b);
         break;
     case MPS_SEL_PORT:
-        o << (p.port.dir == MPS_DIR_SRC ? "src " : p.port.dir == MPS_DIR_DST ? "dst " : "")
+        o << (p.port.dir == MPS_DIR_SRC   ? "src "
+              : p.port.dir == MPS_DIR_DST ? "dst "
+                                          : "")
           << p.port.lo << '-' << p.port.hi;
         break;
     case MPS_SEL_PACKET_TYPE: o << "kinds=0x" << std::hex << p.kinds.any_of; break;
@@ -92,8 +97,8 @@ std::string params_str(const mps_step& s) {
           << p.seq.hi << ')';
         break;
     case MPS_SEL_FLOW_BYTES:
-        o << (p.bytes.scope == MPS_BYTES_CONN ? "connection " : "subflow ") << '['
-          << p.bytes.lo << ',' << p.bytes.hi << ')';
+        o << (p.bytes.scope == MPS_BYTES_CONN ? "connection " : "subflow ") << '[' << p.bytes.lo
+          << ',' << p.bytes.hi << ')';
         break;
     case MPS_ACT_RATE_LIMIT:
         o << p.rate.bytes_per_sec << " B/s rtt=" << p.rate.rtt_us
@@ -168,8 +173,8 @@ std::string ChainSet::serialize() const {
 std::string ChainSet::describe() const {
     std::ostringstream o;
     for (const auto& e : entries)
-        o << "entry " << to_string(e.hook) << (e.ifname.empty() ? "" : " " + e.ifname)
-          << " -> " << pc_str(e.pc) << '\n';
+        o << "entry " << to_string(e.hook) << (e.ifname.empty() ? "" : " " + e.ifname) << " -> "
+          << pc_str(e.pc) << '\n';
     for (size_t pc = 0; pc < steps.size(); ++pc) {
         const auto& s = steps[pc];
         o << pc << ": " << prog_name(static_cast<mps_prog>(s.prog));
@@ -194,7 +199,8 @@ void mark_guarded(std::vector<mps_step>& steps) {
             bool g = (s.flags & MPS_STEPF_FAIL_DROP) != 0;
             g = guarded(s.on_match) || g;
             if (!MPS_PROG_IS_ACTOR(s.prog)) g = guarded(s.on_miss) || g;
-            s.flags = static_cast<uint8_t>((s.flags & ~MPS_STEPF_GUARDED) | (g ? MPS_STEPF_GUARDED : 0));
+            s.flags =
+                static_cast<uint8_t>((s.flags & ~MPS_STEPF_GUARDED) | (g ? MPS_STEPF_GUARDED : 0));
             state[pc] = 2;
         }
         return s.flags & MPS_STEPF_GUARDED;
@@ -220,8 +226,8 @@ std::vector<std::string> ChainSet::check() const {
             problems.push_back(at + "policy index out of range");
     }
     for (const auto& e : entries)
-        if (!valid_pc(e.pc)) problems.push_back("entry " + std::string(to_string(e.hook)) +
-                                                ": pc out of range");
+        if (!valid_pc(e.pc))
+            problems.push_back("entry " + std::string(to_string(e.hook)) + ": pc out of range");
     if (!problems.empty()) return problems;
 
     // Longest path from each step: steps executed and programs entered (each costs
@@ -261,8 +267,7 @@ std::vector<std::string> ChainSet::check() const {
                                " steps, more than " + std::to_string(MPS_MAX_CHAIN));
         if (d.actors > kMaxActorsPerPath)
             problems.push_back(at + "a path enters " + std::to_string(d.actors) +
-                               " programs, more than " +
-                               std::to_string(kMaxActorsPerPath));
+                               " programs, more than " + std::to_string(kMaxActorsPerPath));
     }
     return problems;
 }

@@ -40,10 +40,10 @@ struct Attachment {
 };
 
 struct ChainSet {
-    std::vector<mps_step> steps;         // pc = index; on_match/on_miss index this or MPS_PC_END
+    std::vector<mps_step> steps;  // pc = index; on_match/on_miss index this or MPS_PC_END
     std::vector<EntryPoint> entries;
-    std::vector<std::string> policies;   // mps_step.policy indexes this (counters, status)
-    std::vector<Attachment> attachments; // where the entry programs go
+    std::vector<std::string> policies;    // mps_step.policy indexes this (counters, status)
+    std::vector<Attachment> attachments;  // where the entry programs go
     // Steps whose parameter names an interface (redirect): the loader writes its ifindex.
     std::vector<std::pair<uint16_t, std::string>> step_ifnames;
 
@@ -75,12 +75,17 @@ std::string to_string(const mps_flow_key& k);
 // interpreter (the cheap selectors, pass and drop).
 constexpr bool has_program(mps_prog p) {
     switch (p) {
-    case MPS_SEL_SUBFLOW: case MPS_SEL_IP_PAIR: case MPS_SEL_SRC: case MPS_SEL_DST:
-    case MPS_SEL_PORT: case MPS_SEL_PACKET_TYPE: case MPS_ACT_PASS: case MPS_ACT_DROP:
-    case MPS_PROG_NONE: case MPS_PROG_MAX:
-        return false;
-    default:
-        return true;
+    case MPS_SEL_SUBFLOW:
+    case MPS_SEL_IP_PAIR:
+    case MPS_SEL_SRC:
+    case MPS_SEL_DST:
+    case MPS_SEL_PORT:
+    case MPS_SEL_PACKET_TYPE:
+    case MPS_ACT_PASS:
+    case MPS_ACT_DROP:
+    case MPS_PROG_NONE:
+    case MPS_PROG_MAX: return false;
+    default: return true;
     }
 }  // "sel_dst", "act_record", ...
 std::optional<mps_prog> prog_from_name(std::string_view name);

@@ -161,8 +161,12 @@ void Datapath::pin(const std::string& dir) const {
     }
 }
 
-int Datapath::entry_fd(Hook h) const { return prog_fd(entry_name(h, false)); }
-int Datapath::preflight_fd(Hook h) const { return prog_fd(entry_name(h, true)); }
+int Datapath::entry_fd(Hook h) const {
+    return prog_fd(entry_name(h, false));
+}
+int Datapath::preflight_fd(Hook h) const {
+    return prog_fd(entry_name(h, true));
+}
 
 int Datapath::prog_fd(std::string_view name) const {
     if (skel_) {
@@ -177,8 +181,8 @@ int Datapath::prog_fd(std::string_view name) const {
 
 int Datapath::map_fd(std::string_view name) const {
     if (skel_) {
-        auto* m = bpf_object__find_map_by_name(
-            skel_->obj, name == "bss" ? ".bss" : std::string(name).c_str());
+        auto* m = bpf_object__find_map_by_name(skel_->obj,
+                                               name == "bss" ? ".bss" : std::string(name).c_str());
         if (!m) throw Error("no BPF map " + std::string(name));
         return bpf_map__fd(m);
     }
@@ -187,11 +191,17 @@ int Datapath::map_fd(std::string_view name) const {
     throw Error("no BPF map " + std::string(name));
 }
 
-mps_table& Datapath::table(uint32_t slot) { return slots_->tables[slot & 1]; }
+mps_table& Datapath::table(uint32_t slot) {
+    return slots_->tables[slot & 1];
+}
 
-uint32_t Datapath::live_word() const { return __atomic_load_n(&slots_->active, __ATOMIC_ACQUIRE); }
+uint32_t Datapath::live_word() const {
+    return __atomic_load_n(&slots_->active, __ATOMIC_ACQUIRE);
+}
 
-uint32_t Datapath::active_slot() const { return live_word() & 1; }
+uint32_t Datapath::active_slot() const {
+    return live_word() & 1;
+}
 
 uint32_t Datapath::next_live(uint32_t slot) {
     // Epochs only grow, also across agents adopting this datapath (they start from the word).

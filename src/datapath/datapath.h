@@ -20,7 +20,7 @@
 #include "datapath/chain.h"
 
 struct ring_buffer;
-struct mps_dp;   // the generated skeletons (bpf/datapath.bpf.c, bpf/ctl.bpf.c)
+struct mps_dp;  // the generated skeletons (bpf/datapath.bpf.c, bpf/ctl.bpf.c)
 struct mps_ctl;
 
 namespace mpsteer::datapath {
@@ -44,6 +44,7 @@ public:
     ~Fd();
     int get() const { return fd_; }
     explicit operator bool() const { return fd_ >= 0; }
+
 private:
     int fd_ = -1;
 };
@@ -66,6 +67,7 @@ public:
     // Writes the fields `req.set` names into a flow entry, field by field, so counters the
     // datapath adds meanwhile are kept. False when the flow is not in the map.
     bool update_flow(const mps_ctl_flow_req& req) const;
+
 private:
     struct CtlDeleter {
         void operator()(struct mps_ctl* c) const;
@@ -89,7 +91,8 @@ class Datapath {
 public:
     // Loads the BPF object with the shared state maps. `only`: load just these programs plus
     // the entries and interpreters (tests and the bench: verification is most of a load; the
-    // preflight entries only when named); empty: every program (the agent). Both slots start empty (every hook: no chain).
+    // preflight entries only when named); empty: every program (the agent). Both slots start empty
+    // (every hook: no chain).
     static std::shared_ptr<Datapath> load(const StateMaps& state,
                                           const std::vector<std::string>& only = {});
     // What an earlier process loaded and pinned under dir (pin()). Throws Error when the pins
@@ -125,11 +128,11 @@ private:
     uint32_t next_live(uint32_t slot);  // a live word no compiled entry has had
     void set_testing(uint32_t live);
     uint32_t epoch_ = 0;
-    struct mps_dp* skel_ = nullptr;             // loaded here
+    struct mps_dp* skel_ = nullptr;                    // loaded here
     std::vector<std::pair<std::string, Fd>> adopted_;  // adopted: pins by name
     mps_slots* slots_ = nullptr;  // in .bss: the skeleton's mmap, or ours when adopted
     size_t map_len_ = 0;          // our own mmap's length (adopted)
-    bool flipped_ = false;                      // a flip since the last quiesce()
+    bool flipped_ = false;        // a flip since the last quiesce()
 };
 
 // BPF_PROG_TEST_RUN on one frame.
@@ -202,6 +205,7 @@ public:
 
     std::vector<StepCounters> step_counters() const;  // summed over CPUs, index = pc
     GenCounters gen_counters() const;
+
 private:
     struct Compiled;  // one loaded compiled entry
     Generation() = default;
@@ -236,7 +240,7 @@ public:
     void release() { released_ = true; }
     const std::string& ifname() const { return ifname_; }
     Hook hook() const { return hook_; }
-    int prog_fd() const { return prog_fd_; }  // -1: adopted, program unknown
+    int prog_fd() const { return prog_fd_; }    // -1: adopted, program unknown
     std::string mode() const { return mode_; }  // "xdp-native", "xdp-generic", "tcx", "tc-filter"
 private:
     HookLink() = default;
@@ -269,7 +273,7 @@ public:
     // Handles what the ring holds now without a system call (for a polling reader); events
     // handled, or throws.
     int consume();
-    int fd() const;                               // epoll-able
+    int fd() const;  // epoll-able
 private:
     static int on_sample(void* self, void* data, size_t size);
     const StateMaps& state_;

@@ -66,7 +66,8 @@ int32_t wire32(uint8_t b0, uint8_t b1, uint8_t b2, uint8_t b3) {
 
 // A step the interpreter (and a compiled entry) runs itself: a cheap selector, pass or drop.
 constexpr bool inline_step(uint8_t prog) {
-    return prog != MPS_PROG_NONE && prog < MPS_PROG_MAX && !has_program(static_cast<mps_prog>(prog));
+    return prog != MPS_PROG_NONE && prog < MPS_PROG_MAX &&
+           !has_program(static_cast<mps_prog>(prog));
 }
 constexpr bool branches(uint8_t prog) {
     return inline_step(prog) && prog != MPS_ACT_PASS && prog != MPS_ACT_DROP;
@@ -75,13 +76,14 @@ constexpr bool branches(uint8_t prog) {
 // Address selectors that cannot match IPv4 (the only packets compiled entries take).
 bool never_ipv4(const mps_step& st) {
     switch (st.prog) {
-    case MPS_SEL_SRC: case MPS_SEL_DST:
+    case MPS_SEL_SRC:
+    case MPS_SEL_DST:
         return st.p.cidr.family != 4 || (st.p.cidr.addr[1] | st.p.cidr.addr[2] | st.p.cidr.addr[3]);
-    case MPS_SEL_SUBFLOW: case MPS_SEL_IP_PAIR:
+    case MPS_SEL_SUBFLOW:
+    case MPS_SEL_IP_PAIR:
         return st.p.pair.family != 4 || (st.p.pair.a[1] | st.p.pair.a[2] | st.p.pair.a[3] |
                                          st.p.pair.b[1] | st.p.pair.b[2] | st.p.pair.b[3]);
-    default:
-        return false;
+    default: return false;
     }
 }
 
@@ -90,9 +92,9 @@ bool never_ipv4(const mps_step& st) {
 // Distinct pcs, the chain's end left out.
 std::vector<uint16_t> successors(const mps_step& st) {
     if (!branches(st.prog)) return {};
-    const bool never = never_ipv4(st) ||
-                       (st.prog == MPS_SEL_PORT &&
-                        (!(st.p.port.dir & MPS_DIR_EITHER) || st.p.port.lo > st.p.port.hi));
+    const bool never =
+        never_ipv4(st) || (st.prog == MPS_SEL_PORT &&
+                           (!(st.p.port.dir & MPS_DIR_EITHER) || st.p.port.lo > st.p.port.hi));
     const bool always =
         (st.prog == MPS_SEL_SRC || st.prog == MPS_SEL_DST) && !never && !st.p.cidr.mask[0];
     std::vector<uint16_t> out;
@@ -155,8 +157,13 @@ class Emitter {
 public:
     Emitter(const std::vector<mps_step>& steps, std::vector<uint16_t> order, Hook hook,
             uint32_t live, const EntryMaps& maps)
-        : steps_(steps), order_(std::move(order)), hook_(hook), xdp_(hook == Hook::xdp),
-          live_(live), slot_(live & 1), maps_(maps) {}
+        : steps_(steps),
+          order_(std::move(order)),
+          hook_(hook),
+          xdp_(hook == Hook::xdp),
+          live_(live),
+          slot_(live & 1),
+          maps_(maps) {}
 
     std::vector<bpf_insn> emit() {
         plan_scans();
@@ -229,7 +236,9 @@ private:
     // The label of the code that follows step i's.
     Label next(size_t i) const { return i + 1 < order_.size() ? step_labels_[i + 1] : end_; }
 
-    size_t index_of(uint16_t pc) const { return std::find(order_.begin(), order_.end(), pc) - order_.begin(); }
+    size_t index_of(uint16_t pc) const {
+        return std::find(order_.begin(), order_.end(), pc) - order_.begin();
+    }
 
     // Whether each step is reached with the options walked: 1 without, 2 with, 3 either.
     void plan_scans() {
@@ -304,7 +313,8 @@ private:
             return;
         }
         switch (st.prog) {
-        case MPS_SEL_SRC: case MPS_SEL_DST: {
+        case MPS_SEL_SRC:
+        case MPS_SEL_DST: {
             const auto& p = st.p.cidr;
             if (!p.mask[0]) {
                 a_.ja(m, next(i));
@@ -315,7 +325,8 @@ private:
             compare(i, R1, static_cast<int32_t>(p.addr[0]), m, n);
             return;
         }
-        case MPS_SEL_SUBFLOW: case MPS_SEL_IP_PAIR: {
+        case MPS_SEL_SUBFLOW:
+        case MPS_SEL_IP_PAIR: {
             const auto& p = st.p.pair;
             const bool ports = st.prog == MPS_SEL_SUBFLOW;
             a_.load(BPF_W, R1, kData, kSaddr);
@@ -344,7 +355,8 @@ private:
                 compare(i, R1, p.lo, m, n);
                 return;
             }
-            for (auto [dir, off] : {std::pair<int, int16_t>{MPS_DIR_SRC, kPorts}, {MPS_DIR_DST, kPorts + 2}}) {
+            for (auto [dir, off] :
+                 {std::pair<int, int16_t>{MPS_DIR_SRC, kPorts}, {MPS_DIR_DST, kPorts + 2}}) {
                 if (!(p.dir & dir) || p.lo > p.hi) continue;
                 a_.load(BPF_H, R1, kData, static_cast<int16_t>(off));
                 a_.be16(R1);
@@ -375,7 +387,8 @@ private:
             compare(i, R1, 0, n, m);  // zero: no kind of any_of
             return;
         }
-        case MPS_ACT_PASS: case MPS_ACT_DROP: {
+        case MPS_ACT_PASS:
+        case MPS_ACT_DROP: {
             const bool dropped = st.prog == MPS_ACT_DROP;
             count_gen(MPS_GC_PACKETS);
             std::vector<int16_t> fields{kRuns, kMatched};
@@ -384,9 +397,7 @@ private:
             a_.ret(dropped ? drop() : pass());
             return;
         }
-        default:
-            hand_over(i, st);
-            return;
+        default: hand_over(i, st); return;
         }
     }
 
@@ -405,10 +416,11 @@ private:
     // gets (passed, or dropped under a guard). parse() proved 20 <= header length <= TCP length.
     void scan() {
         const int32_t ts_word = wire32(1, 1, 8, 10);  // NOP NOP TS(10): Linux's usual start
-        a_.load(BPF_B, R1, kData, kDoffFlags + 1);  // FIN 0x01, SYN 0x02 (never here), RST 0x04, ACK 0x10
+        a_.load(BPF_B, R1, kData,
+                kDoffFlags + 1);  // FIN 0x01, SYN 0x02 (never here), RST 0x04, ACK 0x10
         a_.alu64(BPF_MOV, kAcc, R1);
         a_.alu32(BPF_AND, kAcc, 0x01);
-        a_.alu32(BPF_LSH, kAcc, 14);  // MPS_K_FIN
+        a_.alu32(BPF_LSH, kAcc, 14);                                            // MPS_K_FIN
         for (auto [bit, shift] : {std::pair{0x04, 13}, std::pair{0x10, 12}}) {  // RST, ACK
             a_.alu64(BPF_MOV, R2, R1);
             a_.alu32(BPF_AND, R2, bit);
@@ -574,7 +586,8 @@ private:
             base = R2;
             at = 0;
         }
-        const int32_t flags = (slot_ ? MPS_CTXF_SLOT1 : 0) | (reach_[i] == 2 ? MPS_CTXF_SCANNED : 0);
+        const int32_t flags =
+            (slot_ ? MPS_CTXF_SLOT1 : 0) | (reach_[i] == 2 ? MPS_CTXF_SCANNED : 0);
         a_.alu64(BPF_MOV, R1, pc | 1 << 16 | flags << 24);
         if (reach_[i] == 3) {
             a_.load(BPF_W, R4, FP, kScanned);
@@ -646,9 +659,8 @@ private:
 
 }  // namespace
 
-std::optional<std::vector<bpf_insn>> emit_entry(const std::vector<mps_step>& steps,
-                                                uint16_t first, Hook hook, uint32_t live,
-                                                const EntryMaps& maps) {
+std::optional<std::vector<bpf_insn>> emit_entry(const std::vector<mps_step>& steps, uint16_t first,
+                                                Hook hook, uint32_t live, const EntryMaps& maps) {
     auto order = chain_order(steps, first);
     if (order.empty()) return std::nullopt;
     return Emitter(steps, std::move(order), hook, live, maps).emit();

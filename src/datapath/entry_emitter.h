@@ -23,8 +23,8 @@ constexpr size_t kCompiledMaxSteps = 16;
 
 // The datapath's maps a compiled entry uses, by file descriptor.
 struct EntryMaps {
-    int slots;          // the datapath's .bss: struct mps_slots (the live word)
-    int jmp;            // jmp_xdp or jmp_tc: step programs, entry and preflight programs
+    int slots;  // the datapath's .bss: struct mps_slots (the live word)
+    int jmp;    // jmp_xdp or jmp_tc: step programs, entry and preflight programs
     int step_counters;
     int gen_counters;
 };
@@ -32,8 +32,7 @@ struct EntryMaps {
 // The program for the chain that starts at `first` on hook h, running while mps_slots.active
 // (or .testing) equals `live`. Empty when the chain cannot be compiled: more than
 // kCompiledMaxSteps steps, or a step that is neither inline nor a program.
-std::optional<std::vector<bpf_insn>> emit_entry(const std::vector<mps_step>& steps,
-                                                uint16_t first, Hook hook, uint32_t live,
-                                                const EntryMaps& maps);
+std::optional<std::vector<bpf_insn>> emit_entry(const std::vector<mps_step>& steps, uint16_t first,
+                                                Hook hook, uint32_t live, const EntryMaps& maps);
 
 }  // namespace mpsteer::datapath

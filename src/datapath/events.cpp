@@ -44,9 +44,13 @@ EventReader::EventReader(const StateMaps& state, Handler handler)
     if (!rb_) fail("opening the event ring buffer", errno);
 }
 
-EventReader::~EventReader() { ring_buffer__free(rb_); }
+EventReader::~EventReader() {
+    ring_buffer__free(rb_);
+}
 
-int EventReader::fd() const { return ring_buffer__epoll_fd(rb_); }
+int EventReader::fd() const {
+    return ring_buffer__epoll_fd(rb_);
+}
 
 int EventReader::poll(std::chrono::milliseconds timeout) {
     int n = ring_buffer__poll(rb_, static_cast<int>(timeout.count()));

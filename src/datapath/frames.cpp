@@ -10,15 +10,18 @@
 namespace mpsteer::datapath {
 
 namespace {
-void put16(uint8_t* p, uint16_t v) { p[0] = v >> 8, p[1] = v & 0xff; }
-void put32(uint8_t* p, uint32_t v) { put16(p, v >> 16), put16(p + 2, v & 0xffff); }
+void put16(uint8_t* p, uint16_t v) {
+    p[0] = v >> 8, p[1] = v & 0xff;
+}
+void put32(uint8_t* p, uint32_t v) {
+    put16(p, v >> 16), put16(p + 2, v & 0xffff);
+}
 }  // namespace
 
 std::vector<uint8_t> mptcp_data_frame(const FrameSpec& s) {
     // TCP options: NOP NOP TS(10) + DSS(20: flags A|M, data ACK 4, DSN 4, SSN 4, len 2, pad)
-    const uint8_t opts[32] = {1, 1, 8, 10, 0, 0, 0, 1, 0, 0, 0, 2,
-                              30, 20, 0x20, 0x05, 0, 0, 0x10, 0, 0, 0, 0x20, 0,
-                              0, 0, 0, 1, 0, 100, 1, 1};
+    const uint8_t opts[32] = {1, 1, 8,    10, 0, 0, 0,    1, 0, 0, 0, 2, 30, 20,  0x20, 0x05,
+                              0, 0, 0x10, 0,  0, 0, 0x20, 0, 0, 0, 0, 1, 0,  100, 1,    1};
     const size_t eth = 14, ip = 20, tcp = 20 + sizeof opts;
     std::vector<uint8_t> f(eth + ip + tcp + s.payload, 0);
     uint8_t* e = f.data();

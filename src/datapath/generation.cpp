@@ -82,9 +82,9 @@ std::unique_ptr<Generation> Generation::stage(std::shared_ptr<Datapath> dp, cons
             entry[h].pc = e.pc;
         } else {
             entry[h].flags |= MPS_ENTRYF_PER_IFACE;
-            ifents.push_back({{detail::ifindex_of(e.ifname), static_cast<__u16>(h),
-                               static_cast<__u16>(slot)},
-                              static_cast<__u16>(e.pc)});
+            ifents.push_back(
+                {{detail::ifindex_of(e.ifname), static_cast<__u16>(h), static_cast<__u16>(slot)},
+                 static_cast<__u16>(e.pc)});
         }
     }
 
@@ -103,7 +103,7 @@ std::unique_ptr<Generation> Generation::stage(std::shared_ptr<Datapath> dp, cons
         if (bpf_map_update_elem(ifent_fd, &key, &pc, BPF_ANY))
             fail("writing a per-interface entry", errno);
     detail::zero_percpu(dp->map_fd("step_counters"), slot * MPS_MAX_STEPS, MPS_MAX_STEPS,
-                sizeof(mps_step_counters));
+                        sizeof(mps_step_counters));
     detail::zero_percpu(dp->map_fd("gen_counters"), slot * MPS_GC_MAX, MPS_GC_MAX, sizeof(__u64));
     auto& t = dp->table(slot);
     std::memset(t.steps, 0, sizeof t.steps);
@@ -137,7 +137,9 @@ std::unique_ptr<Generation> Generation::adopt(std::shared_ptr<Datapath> dp, uint
 
 Generation::~Generation() = default;
 
-void Generation::activate() { dp_->activate(live_); }
+void Generation::activate() {
+    dp_->activate(live_);
+}
 
 void Generation::write_step(uint32_t pc, const mps_step& step) {
     if (pc >= chains_.steps.size()) throw Error("no step " + std::to_string(pc));
@@ -145,10 +147,10 @@ void Generation::write_step(uint32_t pc, const mps_step& step) {
     // Compiled entries hold inline steps whole, and of program steps what runs next.
     const mps_step& old = chains_.steps[pc];
     const bool emit_again =
-        !compiled_.empty() &&
-        (old.prog != step.prog || old.on_match != step.on_match || old.on_miss != step.on_miss ||
-         old.flags != step.flags ||
-         (!has_program(static_cast<mps_prog>(step.prog)) && std::memcmp(&old.p, &step.p, sizeof step.p)));
+        !compiled_.empty() && (old.prog != step.prog || old.on_match != step.on_match ||
+                               old.on_miss != step.on_miss || old.flags != step.flags ||
+                               (!has_program(static_cast<mps_prog>(step.prog)) &&
+                                std::memcmp(&old.p, &step.p, sizeof step.p)));
     if (emit_again) {
         const bool was_active = dp_->live_word() == live_;
         live_ = dp_->next_live(slot_);
@@ -189,7 +191,8 @@ Fd load_compiled(Hook hook, const std::vector<bpf_insn>& insns, const std::strin
     const char* name = xdp ? "fast_xdp" : "fast_tc";
     // The attach type libbpf gives SEC("xdp") / SEC("tc"): the prog arrays take only
     // programs like their owner, the datapath's entry.
-    LIBBPF_OPTS(bpf_prog_load_opts, opts, .expected_attach_type = xdp ? BPF_XDP : bpf_attach_type(0));
+    LIBBPF_OPTS(bpf_prog_load_opts, opts,
+                .expected_attach_type = xdp ? BPF_XDP : bpf_attach_type(0));
     int fd = bpf_prog_load(type, name, "Dual BSD/GPL", insns.data(), insns.size(), &opts);
     if (fd >= 0) return Fd(fd);
     const int err = errno;
@@ -220,7 +223,8 @@ void Generation::emit_entries() {
     for (const auto& e : chains_.entries)
         if (e.pc != MPS_PC_END) chains.insert({e.hook, e.pc});
     for (auto [hook, first] : chains) {
-        const EntryMaps maps{dp_->map_fd("bss"), dp_->map_fd(hook == Hook::xdp ? "jmp_xdp" : "jmp_tc"),
+        const EntryMaps maps{dp_->map_fd("bss"),
+                             dp_->map_fd(hook == Hook::xdp ? "jmp_xdp" : "jmp_tc"),
                              dp_->map_fd("step_counters"), dp_->map_fd("gen_counters")};
         auto insns = emit_entry(chains_.steps, first, hook, live_, maps);
         if (!insns) {
@@ -231,9 +235,10 @@ void Generation::emit_entries() {
         auto c = std::make_unique<Compiled>();
         c->hook = hook;
         c->first = first;
-        c->prog = load_compiled(hook, *insns,
-                                "loading the compiled entry for the " + std::string(to_string(hook)) +
-                                    " chain at pc " + std::to_string(first));
+        c->prog =
+            load_compiled(hook, *insns,
+                          "loading the compiled entry for the " + std::string(to_string(hook)) +
+                              " chain at pc " + std::to_string(first));
         out.push_back(std::move(c));
     }
     compiled_ = std::move(out);
@@ -250,7 +255,8 @@ bool Generation::compiled(Hook h, const std::string& ifname) const {
     return entry_fd(h, ifname) != dp_->entry_fd(h);
 }
 
-std::vector<std::pair<Hook, RunResult>> Generation::preflight(std::span<const uint8_t> frame) const {
+std::vector<std::pair<Hook, RunResult>> Generation::preflight(
+    std::span<const uint8_t> frame) const {
     std::vector<std::pair<Hook, RunResult>> out;
     for (Hook h : {Hook::xdp, Hook::tc_egress, Hook::tc_ingress})
         out.emplace_back(h, test_run(dp_->preflight_fd(h), frame, h == Hook::xdp));

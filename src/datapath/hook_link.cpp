@@ -52,10 +52,9 @@ std::unique_ptr<HookLink> HookLink::attach(const std::string& ifname, Hook hook,
         fail("attaching XDP to " + ifname, errno);
     }
     const bool egress = hook == Hook::tc_egress;
-    int fd = bpf_link_create(prog_fd, l->ifindex_,
-                             static_cast<bpf_attach_type>(egress ? kAttachTcxEgress
-                                                                 : kAttachTcxIngress),
-                             nullptr);
+    int fd = bpf_link_create(
+        prog_fd, l->ifindex_,
+        static_cast<bpf_attach_type>(egress ? kAttachTcxEgress : kAttachTcxIngress), nullptr);
     if (fd >= 0) {
         l->link_ = Fd(fd);
         l->mode_ = "tcx";
@@ -66,8 +65,7 @@ std::unique_ptr<HookLink> HookLink::attach(const std::string& ifname, Hook hook,
                 .attach_point = egress ? BPF_TC_EGRESS : BPF_TC_INGRESS);
     if (int err = bpf_tc_hook_create(&th); err && err != -EEXIST)
         fail("creating clsact on " + ifname, err);
-    LIBBPF_OPTS(bpf_tc_opts, to, .prog_fd = prog_fd, .handle = kTcHandle,
-                .priority = kTcPriority);
+    LIBBPF_OPTS(bpf_tc_opts, to, .prog_fd = prog_fd, .handle = kTcHandle, .priority = kTcPriority);
     if (int err = bpf_tc_attach(&th, &to)) fail("attaching TC to " + ifname, err);
     l->mode_ = "tc-filter";
     return l;
@@ -106,8 +104,7 @@ void HookLink::update(int new_prog_fd, bool expect_current) {
             opts.old_prog_fd = static_cast<__u32>(prog_fd_);
         }
         if (bpf_link_update(link_.get(), new_prog_fd, &opts))
-            fail("swapping the program on " + ifname_ + " " + std::string(to_string(hook_)),
-                 errno);
+            fail("swapping the program on " + ifname_ + " " + std::string(to_string(hook_)), errno);
     } else {
         LIBBPF_OPTS(bpf_tc_hook, th, .ifindex = ifindex_,
                     .attach_point = hook_ == Hook::tc_egress ? BPF_TC_EGRESS : BPF_TC_INGRESS);

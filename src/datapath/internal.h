@@ -30,8 +30,8 @@ inline std::string program_name(mps_prog p, bool xdp) {
 // The hook's entry program ("entry_xdp", ...) or its preflight twin ("preflight_xdp", ...).
 const char* entry_name(Hook h, bool preflight);
 // Programs every chain needs (the entries and the interpreters): always loaded.
-inline constexpr const char* kAlwaysLoaded[] = {"entry_xdp", "entry_tc_egress",
-                                                "entry_tc_ingress", "interp_xdp", "interp_tc"};
+inline constexpr const char* kAlwaysLoaded[] = {"entry_xdp", "entry_tc_egress", "entry_tc_ingress",
+                                                "interp_xdp", "interp_tc"};
 inline constexpr const char* kPreflightEntries[] = {"preflight_xdp", "preflight_tc_egress",
                                                     "preflight_tc_ingress"};
 

@@ -88,9 +88,12 @@ struct StateMapRef {
     int (StateMaps::*fd)() const;
 };
 constexpr StateMapRef kStateMaps[] = {
-    {"flows", &StateMaps::flows},         {"conns", &StateMaps::conns},
-    {"events", &StateMaps::events},       {"announces", &StateMaps::announces},
-    {"add_requests", &StateMaps::add_requests}, {"prio_sent", &StateMaps::prio_sent},
+    {"flows", &StateMaps::flows},
+    {"conns", &StateMaps::conns},
+    {"events", &StateMaps::events},
+    {"announces", &StateMaps::announces},
+    {"add_requests", &StateMaps::add_requests},
+    {"prio_sent", &StateMaps::prio_sent},
 };
 }  // namespace
 
@@ -122,7 +125,9 @@ Fd::~Fd() {
     if (fd_ >= 0) close(fd_);
 }
 
-void init_libbpf_logging() { libbpf_set_print(libbpf_print); }
+void init_libbpf_logging() {
+    libbpf_set_print(libbpf_print);
+}
 
 void ensure_bpffs(const std::string& pin_root) {
     struct statfs st {};
@@ -150,18 +155,17 @@ StateMaps StateMaps::open(const std::string& pin_root) {
                                sizeof(mps_flow), MPS_FLOWS_MAX, "flows");
     m.conns_ = create_or_adopt(dir + "/conns" + v, BPF_MAP_TYPE_LRU_HASH, sizeof(__u32),
                                sizeof(mps_conn), MPS_CONNS_MAX, "conns");
-    m.events_ = create_or_adopt(dir + "/events" + v, BPF_MAP_TYPE_RINGBUF, 0, 0,
-                                MPS_EVENTS_BYTES, "events");
-    m.announces_ = create_or_adopt(dir + "/announces" + v, BPF_MAP_TYPE_LRU_HASH,
-                                   sizeof(mps_announce_key), sizeof(mps_announce),
-                                   MPS_ANNOUNCES_MAX, "announces");
-    m.add_requests_ = create_or_adopt(dir + "/add_requests" + v, BPF_MAP_TYPE_HASH,
-                                      sizeof(mps_flow_key), sizeof(mps_add_request),
-                                      MPS_ADD_REQUESTS_MAX,
-                                      "add_requests");
-    m.prio_sent_ = create_or_adopt(dir + "/prio_sent" + v, BPF_MAP_TYPE_LRU_HASH,
-                                   sizeof(mps_flow_key), sizeof(mps_prio_sent), MPS_FLOWS_MAX,
-                                   "prio_sent");
+    m.events_ = create_or_adopt(dir + "/events" + v, BPF_MAP_TYPE_RINGBUF, 0, 0, MPS_EVENTS_BYTES,
+                                "events");
+    m.announces_ =
+        create_or_adopt(dir + "/announces" + v, BPF_MAP_TYPE_LRU_HASH, sizeof(mps_announce_key),
+                        sizeof(mps_announce), MPS_ANNOUNCES_MAX, "announces");
+    m.add_requests_ =
+        create_or_adopt(dir + "/add_requests" + v, BPF_MAP_TYPE_HASH, sizeof(mps_flow_key),
+                        sizeof(mps_add_request), MPS_ADD_REQUESTS_MAX, "add_requests");
+    m.prio_sent_ =
+        create_or_adopt(dir + "/prio_sent" + v, BPF_MAP_TYPE_LRU_HASH, sizeof(mps_flow_key),
+                        sizeof(mps_prio_sent), MPS_FLOWS_MAX, "prio_sent");
     m.ctl_.reset(mps_ctl__open());
     if (!m.ctl_) fail("opening the control programs", errno);
     detail::reuse_state_maps(m.ctl_->obj, m);
@@ -169,7 +173,9 @@ StateMaps StateMaps::open(const std::string& pin_root) {
     return m;
 }
 
-void StateMaps::CtlDeleter::operator()(mps_ctl* c) const { mps_ctl__destroy(c); }
+void StateMaps::CtlDeleter::operator()(mps_ctl* c) const {
+    mps_ctl__destroy(c);
+}
 
 bool StateMaps::update_flow(const mps_ctl_flow_req& req) const {
     auto r = test_run(bpf_program__fd(ctl_->progs.ctl_flow_update),

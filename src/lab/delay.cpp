@@ -107,8 +107,7 @@ void DelayLine::relay() {
             while (!q[i].empty() && q[i].front().due <= now) {
                 const auto& f = q[i].front();
                 // Out of the other interface; a full queue drops, as a router would.
-                if (send(fd_[i ^ 1], f.data.data(), f.data.size(), MSG_DONTWAIT) < 0)
-                    dropped_++;
+                if (send(fd_[i ^ 1], f.data.data(), f.data.size(), MSG_DONTWAIT) < 0) dropped_++;
                 q[i].pop_front();
             }
         }

@@ -63,8 +63,10 @@ CmdResult run(const std::vector<std::string>& argv) {
     char buf[4096];
     for (;;) {
         ssize_t n = read(p[0], buf, sizeof buf);
-        if (n > 0) r.out.append(buf, n);
-        else if (n == 0 || errno != EINTR) break;
+        if (n > 0)
+            r.out.append(buf, n);
+        else if (n == 0 || errno != EINTR)
+            break;
     }
     close(p[0]);
     int st = 0;
@@ -123,16 +125,30 @@ NetnsGuard::~NetnsGuard() {
 
 // ---- Lab -----------------------------------------------------------------------------------
 
-std::string Lab::client_if(int path) const { return prefix_ + "-c" + std::to_string(path); }
-std::string Lab::server_if(int path) const { return prefix_ + "-s" + std::to_string(path); }
-std::string Lab::client_addr(int path) { return "10.0." + std::to_string(path) + ".1"; }
-std::string Lab::server_addr(int path) { return "10.0." + std::to_string(path) + ".2"; }
-std::string Lab::client_addr6(int path) { return "fd00:" + std::to_string(path) + "::1"; }
-std::string Lab::server_addr6(int path) { return "fd00:" + std::to_string(path) + "::2"; }
+std::string Lab::client_if(int path) const {
+    return prefix_ + "-c" + std::to_string(path);
+}
+std::string Lab::server_if(int path) const {
+    return prefix_ + "-s" + std::to_string(path);
+}
+std::string Lab::client_addr(int path) {
+    return "10.0." + std::to_string(path) + ".1";
+}
+std::string Lab::server_addr(int path) {
+    return "10.0." + std::to_string(path) + ".2";
+}
+std::string Lab::client_addr6(int path) {
+    return "fd00:" + std::to_string(path) + "::1";
+}
+std::string Lab::server_addr6(int path) {
+    return "fd00:" + std::to_string(path) + "::2";
+}
 
 namespace {
 const char* kPidDir = "/run/mpsteer-lab";
-std::string pid_file(const std::string& prefix) { return std::string(kPidDir) + "/" + prefix; }
+std::string pid_file(const std::string& prefix) {
+    return std::string(kPidDir) + "/" + prefix;
+}
 }  // namespace
 
 Lab::Lab(LabConfig cfg) : cfg_(std::move(cfg)) {
@@ -196,17 +212,19 @@ void Lab::build() {
         if (delayed[p - 1]) {
             const std::string dc = prefix_ + "-dc" + std::to_string(p);
             const std::string ds = prefix_ + "-ds" + std::to_string(p);
-            must({"ip", "link", "add", c, "netns", cli, "type", "veth", "peer", "name", dc,
-                  "netns", dly});
-            must({"ip", "link", "add", ds, "netns", dly, "type", "veth", "peer", "name", s,
-                  "netns", srv});
+            must({"ip", "link", "add", c, "netns", cli, "type", "veth", "peer", "name", dc, "netns",
+                  dly});
+            must({"ip", "link", "add", ds, "netns", dly, "type", "veth", "peer", "name", s, "netns",
+                  srv});
             csum_off(dly, dc, true);
             csum_off(dly, ds, true);
         } else {
-            must({"ip", "link", "add", c, "netns", cli, "type", "veth", "peer", "name", s,
-                  "netns", srv});
+            must({"ip", "link", "add", c, "netns", cli, "type", "veth", "peer", "name", s, "netns",
+                  srv});
         }
-        struct End { std::string ns, dev, v4, v6; };
+        struct End {
+            std::string ns, dev, v4, v6;
+        };
         for (const End& e : {End{cli, c, client_addr(p), client_addr6(p)},
                              End{srv, s, server_addr(p), server_addr6(p)}}) {
             must({"ip", "-n", e.ns, "addr", "add", e.v4 + "/24", "dev", e.dev});
@@ -216,8 +234,7 @@ void Lab::build() {
         }
     }
     for (const auto& ns : {cli, srv})
-        must({"ip", "-n", ns, "mptcp", "limits", "set", "subflow", "2", "add_addr_accepted",
-              "2"});
+        must({"ip", "-n", ns, "mptcp", "limits", "set", "subflow", "2", "add_addr_accepted", "2"});
     if (cfg_.signal)
         must({"ip", "-n", srv, "mptcp", "endpoint", "add", server_addr(2), "dev", server_if(2),
               "signal"});
@@ -234,16 +251,16 @@ void Lab::build() {
 void Lab::shape(int path, PathShape s) {
     if (path < 1 || path > 2) throw Error("lab: no path " + std::to_string(path));
     auto& d = delay_[path - 1];
-    if (s.delay_ms && !d) throw Error("lab: path " + std::to_string(path) +
-                                      " was built without a delay line");
+    if (s.delay_ms && !d)
+        throw Error("lab: path " + std::to_string(path) + " was built without a delay line");
     if (d) d->set_delay(std::chrono::milliseconds(s.delay_ms));
     set_rate(path, s.rate_kbit);
     cfg_.path[path - 1] = s;
 }
 
 void Lab::set_rate(int path, unsigned rate_kbit) {
-    for (const auto& [ns, dev] : {std::pair{client_ns(), client_if(path)},
-                                  std::pair{server_ns(), server_if(path)}}) {
+    for (const auto& [ns, dev] :
+         {std::pair{client_ns(), client_if(path)}, std::pair{server_ns(), server_if(path)}}) {
         if (!rate_kbit) {
             run({"tc", "-n", ns, "qdisc", "del", "dev", dev, "root"});  // absent is fine
             continue;
@@ -280,8 +297,8 @@ int Lab::cleanup_stale() {
 
 int Lab::cleanup(const std::string& prefix) {
     if (prefix.size() < 4 || prefix.rfind(kPrefix, 0) != 0)
-        throw Error("lab: refusing to clean up names not starting with " +
-                    std::string(kPrefix) + ": '" + prefix + "'");
+        throw Error("lab: refusing to clean up names not starting with " + std::string(kPrefix) +
+                    ": '" + prefix + "'");
     int removed = 0;
     std::error_code ec;
     for (const auto& ent : std::filesystem::directory_iterator("/run/netns", ec)) {
@@ -296,8 +313,7 @@ int Lab::cleanup(const std::string& prefix) {
         if (a == std::string::npos) continue;
         auto b = line.find_first_of(":@", a + 2);
         std::string name = line.substr(a + 2, b - a - 2);
-        if (name.rfind(prefix, 0) == 0 && run({"ip", "link", "del", name}).status == 0)
-            removed++;
+        if (name.rfind(prefix, 0) == 0 && run({"ip", "link", "del", name}).status == 0) removed++;
     }
     if (removed) spdlog::debug("lab: removed {} namespaces/links named {}*", removed, prefix);
     return removed;

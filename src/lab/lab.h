@@ -60,6 +60,7 @@ public:
     ~NetnsGuard();
     NetnsGuard(const NetnsGuard&) = delete;
     NetnsGuard& operator=(const NetnsGuard&) = delete;
+
 private:
     int saved_ = -1;
 };
@@ -83,6 +84,7 @@ public:
     DelayLine& operator=(const DelayLine&) = delete;
     void set_delay(std::chrono::microseconds d) { delay_us_ = d.count(); }
     uint64_t dropped() const { return dropped_.load(); }
+
 private:
     void relay();
     int fd_[2] = {-1, -1};
@@ -93,10 +95,10 @@ private:
 };
 
 struct LabConfig {
-    std::string tag;        // empty: "p<pid>"; at most 7 characters (interface names hold 15)
-    PathShape path[2];      // path 1, path 2
-    bool ipv6 = true;       // also fd00:<n>::/64 on each path
-    bool signal = true;     // server announces its path-2 address (ADD_ADDR)
+    std::string tag;     // empty: "p<pid>"; at most 7 characters (interface names hold 15)
+    PathShape path[2];   // path 1, path 2
+    bool ipv6 = true;    // also fd00:<n>::/64 on each path
+    bool signal = true;  // server announces its path-2 address (ADD_ADDR)
 };
 
 class Lab {
@@ -122,9 +124,9 @@ public:
     std::string delay_ns() const { return prefix_ + "-dly"; }
     std::string client_if(int path) const;  // path 1 or 2
     std::string server_if(int path) const;
-    static std::string client_addr(int path);  // "10.0.<path>.1"
-    static std::string server_addr(int path);  // "10.0.<path>.2"
-    static std::string client_addr6(int path); // "fd00:<path>::1"
+    static std::string client_addr(int path);   // "10.0.<path>.1"
+    static std::string server_addr(int path);   // "10.0.<path>.2"
+    static std::string client_addr6(int path);  // "fd00:<path>::1"
     static std::string server_addr6(int path);
 
     // Changes the rate (and the delay of a path built with one) while the lab runs.
@@ -149,8 +151,8 @@ LinkCounters link_counters(const std::string& netns, const std::string& ifname);
 // ---- the kernel's view: MPTCP netlink events -----------------------------------------------
 
 struct MptcpEvent {
-    uint32_t type = 0;  // MPTCP_EVENT_* (linux/mptcp.h)
-    uint32_t token = 0; // the local connection's token, as `ip mptcp monitor` prints it
+    uint32_t type = 0;   // MPTCP_EVENT_* (linux/mptcp.h)
+    uint32_t token = 0;  // the local connection's token, as `ip mptcp monitor` prints it
     std::string saddr, daddr;
     uint16_t sport = 0, dport = 0;
     uint8_t loc_id = 0, rem_id = 0;
@@ -169,6 +171,7 @@ public:
     // Waits up to `timeout` for events; returns those received (possibly none).
     std::vector<MptcpEvent> poll(std::chrono::milliseconds timeout);
     int fd() const { return fd_; }
+
 private:
     int fd_ = -1;
 };
@@ -197,6 +200,7 @@ public:
     uint64_t bytes_so_far() const { return bytes_.load(); }
     // Waits until the peer closed (throws Error on timeout or a socket error).
     TrafficStats wait(std::chrono::milliseconds timeout);
+
 private:
     void serve();
     int listen_fd_ = -1;
@@ -209,12 +213,17 @@ private:
 };
 
 struct SendOptions {
-    uint64_t bytes = 0;                         // 0: no byte limit
-    std::chrono::milliseconds duration{0};      // 0: no time limit
-    const std::atomic<bool>* stop = nullptr;    // set to end early
+    uint64_t bytes = 0;                       // 0: no byte limit
+    std::chrono::milliseconds duration{0};    // 0: no time limit
+    const std::atomic<bool>* stop = nullptr;  // set to end early
 
-    static SendOptions of_bytes(uint64_t n) { SendOptions o; o.bytes = n; return o; }
-    static SendOptions of_time(std::chrono::milliseconds d, const std::atomic<bool>* stop = nullptr) {
+    static SendOptions of_bytes(uint64_t n) {
+        SendOptions o;
+        o.bytes = n;
+        return o;
+    }
+    static SendOptions of_time(std::chrono::milliseconds d,
+                               const std::atomic<bool>* stop = nullptr) {
         SendOptions o;
         o.duration = d;
         o.stop = stop;
@@ -291,6 +300,5 @@ private:
     std::unique_ptr<datapath::Generation> gen_;
     std::vector<std::unique_ptr<datapath::HookLink>> links_;
 };
-
 
 }  // namespace mpsteer::lab

@@ -129,7 +129,9 @@ MptcpMonitor::MptcpMonitor(const std::string& netns) {
     }
 }
 
-MptcpMonitor::~MptcpMonitor() { close(fd_); }
+MptcpMonitor::~MptcpMonitor() {
+    close(fd_);
+}
 
 std::vector<MptcpEvent> MptcpMonitor::poll(std::chrono::milliseconds timeout) {
     std::vector<MptcpEvent> out;
@@ -143,8 +145,7 @@ std::vector<MptcpEvent> MptcpMonitor::poll(std::chrono::milliseconds timeout) {
             if (errno == ENOBUFS) continue;  // overrun: some events lost, read on
             throw Error(std::string("mptcp monitor: recv: ") + std::strerror(errno));
         }
-        for (auto* nh = reinterpret_cast<nlmsghdr*>(buf); NLMSG_OK(nh, n);
-             nh = NLMSG_NEXT(nh, n)) {
+        for (auto* nh = reinterpret_cast<nlmsghdr*>(buf); NLMSG_OK(nh, n); nh = NLMSG_NEXT(nh, n)) {
             if (nh->nlmsg_type < NLMSG_MIN_TYPE) continue;
             auto* gh = static_cast<const genlmsghdr*>(NLMSG_DATA(nh));
             MptcpEvent e;
@@ -152,18 +153,22 @@ std::vector<MptcpEvent> MptcpMonitor::poll(std::chrono::milliseconds timeout) {
             const char* attrs = reinterpret_cast<const char*>(gh) + GENL_HDRLEN;
             for_each_attr(attrs, nh->nlmsg_len - NLMSG_LENGTH(GENL_HDRLEN),
                           [&](int t, const char* v, size_t l) {
-                switch (t) {
-                case MPTCP_ATTR_TOKEN: e.token = attr_val<uint32_t>(v, l); break;
-                case MPTCP_ATTR_LOC_ID: e.loc_id = attr_val<uint8_t>(v, l); break;
-                case MPTCP_ATTR_REM_ID: e.rem_id = attr_val<uint8_t>(v, l); break;
-                case MPTCP_ATTR_SADDR4: e.saddr = net::address_text(4, v); break;
-                case MPTCP_ATTR_DADDR4: e.daddr = net::address_text(4, v); break;
-                case MPTCP_ATTR_SADDR6: e.saddr = net::address_text(6, v); break;
-                case MPTCP_ATTR_DADDR6: e.daddr = net::address_text(6, v); break;
-                case MPTCP_ATTR_SPORT: e.sport = ntohs(attr_val<uint16_t>(v, l)); break;
-                case MPTCP_ATTR_DPORT: e.dport = ntohs(attr_val<uint16_t>(v, l)); break;
-                }
-            });
+                              switch (t) {
+                              case MPTCP_ATTR_TOKEN: e.token = attr_val<uint32_t>(v, l); break;
+                              case MPTCP_ATTR_LOC_ID: e.loc_id = attr_val<uint8_t>(v, l); break;
+                              case MPTCP_ATTR_REM_ID: e.rem_id = attr_val<uint8_t>(v, l); break;
+                              case MPTCP_ATTR_SADDR4: e.saddr = net::address_text(4, v); break;
+                              case MPTCP_ATTR_DADDR4: e.daddr = net::address_text(4, v); break;
+                              case MPTCP_ATTR_SADDR6: e.saddr = net::address_text(6, v); break;
+                              case MPTCP_ATTR_DADDR6: e.daddr = net::address_text(6, v); break;
+                              case MPTCP_ATTR_SPORT:
+                                  e.sport = ntohs(attr_val<uint16_t>(v, l));
+                                  break;
+                              case MPTCP_ATTR_DPORT:
+                                  e.dport = ntohs(attr_val<uint16_t>(v, l));
+                                  break;
+                              }
+                          });
             out.push_back(std::move(e));
         }
         wait_ms = 0;  // drain what is queued, then return

@@ -73,7 +73,7 @@ ChainSet server_chains(const Lab& lab, uint64_t rate_bytes_per_sec) {
         c.steps.push_back(dst);
         auto rl = make_step(MPS_ACT_RATE_LIMIT, MPS_PC_END, MPS_PC_END, 1);
         rl.p.rate.bytes_per_sec = rate_bytes_per_sec;
-        rl.p.rate.rtt_us = 0;           // only act once record has measured the RTT
+        rl.p.rate.rtt_us = 0;  // only act once record has measured the RTT
         rl.p.rate.min_window = 2 * 1448;
         c.steps.push_back(rl);
     }
@@ -152,6 +152,5 @@ std::optional<mps_conn> Steering::conn(uint32_t lower_token) const {
     if (bpf_map_lookup_elem(state_.conns(), &lower_token, &c) != 0) return std::nullopt;
     return c;
 }
-
 
 }  // namespace mpsteer::lab

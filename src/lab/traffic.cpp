@@ -53,7 +53,9 @@ const std::vector<uint8_t>& pattern() {
     return p;
 }
 
-std::string errstr(const std::string& what) { return what + ": " + std::strerror(errno); }
+std::string errstr(const std::string& what) {
+    return what + ": " + std::strerror(errno);
+}
 
 void fill_info(int fd, TrafficStats& s) {
     mptcp_info info{};

@@ -12,7 +12,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
@@ -83,8 +82,8 @@ std::map<std::string, TcpInfo> tcp_sockets() {
                     ti.srtt_us = t.tcpi_rtt;
                     ti.rttvar_us = t.tcpi_rttvar;
                     ti.cwnd_bytes = uint64_t(t.tcpi_snd_cwnd) * t.tcpi_snd_mss;
-                    int64_t pk = int64_t(t.tcpi_unacked) - t.tcpi_sacked - t.tcpi_lost +
-                                 t.tcpi_retrans;
+                    int64_t pk =
+                        int64_t(t.tcpi_unacked) - t.tcpi_sacked - t.tcpi_lost + t.tcpi_retrans;
                     ti.inflight_bytes = uint64_t(std::max<int64_t>(0, pk)) * t.tcpi_snd_mss;
                     ti.notsent_bytes = t.tcpi_notsent_bytes;
                     ti.delivery_rate = t.tcpi_delivery_rate;
@@ -107,7 +106,10 @@ std::map<std::string, TcpInfo> tcp_sockets() {
 
 DatapathBackend::DatapathBackend(const datapath::StateMaps& state, FlowIds& ids,
                                  StepWriteQueue& step_writes)
-    : state_(state), actors_(datapath::ActorMaps::of(state)), ids_(ids), step_writes_(step_writes) {}
+    : state_(state),
+      actors_(datapath::ActorMaps::of(state)),
+      ids_(ids),
+      step_writes_(step_writes) {}
 
 std::vector<Connection> DatapathBackend::read(std::optional<uint32_t> only) {
     std::map<uint32_t, Connection> conns;
@@ -173,7 +175,9 @@ void DatapathBackend::overlay_tcp_info(std::vector<Connection>& conns) {
     }
 }
 
-std::vector<Connection> DatapathBackend::connections() { return read(std::nullopt); }
+std::vector<Connection> DatapathBackend::connections() {
+    return read(std::nullopt);
+}
 
 std::optional<Connection> DatapathBackend::connection(uint32_t token) {
     mps_conn c{};
@@ -251,7 +255,8 @@ int DatapathBackend::set_policy_backup(const std::string& policy, bool backup) {
         if (c.steps[pc].prog == MPS_ACT_SET_BACKUP && c.steps[pc].policy == idx)
             writes.push_back({running_->number, pc, backup});
     if (writes.empty())
-        throw std::runtime_error("set_policy_backup: policy " + policy + " has no set_backup action");
+        throw std::runtime_error("set_policy_backup: policy " + policy +
+                                 " has no set_backup action");
     const int n = int(writes.size());
     step_writes_.push(std::move(writes));
     return n;

@@ -41,7 +41,7 @@ const char* to_string(PollMode m) {
 
 int LatencyHistogram::bucket(uint64_t ns) {
     if (ns < 2 * kSub) return int(ns);
-    int msb = 63 - std::countl_zero(ns);        // >= 5
+    int msb = 63 - std::countl_zero(ns);                 // >= 5
     int shift = msb - std::countr_zero(uint64_t(kSub));  // keep the top log2(kSub)+1 bits
     int b = (msb - 3) * kSub + int((ns >> shift) & (kSub - 1));
     return std::min(b, kBuckets - 1);
@@ -102,7 +102,9 @@ nlohmann::json EventThreadStats::to_json() const {
 HookWatchdog::HookWatchdog(CallWatch& watch, std::chrono::milliseconds hang_after,
                            std::chrono::milliseconds exit_after,
                            std::function<void(const RunningCall&)> on_stuck)
-    : watch_(watch), hang_after_(hang_after), exit_after_(exit_after),
+    : watch_(watch),
+      hang_after_(hang_after),
+      exit_after_(exit_after),
       on_stuck_(std::move(on_stuck)) {
     thread_ = std::thread([this] { run(); });
 }
@@ -124,8 +126,8 @@ std::optional<RunningCall> HookWatchdog::hung() const {
 
 void HookWatchdog::run() {
     pthread_setname_np(pthread_self(), "mps-watchdog");
-    const auto period = std::clamp<std::chrono::milliseconds>(hang_after_ / 4, std::chrono::milliseconds(10),
-                                                              std::chrono::milliseconds(250));
+    const auto period = std::clamp<std::chrono::milliseconds>(
+        hang_after_ / 4, std::chrono::milliseconds(10), std::chrono::milliseconds(250));
     std::optional<Clock::time_point> reported, stuck;  // the call's `since`, once handled
     std::unique_lock lock(mu_);
     while (!cv_.wait_for(lock, period, [this] { return stop_; })) {
@@ -167,14 +169,12 @@ uint64_t mono_ns() {
 
 void bump(int fd) {
     uint64_t one = 1;
-    while (write(fd, &one, sizeof one) < 0 && errno == EINTR) {
-    }
+    while (write(fd, &one, sizeof one) < 0 && errno == EINTR) {}
 }
 
 void drain(int fd) {
     uint64_t v;
-    while (read(fd, &v, sizeof v) < 0 && errno == EINTR) {
-    }
+    while (read(fd, &v, sizeof v) < 0 && errno == EINTR) {}
 }
 }  // namespace
 
@@ -266,7 +266,9 @@ std::vector<datapath::Event> EventThread::take_events() {
     return out;
 }
 
-void EventThread::notify_owner() { bump(notify_fd_); }
+void EventThread::notify_owner() {
+    bump(notify_fd_);
+}
 
 void EventThread::on_event(const datapath::Event& ev) {
     if (opts_.before_hooks) opts_.before_hooks(ev);
@@ -332,9 +334,10 @@ void EventThread::run() {
         }
     }
     if (opts_.mode == PollMode::spin && opts_.rt_priority > 0 && !stats_.rt_refused)
-        spdlog::warn("event thread: spinning as SCHED_FIFO starves its CPU's other tasks; the "
-                     "kernel's RT throttling then stops it for tens of milliseconds at a time "
-                     "(lua/README.md, \"Event latency\")");
+        spdlog::warn(
+            "event thread: spinning as SCHED_FIFO starves its CPU's other tasks; the "
+            "kernel's RT throttling then stops it for tens of milliseconds at a time "
+            "(lua/README.md, \"Event latency\")");
     spdlog::info("event thread: mode {}{}{}{}", to_string(opts_.mode),
                  opts_.mode == PollMode::adaptive
                      ? " (polls " + std::to_string(opts_.spin.count()) + " us after each event)"

@@ -77,6 +77,7 @@ public:
     HookWatchdog& operator=(const HookWatchdog&) = delete;
     // The call running for longer than hang_after, if any.
     std::optional<RunningCall> hung() const;
+
 private:
     void run();
     CallWatch& watch_;
@@ -97,8 +98,9 @@ public:
     double percentile_us(double p) const;  // bucket upper bound, 0 when empty
     double max_us() const { return double(max_ns_) / 1e3; }
     double sum_us() const { return double(sum_ns_) / 1e3; }
+
 private:
-    static constexpr int kSub = 16;         // buckets per power of two
+    static constexpr int kSub = 16;  // buckets per power of two
     static constexpr int kBuckets = 64 * kSub;
     static int bucket(uint64_t ns);
     static uint64_t upper(int b);
@@ -109,14 +111,14 @@ private:
 struct EventThreadStats {
     std::string mode;
     int rt_priority = 0, cpu = -1;
-    bool rt_refused = false;          // SCHED_FIFO asked for and refused (EPERM, RT throttling)
-    uint64_t events = 0;              // taken from the ring
-    uint64_t wakeups = 0;             // returns from epoll with something to do
+    bool rt_refused = false;            // SCHED_FIFO asked for and refused (EPERM, RT throttling)
+    uint64_t events = 0;                // taken from the ring
+    uint64_t wakeups = 0;               // returns from epoll with something to do
     uint64_t events_while_polling = 0;  // events found by polling (no wake-up paid)
-    uint64_t dispatch_errors = 0;     // dispatch threw (logged; the thread carries on)
-    uint64_t handoff_dropped = 0;     // events the owner did not take in time
-    uint64_t ticks = 0;               // HookSet::tick runs
-    LatencyHistogram latency;         // event -> hooks done, events that reached a script
+    uint64_t dispatch_errors = 0;       // dispatch threw (logged; the thread carries on)
+    uint64_t handoff_dropped = 0;       // events the owner did not take in time
+    uint64_t ticks = 0;                 // HookSet::tick runs
+    LatencyHistogram latency;           // event -> hooks done, events that reached a script
     LatencyHistogram latency_after_wakeup;  // the same, events found right after a sleep
     nlohmann::json to_json() const;
 };
@@ -195,7 +197,7 @@ private:
     std::vector<std::function<void()>> tasks_;
     std::mutex handoff_mu_;
     std::vector<datapath::Event> handoff_;
-    EventThreadStats stats_;  // the event thread's
+    EventThreadStats stats_;    // the event thread's
     bool after_sleep_ = false;  // the events in hand were found right after a sleep
     std::chrono::steady_clock::time_point next_tick_ = std::chrono::steady_clock::time_point::max();
     std::unique_ptr<HookWatchdog> watchdog_;

@@ -25,9 +25,9 @@ void HookDispatcher::dispatch(HookSet& hooks, const datapath::Event& ev) {
         if (!fresh && seen->second == c.token) return;
         seen->second = c.token;  // the 4-tuple of a new connection (its close went unseen)
         // From the event's own flow entry only (the reader's lookup): no map scan, no sock_diag
-        // dump on the event path; mpsteer.connection(token) has the full view. The connection has one
-        // subflow yet: its counters are the connection's (the connection entry, which the
-        // event reader has just created, counts only from then on).
+        // dump on the event path; mpsteer.connection(token) has the full view. The connection has
+        // one subflow yet: its counters are the connection's (the connection entry, which the event
+        // reader has just created, counts only from then on).
         if (have) {
             c.subflows.push_back(make_subflow(ids_, r.flow, f));
             c.bytes = c.subflows.front().bytes;
@@ -66,8 +66,7 @@ void HookDispatcher::dispatch(HookSet& hooks, const datapath::Event& ev) {
         hooks.on_add_addr_blocked(a);
         break;
     }
-    default:
-        break;
+    default: break;
     }
 }
 

@@ -129,13 +129,17 @@ bool Script::has(const char* hook) const {
     return impl_->L && i >= 0 && impl_->hook_refs[i] != LUA_NOREF;
 }
 
-bool Script::collect_step() { return collect_garbage_step(*impl_); }
+bool Script::collect_step() {
+    return collect_garbage_step(*impl_);
+}
 
-size_t Script::memory_bytes() const { return impl_->used; }
+size_t Script::memory_bytes() const {
+    return impl_->used;
+}
 
 void Script::schedule_from(Clock::time_point now) {
-    next_tick_ = spec_.every_ms ? now + std::chrono::milliseconds(spec_.every_ms)
-                                : Clock::time_point::max();
+    next_tick_ =
+        spec_.every_ms ? now + std::chrono::milliseconds(spec_.every_ms) : Clock::time_point::max();
 }
 
 namespace {
@@ -169,34 +173,58 @@ bool Script::call(const char* hook, std::function<int(lua_State*)> push,
 
 bool Script::on_connection(const Connection& c) {
     uint64_t id = c.subflows.empty() ? 0 : c.subflows.front().id;
-    return call("on_connection", [&c](lua_State* L) { push_connection(L, c); return 1; },
-                settings_return("on_connection", id));
+    return call(
+        "on_connection",
+        [&c](lua_State* L) {
+            push_connection(L, c);
+            return 1;
+        },
+        settings_return("on_connection", id));
 }
 bool Script::on_subflow(const Subflow& s) {
-    return call("on_subflow", [&s](lua_State* L) { push_subflow(L, s); return 1; },
-                settings_return("on_subflow", s.id));
+    return call(
+        "on_subflow",
+        [&s](lua_State* L) {
+            push_subflow(L, s);
+            return 1;
+        },
+        settings_return("on_subflow", s.id));
 }
 bool Script::on_subflow_closed(const Subflow& s) {
-    return call("on_subflow_closed", [&s](lua_State* L) { push_subflow(L, s); return 1; }, nullptr);
+    return call(
+        "on_subflow_closed",
+        [&s](lua_State* L) {
+            push_subflow(L, s);
+            return 1;
+        },
+        nullptr);
 }
 bool Script::on_add_addr_blocked(const AddAddr& a) {
-    return call("on_add_addr_blocked",
-                [&a](lua_State* L) {
-                    push_add_addr(L, a);
-                    return 1;
-                },
-                nullptr);
+    return call(
+        "on_add_addr_blocked",
+        [&a](lua_State* L) {
+            push_add_addr(L, a);
+            return 1;
+        },
+        nullptr);
 }
 bool Script::on_tick() {
-    return call("on_tick",
-                [this](lua_State* L) {
-                    lua_pushinteger(L, spec_.every_ms);
-                    return 1;
-                },
-                nullptr);
+    return call(
+        "on_tick",
+        [this](lua_State* L) {
+            lua_pushinteger(L, spec_.every_ms);
+            return 1;
+        },
+        nullptr);
 }
 bool Script::on_apply(const nlohmann::json& info) {
-    return call("on_apply", [&info](lua_State* L) { push_json(L, info); return 1; }, nullptr);
+    return call(
+        "on_apply",
+        [&info](lua_State* L) {
+            push_json(L, info);
+            return 1;
+        },
+        nullptr);
 }
 
 // ---- HookSet -------------------------------------------------------------------------------
@@ -231,13 +259,18 @@ std::vector<std::string> HookSet::configure(const std::vector<ScriptSpec>& specs
     for (auto& [name, s] : scripts_) {
         bool reloaded = std::find(loaded.begin(), loaded.end(), name) != loaded.end();
         if (!s->disabled())
-            s->on_apply({{"revision", revision}, {"generation", generation}, {"reloaded", reloaded}});
+            s->on_apply(
+                {{"revision", revision}, {"generation", generation}, {"reloaded", reloaded}});
     }
     return loaded;
 }
 
-void HookSet::on_connection(const Connection& c) { each([&](Script& s) { s.on_connection(c); }); }
-void HookSet::on_subflow(const Subflow& sf) { each([&](Script& s) { s.on_subflow(sf); }); }
+void HookSet::on_connection(const Connection& c) {
+    each([&](Script& s) { s.on_connection(c); });
+}
+void HookSet::on_subflow(const Subflow& sf) {
+    each([&](Script& s) { s.on_subflow(sf); });
+}
 void HookSet::on_subflow_closed(const Subflow& sf) {
     each([&](Script& s) { s.on_subflow_closed(sf); });
 }

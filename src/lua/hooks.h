@@ -38,9 +38,9 @@ struct Limits {
     // Wall-clock time per call: checked by the count hook, so it stops Lua code; a call stuck
     // inside a C function is the event thread's watchdog's (event_thread.h).
     std::chrono::milliseconds call_time{1000};
-    uint32_t api_calls = 10'000;        // mpsteer.* calls per hook call
-    size_t message_bytes = 4096;        // an error, log line or print, beyond: truncated
-    uint32_t log_lines_per_s = 50;      // log/print lines per script and second, beyond: dropped
+    uint32_t api_calls = 10'000;    // mpsteer.* calls per hook call
+    size_t message_bytes = 4096;    // an error, log line or print, beyond: truncated
+    uint32_t log_lines_per_s = 50;  // log/print lines per script and second, beyond: dropped
 };
 
 // The hook call in progress, for the watchdog on another thread (thread-safe).
@@ -55,6 +55,7 @@ public:
     std::optional<RunningCall> current() const;
     // Asks the call in progress to stop at its next count hook (Lua code only).
     void interrupt();
+
 private:
     mutable std::mutex mu_;
     std::optional<RunningCall> current_;
@@ -63,37 +64,37 @@ private:
 
 // What a script sees of one subflow. Fields the host cannot know are 0.
 struct Subflow {
-    uint64_t id = 0;          // handle for set_rate/set_subflow, stable until the flow closes
-    uint32_t token = 0;       // the connection (lower of the two MPTCP tokens; 0: unknown)
-    std::string a, b;         // endpoints "addr:port" (flow key order: a is the lower one)
-    uint64_t bytes = 0, packets = 0;          // payload bytes / packets, both directions
-    uint64_t bytes_ab = 0, bytes_ba = 0;      // per direction
-    uint32_t srtt_us = 0, rttvar_us = 0;      // TCP_INFO where the host owns the socket,
-                                              // else from TCP timestamps (record)
-    uint64_t cwnd = 0;        // bytes (snd_cwnd x mss); local sockets only
-    uint64_t inflight = 0;    // bytes sent and not acknowledged; local sockets only
-    uint64_t notsent = 0;     // bytes queued on the subflow, not sent; local sockets only
+    uint64_t id = 0;     // handle for set_rate/set_subflow, stable until the flow closes
+    uint32_t token = 0;  // the connection (lower of the two MPTCP tokens; 0: unknown)
+    std::string a, b;    // endpoints "addr:port" (flow key order: a is the lower one)
+    uint64_t bytes = 0, packets = 0;      // payload bytes / packets, both directions
+    uint64_t bytes_ab = 0, bytes_ba = 0;  // per direction
+    uint32_t srtt_us = 0, rttvar_us = 0;  // TCP_INFO where the host owns the socket,
+                                          // else from TCP timestamps (record)
+    uint64_t cwnd = 0;                    // bytes (snd_cwnd x mss); local sockets only
+    uint64_t inflight = 0;                // bytes sent and not acknowledged; local sockets only
+    uint64_t notsent = 0;        // bytes queued on the subflow, not sent; local sockets only
     uint64_t delivery_rate = 0;  // bytes/s (TCP_INFO); local sockets only
-    uint64_t rate = 0;        // rate_limit override in bytes/s (0: the step's own rate)
-    bool backup = false;      // MP_JOIN B flag / MP_PRIO seen
-    bool local = false;       // the host owns the socket (TCP_INFO); "local_socket" in Lua
-    bool join = false;        // an MP_JOIN subflow (false: the initial one, or unknown)
+    uint64_t rate = 0;           // rate_limit override in bytes/s (0: the step's own rate)
+    bool backup = false;         // MP_JOIN B flag / MP_PRIO seen
+    bool local = false;          // the host owns the socket (TCP_INFO); "local_socket" in Lua
+    bool join = false;           // an MP_JOIN subflow (false: the initial one, or unknown)
 };
 
 struct Connection {
-    uint32_t token = 0;       // lower token
-    uint32_t token_b = 0;     // the other side's token
+    uint32_t token = 0;    // lower token
+    uint32_t token_b = 0;  // the other side's token
     uint64_t bytes = 0, packets = 0;
-    uint64_t unsent = 0;      // bytes the local MPTCP socket has not sent yet (0: unknown)
+    uint64_t unsent = 0;  // bytes the local MPTCP socket has not sent yet (0: unknown)
     std::vector<Subflow> subflows;
 };
 
 struct AddAddr {
-    uint32_t token = 0;       // connection (0: not known yet)
-    std::string address;      // "10.0.2.2" / "fd00:2::2"
-    uint16_t port = 0;        // 0: none in the option
+    uint32_t token = 0;   // connection (0: not known yet)
+    std::string address;  // "10.0.2.2" / "fd00:2::2"
+    uint16_t port = 0;    // 0: none in the option
     uint8_t addr_id = 0;
-    std::string subflow;      // the subflow it travelled on, "a <-> b"
+    std::string subflow;  // the subflow it travelled on, "a <-> b"
 };
 
 // The settings a script may change on a subflow. Empty optionals: leave alone.
@@ -125,9 +126,9 @@ public:
 
 // One script: its own state, its failures, its statistics.
 struct ScriptSpec {
-    std::string policy;   // the manifest's policy name
-    std::string name;     // for messages: the script as written ("lua/ecf.lua")
-    std::string source;   // the text
+    std::string policy;  // the manifest's policy name
+    std::string name;    // for messages: the script as written ("lua/ecf.lua")
+    std::string source;  // the text
     uint32_t every_ms = 0;
     nlohmann::json params = nlohmann::json::object();
     bool operator==(const ScriptSpec&) const = default;
@@ -139,7 +140,7 @@ struct ScriptStatus {
     bool loaded = false;
     int consecutive_failures = 0;
     uint64_t calls = 0, failures = 0, writes = 0;
-    std::string last_error;      // with the traceback
+    std::string last_error;  // with the traceback
     double last_call_us = 0, max_call_us = 0;
     nlohmann::json to_json() const;
 };

@@ -110,8 +110,8 @@ int sb_xpcall(lua_State* L) {
     lua_pushvalue(L, 1);  // f
     lua_pushvalue(L, 2);
     lua_pushcclosure(L, guarded_msgh, 1);  // msgh
-    lua_replace(L, 1);    // 1 = msgh
-    lua_replace(L, 2);    // 2 = f
+    lua_replace(L, 1);                     // 1 = msgh
+    lua_replace(L, 2);                     // 2 = f
     int st = lua_pcall(L, n - 2, LUA_MULTRET, 1);
     Script::Impl* im = impl_of(L);
     if (st != LUA_OK && (im->over_budget || im->oom)) return lua_error(L);
@@ -248,8 +248,10 @@ lua_State* new_sandboxed_state(Script::Impl& im) {
 }
 
 void open_sandboxed_libraries(lua_State* L) {
-    const luaL_Reg libs[] = {{LUA_GNAME, luaopen_base},     {LUA_STRLIBNAME, luaopen_string},
-                             {LUA_TABLIBNAME, luaopen_table}, {LUA_MATHLIBNAME, luaopen_math},
+    const luaL_Reg libs[] = {{LUA_GNAME, luaopen_base},
+                             {LUA_STRLIBNAME, luaopen_string},
+                             {LUA_TABLIBNAME, luaopen_table},
+                             {LUA_MATHLIBNAME, luaopen_math},
                              {LUA_UTF8LIBNAME, luaopen_utf8}};
     for (const auto& l : libs) {
         luaL_requiref(L, l.name, l.func, 1);
@@ -300,12 +302,18 @@ std::string sanitize_text(std::string_view s, size_t max) {
     size_t i = 0;
     while (i < s.size() && out.size() < max) {
         unsigned char c = static_cast<unsigned char>(s[i]);
-        size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+        size_t len = c < 0x80           ? 1
+                     : (c >> 5) == 0x6  ? 2
+                     : (c >> 4) == 0xE  ? 3
+                     : (c >> 3) == 0x1E ? 4
+                                        : 0;
         bool ok = len > 0 && i + len <= s.size();
-        for (size_t j = 1; ok && j < len; ++j) ok = (static_cast<unsigned char>(s[i + j]) >> 6) == 0x2;
+        for (size_t j = 1; ok && j < len; ++j)
+            ok = (static_cast<unsigned char>(s[i + j]) >> 6) == 0x2;
         if (ok && len > 1) {  // overlong forms, surrogates and beyond U+10FFFF
             uint32_t cp = c & (0xFF >> (len + 1));
-            for (size_t j = 1; j < len; ++j) cp = (cp << 6) | (static_cast<unsigned char>(s[i + j]) & 0x3F);
+            for (size_t j = 1; j < len; ++j)
+                cp = (cp << 6) | (static_cast<unsigned char>(s[i + j]) & 0x3F);
             static constexpr uint32_t kMin[5] = {0, 0, 0x80, 0x800, 0x10000};
             ok = cp >= kMin[len] && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
         }
@@ -318,8 +326,7 @@ std::string sanitize_text(std::string_view s, size_t max) {
             ++i;
         }
     }
-    if (i < s.size())
-        out += " ... (" + std::to_string(s.size() - i) + " more bytes cut)";
+    if (i < s.size()) out += " ... (" + std::to_string(s.size() - i) + " more bytes cut)";
     return out;
 }
 

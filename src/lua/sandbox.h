@@ -43,7 +43,7 @@ struct Script::Impl {
     uint64_t budget_left = 0;  // in units of 1000 instructions
     std::chrono::steady_clock::time_point deadline;  // of the call in progress
     std::atomic<bool> interrupt{false};  // set by the watchdog: stop at the next count hook
-    uint32_t api_calls = 0;    // mpsteer.* calls during this call
+    uint32_t api_calls = 0;              // mpsteer.* calls during this call
     // Logging's rate limit: lines in the current second, and the ones dropped.
     std::chrono::steady_clock::time_point log_second;
     uint32_t log_lines = 0, log_dropped = 0;
@@ -73,9 +73,9 @@ inline Script::Impl* impl_of(lua_State* L) {
 }
 
 // The hooks a chunk may define, in hook_refs' order; -1: not a hook.
-inline constexpr const char* kHookNames[6] = {"on_connection",       "on_subflow",
-                                              "on_subflow_closed",   "on_add_addr_blocked",
-                                              "on_tick",             "on_apply"};
+inline constexpr const char* kHookNames[6] = {"on_connection",     "on_subflow",
+                                              "on_subflow_closed", "on_add_addr_blocked",
+                                              "on_tick",           "on_apply"};
 int hook_index(const char* name);
 
 // Text leaving a script (errors, log lines, print) as valid UTF-8 (invalid bytes become

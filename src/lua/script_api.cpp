@@ -151,7 +151,9 @@ void push_add_addr(lua_State* L, const AddAddr& a) {
     set_str(L, "subflow", a.subflow);
 }
 
-void push_json(lua_State* L, const nlohmann::json& j) { push_json_at(L, j, 0); }
+void push_json(lua_State* L, const nlohmann::json& j) {
+    push_json_at(L, j, 0);
+}
 
 SubflowSettings check_settings(lua_State* L, int idx, const char* what) {
     idx = lua_absindex(L, idx);
@@ -262,8 +264,12 @@ int address_call(lua_State* L, bool add) {
     lua_pushboolean(L, ok);
     return 1;
 }
-int api_add_subflow(lua_State* L) { return address_call(L, true); }
-int api_block_address(lua_State* L) { return address_call(L, false); }
+int api_add_subflow(lua_State* L) {
+    return address_call(L, true);
+}
+int api_block_address(lua_State* L) {
+    return address_call(L, false);
+}
 
 int api_set_policy_backup(lua_State* L) {
     charge(L, 0, true);
@@ -284,11 +290,16 @@ int api_log(lua_State* L) {
     size_t len = 0;
     const char* msg = luaL_checklstring(L, 2, &len);
     spdlog::level::level_enum lv;
-    if (!std::strcmp(level, "debug")) lv = spdlog::level::debug;
-    else if (!std::strcmp(level, "info")) lv = spdlog::level::info;
-    else if (!std::strcmp(level, "warn")) lv = spdlog::level::warn;
-    else if (!std::strcmp(level, "error")) lv = spdlog::level::err;
-    else return luaL_error(L, "log: unknown level '%s' (debug, info, warn, error)", level);
+    if (!std::strcmp(level, "debug"))
+        lv = spdlog::level::debug;
+    else if (!std::strcmp(level, "info"))
+        lv = spdlog::level::info;
+    else if (!std::strcmp(level, "warn"))
+        lv = spdlog::level::warn;
+    else if (!std::strcmp(level, "error"))
+        lv = spdlog::level::err;
+    else
+        return luaL_error(L, "log: unknown level '%s' (debug, info, warn, error)", level);
     log_line(*im, lv, std::string_view(msg, len));
     return 0;
 }
@@ -312,13 +323,19 @@ int api_rate(lua_State* L) {
 
 void open_script_api(lua_State* L) {
     Impl* im = impl_of(L);
-    const luaL_Reg api[] = {{"connections", api_connections}, {"connection", api_connection},
-                            {"subflow", api_subflow},         {"set_subflow", api_set_subflow},
-                            {"set_rate", api_set_rate},       {"set_backup", api_set_backup},
-                            {"add_subflow", api_add_subflow}, {"block_address", api_block_address},
+    const luaL_Reg api[] = {{"connections", api_connections},
+                            {"connection", api_connection},
+                            {"subflow", api_subflow},
+                            {"set_subflow", api_set_subflow},
+                            {"set_rate", api_set_rate},
+                            {"set_backup", api_set_backup},
+                            {"add_subflow", api_add_subflow},
+                            {"block_address", api_block_address},
                             {"set_policy_backup", api_set_policy_backup},
-                            {"log", api_log},                 {"time", api_time},
-                            {"rate", api_rate},               {nullptr, nullptr}};
+                            {"log", api_log},
+                            {"time", api_time},
+                            {"rate", api_rate},
+                            {nullptr, nullptr}};
     lua_pushglobaltable(L);
     luaL_newlib(L, api);
     set_str(L, "policy", im->owner->spec().policy);

@@ -15,7 +15,9 @@ StepWriteQueue::StepWriteQueue() : fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
     if (fd_ < 0) throw std::runtime_error(std::string("step write queue: ") + std::strerror(errno));
 }
 
-StepWriteQueue::~StepWriteQueue() { close(fd_); }
+StepWriteQueue::~StepWriteQueue() {
+    close(fd_);
+}
 
 void StepWriteQueue::push(std::vector<StepWrite> writes) {
     if (writes.empty()) return;
@@ -24,8 +26,7 @@ void StepWriteQueue::push(std::vector<StepWrite> writes) {
         queue_.insert(queue_.end(), writes.begin(), writes.end());
     }
     uint64_t one = 1;
-    while (write(fd_, &one, sizeof one) < 0 && errno == EINTR) {
-    }
+    while (write(fd_, &one, sizeof one) < 0 && errno == EINTR) {}
 }
 
 std::vector<StepWrite> StepWriteQueue::take() {

@@ -28,8 +28,11 @@ void printable(std::string& s) {
     std::string out;
     for (size_t i = 0; i < s.size();) {
         auto c = static_cast<unsigned char>(s[i]);
-        size_t len = c < 0x80 ? 1 : (c >= 0xc2 && c <= 0xdf) ? 2 : (c >= 0xe0 && c <= 0xef) ? 3
-                                : (c >= 0xf0 && c <= 0xf4) ? 4 : 0;
+        size_t len = c < 0x80                   ? 1
+                     : (c >= 0xc2 && c <= 0xdf) ? 2
+                     : (c >= 0xe0 && c <= 0xef) ? 3
+                     : (c >= 0xf0 && c <= 0xf4) ? 4
+                                                : 0;
         bool ok = len > 0 && i + len <= s.size();
         for (size_t k = 1; ok && k < len; ++k)
             ok = (static_cast<unsigned char>(s[i + k]) & 0xc0) == 0x80;
@@ -41,9 +44,12 @@ void printable(std::string& s) {
                           (s[i + 3] & 0x3fu);
             ok = cp >= 0x10000 && cp <= 0x10ffff;
         }
-        if (ok && c >= 0x20 && c != 0x7f) out.append(s, i, len);
-        else if (ok && len == 1 && c == '\t') out += ' ';
-        else out += '?';
+        if (ok && c >= 0x20 && c != 0x7f)
+            out.append(s, i, len);
+        else if (ok && len == 1 && c == '\t')
+            out += ' ';
+        else
+            out += '?';
         i += ok ? len : 1;
     }
     s = std::move(out);
@@ -60,9 +66,8 @@ void sort_diagnostics(std::vector<Diagnostic>& d) {
         return std::tie(x.pos.file, x.pos.line, x.pos.col, x.severity, x.pointer, x.message);
     };
     std::sort(d.begin(), d.end(), [&](const auto& a, const auto& b) { return key(a) < key(b); });
-    d.erase(std::unique(d.begin(), d.end(), [&](const auto& a, const auto& b) {
-                return key(a) == key(b);
-            }),
+    d.erase(std::unique(d.begin(), d.end(),
+                        [&](const auto& a, const auto& b) { return key(a) == key(b); }),
             d.end());
 }
 
@@ -80,7 +85,9 @@ std::string_view to_string(HookPoint h) {
     return "?";
 }
 
-std::string to_string(const IpAddr& a) { return net::address_text(a.family, a.bytes.data()); }
+std::string to_string(const IpAddr& a) {
+    return net::address_text(a.family, a.bytes.data());
+}
 
 std::optional<IpAddr> parse_ip(std::string_view s) {
     if (s.size() >= INET6_ADDRSTRLEN) return std::nullopt;
@@ -129,11 +136,16 @@ std::optional<uint64_t> parse_duration_us(std::string_view s) {
     std::string_view unit;
     if (!split_number(s, micro, unit) || micro % 1000000) return std::nullopt;
     uint64_t n = micro / 1000000, mul;
-    if (unit == "us") mul = 1;
-    else if (unit == "ms") mul = 1000;
-    else if (unit == "s") mul = 1000000;
-    else if (unit == "m") mul = 60000000;
-    else return std::nullopt;
+    if (unit == "us")
+        mul = 1;
+    else if (unit == "ms")
+        mul = 1000;
+    else if (unit == "s")
+        mul = 1000000;
+    else if (unit == "m")
+        mul = 60000000;
+    else
+        return std::nullopt;
     if (n > UINT64_MAX / mul) return std::nullopt;
     return n * mul;
 }
@@ -144,15 +156,24 @@ std::optional<uint64_t> parse_rate_bytes_per_sec(std::string_view s) {
     if (!split_number(s, micro, unit)) return std::nullopt;
     // bits per second need dividing by 8; bytes per second by 1
     uint64_t mul, div;
-    if (unit == "bit") mul = 1, div = 8;
-    else if (unit == "kbit" || unit == "Kbit") mul = 1000, div = 8;
-    else if (unit == "mbit" || unit == "Mbit") mul = 1000000, div = 8;
-    else if (unit == "gbit" || unit == "Gbit") mul = 1000000000, div = 8;
-    else if (unit == "B/s") mul = 1, div = 1;
-    else if (unit == "KB/s") mul = 1000, div = 1;
-    else if (unit == "MB/s") mul = 1000000, div = 1;
-    else if (unit == "GB/s") mul = 1000000000, div = 1;
-    else return std::nullopt;
+    if (unit == "bit")
+        mul = 1, div = 8;
+    else if (unit == "kbit" || unit == "Kbit")
+        mul = 1000, div = 8;
+    else if (unit == "mbit" || unit == "Mbit")
+        mul = 1000000, div = 8;
+    else if (unit == "gbit" || unit == "Gbit")
+        mul = 1000000000, div = 8;
+    else if (unit == "B/s")
+        mul = 1, div = 1;
+    else if (unit == "KB/s")
+        mul = 1000, div = 1;
+    else if (unit == "MB/s")
+        mul = 1000000, div = 1;
+    else if (unit == "GB/s")
+        mul = 1000000000, div = 1;
+    else
+        return std::nullopt;
     // micro * mul / (div * 10^6) without overflow for the ranges the schema allows
     unsigned __int128 v = (unsigned __int128)micro * mul / div / 1000000;
     if (v > UINT64_MAX) return std::nullopt;
@@ -227,8 +248,7 @@ std::string range_text(uint64_t lo, uint64_t hi) {
 std::string Selector::describe() const {
     auto list = [&](const char* name) {
         std::string s = std::string(name) + "(";
-        for (size_t i = 0; i < children.size(); ++i)
-            s += (i ? ", " : "") + children[i].describe();
+        for (size_t i = 0; i < children.size(); ++i) s += (i ? ", " : "") + children[i].describe();
         return s + ")";
     };
     switch (kind) {
@@ -236,11 +256,13 @@ std::string Selector::describe() const {
     case Kind::dst: return "dst " + to_string(addr) + "/" + std::to_string(prefix);
     case Kind::ip_pair: return "ip_pair " + to_string(a) + " <-> " + to_string(b);
     case Kind::subflow:
-        return "subflow " + to_string(a) + "." + std::to_string(port_a) + " <-> " +
-               to_string(b) + "." + std::to_string(port_b);
+        return "subflow " + to_string(a) + "." + std::to_string(port_a) + " <-> " + to_string(b) +
+               "." + std::to_string(port_b);
     case Kind::port:
         return std::string("port ") +
-               (dir == PortDir::src ? "src " : dir == PortDir::dst ? "dst " : "either ") +
+               (dir == PortDir::src   ? "src "
+                : dir == PortDir::dst ? "dst "
+                                      : "either ") +
                port_text(port_lo, port_hi);
     case Kind::packet_type: {
         std::string s = "packet_type ";
@@ -309,9 +331,9 @@ void check_scripts(Result& r, const Options& opts,
     for (const auto& p : r.model.policies) {
         if (!p.lua || p.lua->path.empty()) continue;
         auto given = given_for_file.find(p.pos.file);
-        fs::path root = script_root(opts, p.pos.file,
-                                    given == given_for_file.end() ? fs::path(p.pos.file).parent_path()
-                                                                  : given->second);
+        fs::path root = script_root(
+            opts, p.pos.file,
+            given == given_for_file.end() ? fs::path(p.pos.file).parent_path() : given->second);
         std::error_code ec;
         fs::path rel = fs::absolute(p.lua->path, ec).lexically_normal().lexically_relative(root);
         std::string why = "is outside the repository " + root.string();
@@ -347,7 +369,9 @@ Result load_sources(const std::vector<std::pair<std::string, std::string>>& sour
         // Each document is bounded (alias expansion included); so is their number.
         const size_t n = count_documents(text);
         if (n > kMaxDocumentsPerFile || documents + n > kMaxDocuments) {
-            diags.push_back({Severity::error, {name, 0, 0}, "",
+            diags.push_back({Severity::error,
+                             {name, 0, 0},
+                             "",
                              n > kMaxDocumentsPerFile
                                  ? "more than " + std::to_string(kMaxDocumentsPerFile) +
                                        " YAML documents in one file; not parsed"
@@ -392,7 +416,8 @@ Result load_paths(const std::vector<std::string>& paths, const Options& opts) {
                 if (auto text = tree.read(rel, diags)) sources.emplace_back(name, std::move(*text));
             }
         } catch (const std::exception& e) {
-            diags.push_back({Severity::error, {p, 0, 0}, "", std::string("cannot read: ") + e.what()});
+            diags.push_back(
+                {Severity::error, {p, 0, 0}, "", std::string("cannot read: ") + e.what()});
         }
     }
     Result r = load_sources(sources, opts);

@@ -3,7 +3,8 @@
 // typed JSON, validated against the JSON Schemas in schemas/ (embedded at build time), checked
 // for meaning (references, ranges, conflicts) and turned into a typed model with every
 // reference inlined. Nothing here touches the kernel; the compiler (src/compile) takes the model.
-// Problems are reported as Diagnostics, never thrown; the format is documented in schemas/README.md.
+// Problems are reported as Diagnostics, never thrown; the format is documented in
+// schemas/README.md.
 #pragma once
 
 #include <array>
@@ -43,8 +44,8 @@ enum class HookPoint : uint8_t { xdp, tc_egress, tc_ingress };
 std::string_view to_string(HookPoint h);
 
 struct IpAddr {
-    uint8_t family = 0;              // 4 or 6
-    std::array<uint8_t, 16> bytes{}; // network order; IPv4 uses the first 4
+    uint8_t family = 0;               // 4 or 6
+    std::array<uint8_t, 16> bytes{};  // network order; IPv4 uses the first 4
     auto operator<=>(const IpAddr&) const = default;
 };
 std::string to_string(const IpAddr& a);
@@ -55,18 +56,26 @@ enum class BytesScope : uint8_t { subflow, connection };
 
 struct Selector {
     enum class Kind : uint8_t {
-        subflow, ip_pair, src, dst, port, packet_type, token, sequence, flow_bytes,
+        subflow,
+        ip_pair,
+        src,
+        dst,
+        port,
+        packet_type,
+        token,
+        sequence,
+        flow_bytes,
         any,   // children: OR
         all,   // children: AND (an included selector set)
         not_,  // one child
         ref,   // `selector_set: NAME` before inlining; never in a Model
     };
     Kind kind = Kind::src;
-    Position pos;            // of the selector's key, in the file that defines it
-    std::string pointer;     // JSON pointer of that key in its document
-    IpAddr addr;             // src, dst (already masked)
+    Position pos;         // of the selector's key, in the file that defines it
+    std::string pointer;  // JSON pointer of that key in its document
+    IpAddr addr;          // src, dst (already masked)
     uint8_t prefix = 0;
-    IpAddr a, b;             // ip_pair, subflow
+    IpAddr a, b;                      // ip_pair, subflow
     uint16_t port_a = 0, port_b = 0;  // subflow
     PortDir dir = PortDir::either;    // port
     uint16_t port_lo = 0, port_hi = 0;
@@ -84,8 +93,17 @@ struct Selector {
 
 struct Action {
     enum class Kind : uint8_t {
-        pass, drop, record, get_connect, get_subflow, rate_limit, blk_subflow, add_subflow,
-        set_backup, no_subflows, redirect,
+        pass,
+        drop,
+        record,
+        get_connect,
+        get_subflow,
+        rate_limit,
+        blk_subflow,
+        add_subflow,
+        set_backup,
+        no_subflows,
+        redirect,
         ref,  // `action_chain: NAME` before inlining; never in a Model
     };
     Kind kind = Kind::pass;
@@ -94,11 +112,11 @@ struct Action {
     uint64_t rate_bytes_per_sec = 0;  // rate_limit
     uint32_t rtt_us = 0;
     uint32_t min_window = 0;
-    bool backup = true;               // set_backup
+    bool backup = true;  // set_backup
     bool once = true;
-    std::string interface;            // redirect
-    std::vector<std::string> metrics; // record (informational)
-    std::string ref;                  // ref: the action chain's name
+    std::string interface;             // redirect
+    std::vector<std::string> metrics;  // record (informational)
+    std::string ref;                   // ref: the action chain's name
     // For an action brought in by `action_chain: NAME`: that entry in the policy (the
     // outermost one for nested chains) and NAME. A problem that depends on the policy (its
     // hooks, what runs before) is reported there, with `pos` as a note.
@@ -114,9 +132,9 @@ std::vector<HookPoint> allowed_hooks(Action::Kind k);
 bool applicable(Action::Kind k, HookPoint h);  // h is in allowed_hooks(k)
 
 struct LuaHook {
-    std::string script;       // as written (relative to the repository)
-    std::string path;         // the file found on disk
-    uint32_t every_ms = 0;    // 0: no on_tick
+    std::string script;     // as written (relative to the repository)
+    std::string path;       // the file found on disk
+    uint32_t every_ms = 0;  // 0: no on_tick
     nlohmann::json params = nlohmann::json::object();
 };
 
@@ -124,15 +142,15 @@ enum class FailureMode : uint8_t { pass, drop };
 
 struct Policy {
     std::string name;
-    Position pos;                          // the document
-    Position attach_pos, priority_pos;     // of `attach` and `priority` (the datapath's limits)
-    std::vector<std::string> interfaces;   // sorted; empty: every managed interface
-    std::vector<HookPoint> hooks;          // sorted
+    Position pos;                         // the document
+    Position attach_pos, priority_pos;    // of `attach` and `priority` (the datapath's limits)
+    std::vector<std::string> interfaces;  // sorted; empty: every managed interface
+    std::vector<HookPoint> hooks;         // sorted
     uint32_t priority = 0;
     FailureMode failure_mode = FailureMode::pass;
-    bool cont = false;                     // `continue: true`
-    std::vector<Selector> select;          // AND; selector sets inlined
-    std::vector<Action> actions;           // action chains inlined
+    bool cont = false;             // `continue: true`
+    std::vector<Selector> select;  // AND; selector sets inlined
+    std::vector<Action> actions;   // action chains inlined
     std::optional<LuaHook> lua;
     // The resolved policy as canonical JSON (references inlined, defaults filled): two
     // revisions of a policy are "the same" when this text is.
@@ -171,8 +189,8 @@ Result load_sources(const std::vector<std::pair<std::string, std::string>>& sour
                     const Options& opts = {});
 
 // Number parsers shared with the CLI and tests; nullopt when malformed or out of range.
-std::optional<uint64_t> parse_duration_us(std::string_view s);        // "100ms" -> 100000
-std::optional<uint64_t> parse_rate_bytes_per_sec(std::string_view s); // "20Mbit" -> 2500000
+std::optional<uint64_t> parse_duration_us(std::string_view s);         // "100ms" -> 100000
+std::optional<uint64_t> parse_rate_bytes_per_sec(std::string_view s);  // "20Mbit" -> 2500000
 std::optional<IpAddr> parse_ip(std::string_view s);
 
 }  // namespace mpsteer::manifest

@@ -34,9 +34,8 @@ void context_error(Checker& ck, const Action& a, std::string msg) {
 // each selector, action and interface name with no schema error at or below it.
 void check_accepted_parts(Checker& ck, const Doc& d, const std::vector<std::string>& bad) {
     auto clean = [&](const std::string& p) {
-        return std::none_of(bad.begin(), bad.end(), [&](const std::string& b) {
-            return b == p || b.starts_with(p + "/");
-        });
+        return std::none_of(bad.begin(), bad.end(),
+                            [&](const std::string& b) { return b == p || b.starts_with(p + "/"); });
     };
     auto each = [&](const std::string& list, auto&& check) {
         const json* l = nullptr;
@@ -77,18 +76,22 @@ json canonical(const Policy& p) {
     for (const auto& a : p.actions) act.push_back(a.describe());
     j["select"] = sel;
     j["actions"] = act;
-    if (p.lua) j["hooks_lua"] = {{"script", p.lua->script}, {"every_ms", p.lua->every_ms},
-                                 {"params", p.lua->params}};
+    if (p.lua)
+        j["hooks_lua"] = {
+            {"script", p.lua->script}, {"every_ms", p.lua->every_ms}, {"params", p.lua->params}};
     return j;
 }
 
 bool overlap(const std::vector<std::string>& a, const std::vector<std::string>& b) {
     if (a.empty() || b.empty()) return true;  // empty: every interface
-    return std::any_of(a.begin(), a.end(),
-                       [&](const std::string& x) { return std::binary_search(b.begin(), b.end(), x); });
+    return std::any_of(a.begin(), a.end(), [&](const std::string& x) {
+        return std::binary_search(b.begin(), b.end(), x);
+    });
 }
 
-bool terminal(Action::Kind k) { return k == Action::Kind::pass || k == Action::Kind::drop; }
+bool terminal(Action::Kind k) {
+    return k == Action::Kind::pass || k == Action::Kind::drop;
+}
 
 }  // namespace
 
@@ -123,11 +126,12 @@ Result load_docs(std::vector<Doc> docs, std::vector<Diagnostic> diags,
         std::string name = j["metadata"]["name"];
         auto [it, fresh] = names->emplace(name, Named{&d, valid});
         if (!fresh) {
-            std::string what = kind == "Policy" ? "policy" : kind == "SelectorSet"
-                                                                ? "selector set"
-                                                                : "action chain";
-            ck.error(d, "/metadata/name", what + " '" + name + "' is already defined at " +
-                                             fmt_pos(it->second.doc->root));
+            std::string what = kind == "Policy"        ? "policy"
+                               : kind == "SelectorSet" ? "selector set"
+                                                       : "action chain";
+            ck.error(
+                d, "/metadata/name",
+                what + " '" + name + "' is already defined at " + fmt_pos(it->second.doc->root));
         }
     }
 
@@ -185,27 +189,29 @@ Result load_docs(std::vector<Doc> docs, std::vector<Diagnostic> diags,
                 std::string where;
                 for (auto allowed : allowed_hooks(a.kind))
                     where += (where.empty() ? "" : " or ") + std::string(to_string(allowed));
-                context_error(ck, a, "action '" + std::string(to_string(a.kind)) +
-                                         "' cannot run on hook '" + std::string(to_string(h)) +
-                                         "' of policy '" + p->name + "' (use " + where + ")");
+                context_error(ck, a,
+                              "action '" + std::string(to_string(a.kind)) +
+                                  "' cannot run on hook '" + std::string(to_string(h)) +
+                                  "' of policy '" + p->name + "' (use " + where + ")");
                 ok = false;
             }
             if (i > 0 && terminal(p->actions[i - 1].kind)) {
-                context_error(ck, a, "action '" + std::string(to_string(a.kind)) +
-                                           "' is never reached: '" +
-                                           std::string(to_string(p->actions[i - 1].kind)) +
-                                           "' before it ends the chain");
+                context_error(ck, a,
+                              "action '" + std::string(to_string(a.kind)) +
+                                  "' is never reached: '" +
+                                  std::string(to_string(p->actions[i - 1].kind)) +
+                                  "' before it ends the chain");
                 ok = false;
             }
         }
         if (p->cont && terminal(p->actions.back().kind))
-            ck.warning(d, "/spec/continue", "'continue' has no effect after '" +
-                                                std::string(to_string(p->actions.back().kind)) +
-                                                "'");
+            ck.warning(d, "/spec/continue",
+                       "'continue' has no effect after '" +
+                           std::string(to_string(p->actions.back().kind)) + "'");
         if (p->steps() > kMaxChain) {
-            ck.error(d, "/spec", "policy needs " + std::to_string(p->steps()) +
-                                     " steps; a packet may run through at most " +
-                                     std::to_string(kMaxChain));
+            ck.error(d, "/spec",
+                     "policy needs " + std::to_string(p->steps()) +
+                         " steps; a packet may run through at most " + std::to_string(kMaxChain));
             ok = false;
         }
         if (!ok) continue;
@@ -214,9 +220,8 @@ Result load_docs(std::vector<Doc> docs, std::vector<Diagnostic> diags,
     }
 
     // Priorities: unique among policies that can meet on one hook and interface.
-    std::sort(policies.begin(), policies.end(), [](const auto& a, const auto& b) {
-        return a.first.pos < b.first.pos;
-    });
+    std::sort(policies.begin(), policies.end(),
+              [](const auto& a, const auto& b) { return a.first.pos < b.first.pos; });
     std::set<std::string> conflicted;
     for (size_t i = 0; i < policies.size(); ++i) {
         for (size_t j = 0; j < i; ++j) {
@@ -227,8 +232,8 @@ Result load_docs(std::vector<Doc> docs, std::vector<Diagnostic> diags,
                 if (!std::binary_search(a.hooks.begin(), a.hooks.end(), h)) continue;
                 ck.error(*policies[i].second, "/spec/priority",
                          "priority " + std::to_string(b.priority) + " on hook '" +
-                             std::string(to_string(h)) + "' is already used by policy '" +
-                             a.name + "' (" + fmt_pos(a.pos) + ")");
+                             std::string(to_string(h)) + "' is already used by policy '" + a.name +
+                             "' (" + fmt_pos(a.pos) + ")");
                 conflicted.insert(b.name);
                 break;
             }
@@ -261,9 +266,8 @@ Result load_docs(std::vector<Doc> docs, std::vector<Diagnostic> diags,
                 if (!p.select.empty() || (p.cont && !terminal(p.actions.back().kind))) continue;
                 for (size_t later = k + 1; later < chain.size(); ++later)
                     ck.warning(*chain[later]->second, "/spec/priority",
-                               "never runs on hook '" + std::string(to_string(h)) +
-                                   "': policy '" + p.name +
-                                   "' before it selects every packet and ends the chain");
+                               "never runs on hook '" + std::string(to_string(h)) + "': policy '" +
+                                   p.name + "' before it selects every packet and ends the chain");
                 break;
             }
             size_t longest = 0;
@@ -288,10 +292,12 @@ Result load_docs(std::vector<Doc> docs, std::vector<Diagnostic> diags,
 
     for (auto& [name, n] : set_names)
         if (!n.used && n.valid)
-            ck.warning(*n.doc, "/metadata/name", "selector set '" + name + "' is not used by any policy");
+            ck.warning(*n.doc, "/metadata/name",
+                       "selector set '" + name + "' is not used by any policy");
     for (auto& [name, n] : chain_names)
         if (!n.used && n.valid)
-            ck.warning(*n.doc, "/metadata/name", "action chain '" + name + "' is not used by any policy");
+            ck.warning(*n.doc, "/metadata/name",
+                       "action chain '" + name + "' is not used by any policy");
 
     std::sort(policies.begin(), policies.end(),
               [](const auto& a, const auto& b) { return a.first.name < b.first.name; });

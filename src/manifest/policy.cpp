@@ -60,8 +60,7 @@ std::optional<std::string> Checker::find_script(const Doc& d, const std::string&
         fs::path candidate = dir / script;
         if (fs::is_regular_file(candidate, ec)) return candidate.lexically_normal().string();
         bool at_root = (!stop.empty() && dir.lexically_normal() == stop.lexically_normal()) ||
-                       (stop.empty() && fs::exists(dir / ".git", ec)) ||
-                       dir == dir.parent_path();
+                       (stop.empty() && fs::exists(dir / ".git", ec)) || dir == dir.parent_path();
         if (at_root) return std::nullopt;
         dir = dir.parent_path();
     }
@@ -87,7 +86,7 @@ std::optional<Policy> Checker::policy(const Doc& d) {
     }
     std::sort(p.interfaces.begin(), p.interfaces.end());
     for (const auto& h : attach["hooks"]) {
-        p.hooks.push_back(h == "xdp" ? HookPoint::xdp
+        p.hooks.push_back(h == "xdp"         ? HookPoint::xdp
                           : h == "tc_egress" ? HookPoint::tc_egress
                                              : HookPoint::tc_ingress);
     }
@@ -98,39 +97,45 @@ std::optional<Policy> Checker::policy(const Doc& d) {
     if (spec.contains("continue")) p.cont = spec["continue"];
     if (spec.contains("select")) {
         auto s = selectors(d, "/spec/select");
-        if (s) p.select = std::move(*s);
-        else ok = false;
+        if (s)
+            p.select = std::move(*s);
+        else
+            ok = false;
     }
     auto a = actions(d, "/spec/actions");
-    if (a) p.actions = std::move(*a);
-    else ok = false;
+    if (a)
+        p.actions = std::move(*a);
+    else
+        ok = false;
     if (spec.contains("hooks")) {
         const json& h = spec["hooks"];
         LuaHook lua;
         lua.script = h["script"];
         fs::path sp(lua.script);
-        bool escapes = std::any_of(sp.begin(), sp.end(), [](const fs::path& c) {
-            return c == "..";
-        });
+        bool escapes =
+            std::any_of(sp.begin(), sp.end(), [](const fs::path& c) { return c == ".."; });
         if (escapes) {
-            error(d, "/spec/hooks/script", "script path must stay inside the repository "
-                                           "(no '..' components)");
+            error(d, "/spec/hooks/script",
+                  "script path must stay inside the repository "
+                  "(no '..' components)");
             ok = false;
         } else if (opts.check_scripts) {
             auto found = find_script(d, lua.script);
             if (!found) {
                 error(d, "/spec/hooks/script",
-                      "script '" + lua.script + "' not found next to the manifest or in a "
-                      "parent directory up to the repository root");
+                      "script '" + lua.script +
+                          "' not found next to the manifest or in a "
+                          "parent directory up to the repository root");
                 ok = false;
             } else {
                 lua.path = *found;
             }
         }
         if (h.contains("every")) {
-            auto us = duration(d, "/spec/hooks/every", h["every"], kMinEvery, kMaxEvery,
-                               "10ms to 1h");
-            if (!us) ok = false;
+            auto us =
+                duration(d, "/spec/hooks/every", h["every"], kMinEvery, kMaxEvery, "10ms to 1h");
+            if (!us)
+                ok = false;
             else if (*us % 1000) {
                 error(d, "/spec/hooks/every", "must be a whole number of milliseconds");
                 ok = false;

@@ -34,8 +34,9 @@ constexpr uint64_t kBeneath = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
 
 std::string open_error(int err) {
     switch (err) {
-    case EXDEV: return "leads outside the policy directory (a symlink or path out of it is not "
-                       "followed)";
+    case EXDEV:
+        return "leads outside the policy directory (a symlink or path out of it is not "
+               "followed)";
     case ELOOP: return "is a symlink loop or a link into /proc (not followed)";
     case ENOENT: return "does not exist (a dangling symlink?)";
     case ENOTDIR: return "has a path component that is not a directory";
@@ -181,8 +182,7 @@ std::optional<std::string> PolicyTree::read(const std::string& rel,
     if (size_t(st.st_size) > kMaxPolicyFileBytes) return error(too_big);
     const size_t budget = kMaxRevisionBytes - std::min(bytes_read_, kMaxRevisionBytes);
     const std::string over_budget = "the policy directory holds more than " +
-                                    std::to_string(kMaxRevisionBytes) +
-                                    " bytes in total; not read";
+                                    std::to_string(kMaxRevisionBytes) + " bytes in total; not read";
     if (size_t(st.st_size) > budget) return error(over_budget);
     std::string text;
     if (!read_capped(f.fd, std::min(kMaxPolicyFileBytes, budget), text))
@@ -199,13 +199,17 @@ void PolicyTree::ownership_warnings(std::vector<Diagnostic>& diags) const {
         struct stat st;
         if (::stat(p.c_str(), &st) != 0) break;
         std::string who;
-        if (st.st_uid != 0) who = "is owned by uid " + std::to_string(st.st_uid);
+        if (st.st_uid != 0)
+            who = "is owned by uid " + std::to_string(st.st_uid);
         else if ((st.st_mode & (S_IWGRP | S_IWOTH)) && !(st.st_mode & S_ISVTX))
             who = st.st_mode & S_IWOTH ? "is world-writable" : "is group-writable";
         if (!who.empty())
-            diags.push_back({Severity::warning, {display(""), 0, 0}, "",
-                             (p == root_ ? "the policy directory " : "its parent " + p.string() + " ") +
-                                 who + ": whoever can write there controls what the agent runs"});
+            diags.push_back(
+                {Severity::warning,
+                 {display(""), 0, 0},
+                 "",
+                 (p == root_ ? "the policy directory " : "its parent " + p.string() + " ") + who +
+                     ": whoever can write there controls what the agent runs"});
         if (p == p.parent_path()) break;
     }
 }

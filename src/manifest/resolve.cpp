@@ -18,16 +18,16 @@ bool Resolver::selector(Selector& s, std::vector<std::string>& stack) {
     if (s.kind == Selector::Kind::ref) {
         auto named = set_names.find(s.ref);
         if (named == set_names.end()) {
-            ck.error_at(s.pos, s.pointer, "unknown selector set '" + s.ref + "'" +
-                                       suggest(s.ref, set_names));
+            ck.error_at(s.pos, s.pointer,
+                        "unknown selector set '" + s.ref + "'" + suggest(s.ref, set_names));
             return false;
         }
         named->second.used = true;
         if (std::find(stack.begin(), stack.end(), s.ref) != stack.end()) {
             std::string path;
             for (const auto& n : stack) path += n + " -> ";
-            ck.error_at(s.pos, s.pointer, "selector set '" + s.ref + "' includes itself (" + path +
-                                       s.ref + ")");
+            ck.error_at(s.pos, s.pointer,
+                        "selector set '" + s.ref + "' includes itself (" + path + s.ref + ")");
             return false;
         }
         const auto& body = sets[s.ref];
@@ -58,8 +58,8 @@ bool Resolver::actions(std::vector<Action>& list, std::vector<std::string>& stac
         }
         auto named = chain_names.find(a.ref);
         if (named == chain_names.end()) {
-            ck.error_at(a.pos, a.pointer, "unknown action chain '" + a.ref + "'" +
-                                       suggest(a.ref, chain_names));
+            ck.error_at(a.pos, a.pointer,
+                        "unknown action chain '" + a.ref + "'" + suggest(a.ref, chain_names));
             ok = false;
             continue;
         }
@@ -67,8 +67,8 @@ bool Resolver::actions(std::vector<Action>& list, std::vector<std::string>& stac
         if (std::find(stack.begin(), stack.end(), a.ref) != stack.end()) {
             std::string path;
             for (const auto& n : stack) path += n + " -> ";
-            ck.error_at(a.pos, a.pointer, "action chain '" + a.ref + "' includes itself (" + path +
-                                       a.ref + ")");
+            ck.error_at(a.pos, a.pointer,
+                        "action chain '" + a.ref + "' includes itself (" + path + a.ref + ")");
             ok = false;
             continue;
         }

@@ -27,8 +27,8 @@ std::string closest(const std::string& word, const std::vector<std::string>& can
         for (size_t i = 1; i <= a.size(); ++i) {
             cur[0] = i;
             for (size_t j = 1; j <= b.size(); ++j)
-                cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1,
-                                   prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+                cur[j] = std::min(
+                    {prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
             std::swap(prev, cur);
         }
         return prev[b.size()];
@@ -112,8 +112,7 @@ struct Schemas {
                     node = &(*node)["additionalProperties"];
                 else
                     node = nullptr;
-                inst = inst && inst->is_object() && inst->contains(step) ? &(*inst)[step]
-                                                                         : nullptr;
+                inst = inst && inst->is_object() && inst->contains(step) ? &(*inst)[step] : nullptr;
             }
         }
         return node ? resolve(node, file) : nullptr;
@@ -166,7 +165,9 @@ std::string quoted(const std::string& desc) {
     return desc.substr(start + 1, end - start - 1);
 }
 
-bool starts(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
+bool starts(const std::string& s, const char* prefix) {
+    return s.rfind(prefix, 0) == 0;
+}
 
 }  // namespace
 
@@ -175,9 +176,12 @@ bool schema_validate(const Doc& doc, std::vector<Diagnostic>& diags) {
     std::string root = "manifest.schema.json";
     if (doc.json.is_object() && doc.json.contains("kind") && doc.json["kind"].is_string()) {
         const auto& k = doc.json["kind"].get_ref<const std::string&>();
-        if (k == "Policy") root = "policy.schema.json";
-        else if (k == "SelectorSet") root = "selector-set.schema.json";
-        else if (k == "ActionChain") root = "action-chain.schema.json";
+        if (k == "Policy")
+            root = "policy.schema.json";
+        else if (k == "SelectorSet")
+            root = "selector-set.schema.json";
+        else if (k == "ActionChain")
+            root = "action-chain.schema.json";
     }
     valijson::Validator validator;
     valijson::ValidationResults results;
@@ -244,18 +248,17 @@ bool schema_validate(const Doc& doc, std::vector<Diagnostic>& diags) {
                 const json* inst = nullptr;
                 try {
                     inst = &doc.json.at(json::json_pointer(cptr));
-                } catch (const json::exception&) {
-                }
+                } catch (const json::exception&) {}
                 if (child && inst && inst->is_object() && child->contains("propertyNames") &&
                     (*child)["propertyNames"].contains("pattern")) {
                     std::regex re((*child)["propertyNames"]["pattern"].get<std::string>());
                     for (auto it = inst->begin(); it != inst->end(); ++it) {
                         if (std::regex_search(it.key(), re)) continue;
                         std::string kp = pointer_join(cptr, it.key());
-                        diags.push_back({Severity::error, doc.key_at(kp), kp,
-                                         "invalid name '" + it.key() + "' (must match " +
-                                             (*child)["propertyNames"]["pattern"].get<std::string>() +
-                                             ")"});
+                        diags.push_back(
+                            {Severity::error, doc.key_at(kp), kp,
+                             "invalid name '" + it.key() + "' (must match " +
+                                 (*child)["propertyNames"]["pattern"].get<std::string>() + ")"});
                         ok = false;
                     }
                     continue;
@@ -266,8 +269,7 @@ bool schema_validate(const Doc& doc, std::vector<Diagnostic>& diags) {
         const json* val = nullptr;
         try {
             val = &doc.json.at(json::json_pointer(r.pointer));
-        } catch (const json::exception&) {
-        }
+        } catch (const json::exception&) {}
         auto custom = [&]() -> std::string {
             if (sch && sch->contains("errorMessage")) return (*sch)["errorMessage"];
             return "";
@@ -286,7 +288,8 @@ bool schema_validate(const Doc& doc, std::vector<Diagnostic>& diags) {
                 for (auto it = (*sch)["properties"].begin(); it != (*sch)["properties"].end(); ++it)
                     known.push_back(it.key());
             std::string near = closest(name, known);
-            if (!near.empty()) msg += "; did you mean '" + near + "'?";
+            if (!near.empty())
+                msg += "; did you mean '" + near + "'?";
             else if (!known.empty() && known.size() <= 16) {
                 std::string list;
                 for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
@@ -315,7 +318,8 @@ bool schema_validate(const Doc& doc, std::vector<Diagnostic>& diags) {
             }
         } else if (starts(d, "Failed to match expected value set by 'const'")) {
             msg = custom();
-            if (msg.empty() && sch && sch->contains("const")) msg = "must be " + show((*sch)["const"]);
+            if (msg.empty() && sch && sch->contains("const"))
+                msg = "must be " + show((*sch)["const"]);
             if (val) msg = show(*val) + ": " + msg;
         } else if (starts(d, "Failed to match regex")) {
             msg = custom();
@@ -340,9 +344,9 @@ bool schema_validate(const Doc& doc, std::vector<Diagnostic>& diags) {
                 msg += "; found " + keys;
             }
         } else if (starts(d, "Array should contain no fewer than")) {
-            msg = "needs at least " + std::to_string(sch && sch->contains("minItems")
-                                                         ? (*sch)["minItems"].get<int>()
-                                                         : 1) +
+            msg = "needs at least " +
+                  std::to_string(sch && sch->contains("minItems") ? (*sch)["minItems"].get<int>()
+                                                                  : 1) +
                   " item(s)";
         } else if (starts(d, "Elements at indexes #")) {
             // "Elements at indexes #i and #j violate uniqueness constraint."

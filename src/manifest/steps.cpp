@@ -13,7 +13,7 @@ using nlohmann::json;
 namespace {
 constexpr uint64_t kMinRate = 125, kMaxRate = 50'000'000'000;  // 1kbit .. 400Gbit, in B/s
 constexpr uint64_t kMaxRtt = 10'000'000;                       // 10 s
-constexpr uint64_t kMaxWindow = 1u << 30;                       // TCP's largest window
+constexpr uint64_t kMaxWindow = 1u << 30;                      // TCP's largest window
 }  // namespace
 
 std::optional<IpAddr> Checker::address(const Doc& d, const std::string& ptr, const std::string& s) {
@@ -30,9 +30,9 @@ bool Checker::cidr(const Doc& d, const std::string& ptr, const std::string& s, S
     if (slash != std::string::npos) {
         prefix = unsigned(std::stoul(s.substr(slash + 1)));  // schema: 1-3 digits
         if (prefix > max) {
-            error(d, ptr, "prefix /" + std::to_string(prefix) + " is longer than " +
-                              std::to_string(max) + " bits (IPv" +
-                              std::to_string(a->family) + ")");
+            error(d, ptr,
+                  "prefix /" + std::to_string(prefix) + " is longer than " + std::to_string(max) +
+                      " bits (IPv" + std::to_string(a->family) + ")");
             return false;
         }
     }
@@ -43,8 +43,9 @@ bool Checker::cidr(const Doc& d, const std::string& ptr, const std::string& s, S
         masked.bytes[i] &= uint8_t(0xff00u >> bits);
     }
     if (masked != *a) {
-        error(d, ptr, "'" + s + "' has host bits set; did you mean " + to_string(masked) +
-                          "/" + std::to_string(prefix) + "?");
+        error(d, ptr,
+              "'" + s + "' has host bits set; did you mean " + to_string(masked) + "/" +
+                  std::to_string(prefix) + "?");
         return false;
     }
     out.addr = masked;
@@ -53,7 +54,7 @@ bool Checker::cidr(const Doc& d, const std::string& ptr, const std::string& s, S
 }
 
 bool Checker::port_range(const Doc& d, const std::string& ptr, const json& v, uint16_t& lo,
-                uint16_t& hi) {
+                         uint16_t& hi) {
     if (v.is_number_integer()) {
         lo = hi = uint16_t(v.get<int64_t>());  // schema: 0..65535
         return true;
@@ -62,8 +63,8 @@ bool Checker::port_range(const Doc& d, const std::string& ptr, const json& v, ui
     auto dash = s.find('-');
     unsigned long a = std::stoul(s.substr(0, dash)), b = std::stoul(s.substr(dash + 1));
     if (a > 65535 || b > 65535) {
-        error(d, ptr, "port " + std::to_string(a > 65535 ? a : b) +
-                          " is out of range (0 to 65535)");
+        error(d, ptr,
+              "port " + std::to_string(a > 65535 ? a : b) + " is out of range (0 to 65535)");
         return false;
     }
     if (a > b) {
@@ -81,22 +82,28 @@ std::optional<uint64_t> Checker::size(const Doc& d, const std::string& ptr, cons
     while (i < s.size() && s[i] >= '0' && s[i] <= '9') ++i;
     std::string unit = s.substr(i);
     uint64_t n = std::stoull(s.substr(0, i)), mul = 1;  // schema: at most 15 digits
-    if (unit == "KB") mul = 1000;
-    else if (unit == "MB") mul = 1000000;
-    else if (unit == "GB") mul = 1000000000;
-    else if (unit == "KiB") mul = 1ull << 10;
-    else if (unit == "MiB") mul = 1ull << 20;
-    else if (unit == "GiB") mul = 1ull << 30;
+    if (unit == "KB")
+        mul = 1000;
+    else if (unit == "MB")
+        mul = 1000000;
+    else if (unit == "GB")
+        mul = 1000000000;
+    else if (unit == "KiB")
+        mul = 1ull << 10;
+    else if (unit == "MiB")
+        mul = 1ull << 20;
+    else if (unit == "GiB")
+        mul = 1ull << 30;
     if (n > uint64_t(INT64_MAX) / mul) {  // the schema's range for plain integers too
-        error(d, ptr, "'" + s + "' is out of range (0 to " + std::to_string(INT64_MAX) +
-                          " bytes)");
+        error(d, ptr, "'" + s + "' is out of range (0 to " + std::to_string(INT64_MAX) + " bytes)");
         return std::nullopt;
     }
     return n * mul;
 }
 
-std::optional<uint64_t> Checker::duration(const Doc& d, const std::string& ptr, const std::string& s,
-                                 uint64_t min_us, uint64_t max_us, const char* range) {
+std::optional<uint64_t> Checker::duration(const Doc& d, const std::string& ptr,
+                                          const std::string& s, uint64_t min_us, uint64_t max_us,
+                                          const char* range) {
     auto us = parse_duration_us(s);
     if (!us || *us < min_us || *us > max_us) {
         error(d, ptr, "'" + s + "' is out of range (" + range + ")");
@@ -132,9 +139,9 @@ std::optional<Selector> Checker::selector(const Doc& d, const std::string& ptr, 
         auto a = addr_of("a"), b = addr_of("b");
         if (!a || !b) return std::nullopt;
         if (a->family != b->family) {
-            error(d, pointer_join(vp, "b"), "'b' is IPv" + std::to_string(b->family) +
-                                                " but 'a' is IPv" +
-                                                std::to_string(a->family));
+            error(d, pointer_join(vp, "b"),
+                  "'b' is IPv" + std::to_string(b->family) + " but 'a' is IPv" +
+                      std::to_string(a->family));
             return std::nullopt;
         }
         s.a = *a, s.b = *b;
@@ -145,7 +152,7 @@ std::optional<Selector> Checker::selector(const Doc& d, const std::string& ptr, 
     } else if (key == "port") {
         s.kind = Selector::Kind::port;
         auto pit = v.begin();
-        s.dir = pit.key() == "src" ? PortDir::src
+        s.dir = pit.key() == "src"   ? PortDir::src
                 : pit.key() == "dst" ? PortDir::dst
                                      : PortDir::either;
         ok = port_range(d, pointer_join(vp, pit.key()), pit.value(), s.port_lo, s.port_hi);
@@ -159,7 +166,8 @@ std::optional<Selector> Checker::selector(const Doc& d, const std::string& ptr, 
     } else if (key == "sequence" || key == "flow_bytes") {
         bool seq = key == "sequence";
         s.kind = seq ? Selector::Kind::sequence : Selector::Kind::flow_bytes;
-        if (seq) s.seq_kind = v["kind"] == "data" ? SeqKind::data : SeqKind::subflow;
+        if (seq)
+            s.seq_kind = v["kind"] == "data" ? SeqKind::data : SeqKind::subflow;
         else if (v.contains("scope") && v["scope"] == "connection")
             s.scope = BytesScope::connection;
         for (const char* bound : {"from", "to"}) {
@@ -171,12 +179,12 @@ std::optional<Selector> Checker::selector(const Doc& d, const std::string& ptr, 
             (std::string_view(bound) == "from" ? s.lo : s.hi) = *n;
         }
         if (s.lo >= s.hi) {
-            error(d, vp, "empty range: 'from' (" + std::to_string(s.lo) +
-                             ") must be below 'to' (" + std::to_string(s.hi) + ")");
+            error(d, vp,
+                  "empty range: 'from' (" + std::to_string(s.lo) + ") must be below 'to' (" +
+                      std::to_string(s.hi) + ")");
             return std::nullopt;
         }
-        if (seq && s.seq_kind == SeqKind::subflow && s.hi != UINT64_MAX &&
-            s.hi > (1ull << 32)) {
+        if (seq && s.seq_kind == SeqKind::subflow && s.hi != UINT64_MAX && s.hi > (1ull << 32)) {
             error(d, pointer_join(vp, "to"),
                   "subflow sequence numbers are 32-bit: 'to' must be at most 4294967296");
             return std::nullopt;
@@ -190,8 +198,10 @@ std::optional<Selector> Checker::selector(const Doc& d, const std::string& ptr, 
         s.kind = Selector::Kind::any;
         for (size_t i = 0; i < v.size(); ++i) {
             auto c = selector(d, pointer_join(vp, i), v[i]);
-            if (!c) ok = false;
-            else s.children.push_back(std::move(*c));
+            if (!c)
+                ok = false;
+            else
+                s.children.push_back(std::move(*c));
         }
     } else if (key == "not") {
         s.kind = Selector::Kind::not_;
@@ -217,8 +227,10 @@ std::optional<std::vector<Selector>> Checker::selectors(const Doc& d, const std:
     }
     for (size_t i = 0; i < list->size(); ++i) {
         auto s = selector(d, pointer_join(ptr, i), (*list)[i]);
-        if (s) out.push_back(std::move(*s));
-        else ok = false;
+        if (s)
+            out.push_back(std::move(*s));
+        else
+            ok = false;
     }
     if (!ok) return std::nullopt;
     return out;
@@ -272,8 +284,9 @@ std::optional<Action> Checker::action(const Doc& d, const std::string& ptr, cons
             auto w = size(d, wp, v["min_window"]);
             if (!w) return std::nullopt;
             if (*w > kMaxWindow) {
-                error(d, wp, "min_window " + std::to_string(*w) +
-                                 " is above the largest TCP window (1GiB)");
+                error(
+                    d, wp,
+                    "min_window " + std::to_string(*w) + " is above the largest TCP window (1GiB)");
                 return std::nullopt;
             }
             a.min_window = uint32_t(*w);
@@ -302,8 +315,10 @@ std::optional<std::vector<Action>> Checker::actions(const Doc& d, const std::str
     const json& list = d.json.at(json::json_pointer(ptr));
     for (size_t i = 0; i < list.size(); ++i) {
         auto a = action(d, pointer_join(ptr, i), list[i]);
-        if (a) out.push_back(std::move(*a));
-        else ok = false;
+        if (a)
+            out.push_back(std::move(*a));
+        else
+            ok = false;
     }
     if (!ok) return std::nullopt;
     return out;

@@ -22,9 +22,12 @@ namespace mpsteer::manifest::detail {
 std::string pointer_escape(const std::string& key) {
     std::string out;
     for (char c : key) {
-        if (c == '~') out += "~0";
-        else if (c == '/') out += "~1";
-        else out += c;
+        if (c == '~')
+            out += "~0";
+        else if (c == '/')
+            out += "~1";
+        else
+            out += c;
     }
     return out;
 }
@@ -59,11 +62,18 @@ bool valid_utf8(const std::string& s) {
         auto c = static_cast<unsigned char>(s[i]);
         size_t len;
         uint32_t cp;
-        if (c < 0x80) { ++i; continue; }
-        if (c >= 0xc2 && c <= 0xdf) len = 2, cp = c & 0x1f;
-        else if (c >= 0xe0 && c <= 0xef) len = 3, cp = c & 0x0f;
-        else if (c >= 0xf0 && c <= 0xf4) len = 4, cp = c & 0x07;
-        else return false;
+        if (c < 0x80) {
+            ++i;
+            continue;
+        }
+        if (c >= 0xc2 && c <= 0xdf)
+            len = 2, cp = c & 0x1f;
+        else if (c >= 0xe0 && c <= 0xef)
+            len = 3, cp = c & 0x0f;
+        else if (c >= 0xf0 && c <= 0xf4)
+            len = 4, cp = c & 0x07;
+        else
+            return false;
         if (i + len > n) return false;
         for (size_t k = 1; k < len; ++k) {
             auto cc = static_cast<unsigned char>(s[i + k]);
@@ -93,7 +103,8 @@ struct Lines {
     std::string_view line(size_t n) const {
         if (n >= starts.size()) return {};
         size_t end = text.find('\n', starts[n]);
-        return text.substr(starts[n], (end == std::string_view::npos ? text.size() : end) - starts[n]);
+        return text.substr(starts[n],
+                           (end == std::string_view::npos ? text.size() : end) - starts[n]);
     }
     // Code points before byte column `col` of line `n`, plus one.
     int column(size_t n, size_t col) const {
@@ -111,8 +122,7 @@ struct Lines {
 
 // YAML allows tab, line feed, carriage return and printable characters only (c-printable);
 // anything else is reported where it is, before the parser sees it.
-bool check_characters(const std::string& file, const Lines& lines,
-                      std::vector<Diagnostic>& diags) {
+bool check_characters(const std::string& file, const Lines& lines, std::vector<Diagnostic>& diags) {
     constexpr size_t kMaxReported = 10;
     size_t reported = 0;
     for (size_t n = 0; n < lines.starts.size() && reported < kMaxReported; ++n) {
@@ -120,26 +130,35 @@ bool check_characters(const std::string& file, const Lines& lines,
         size_t i = 0;
         while (i < l.size() && reported < kMaxReported) {
             auto c = static_cast<unsigned char>(l[i]);
-            size_t len = c < 0x80 ? 1 : (c >= 0xc2 && c <= 0xdf) ? 2 : (c >= 0xe0 && c <= 0xef) ? 3
-                                    : (c >= 0xf0 && c <= 0xf4) ? 4 : 0;
+            size_t len = c < 0x80                   ? 1
+                         : (c >= 0xc2 && c <= 0xdf) ? 2
+                         : (c >= 0xe0 && c <= 0xef) ? 3
+                         : (c >= 0xf0 && c <= 0xf4) ? 4
+                                                    : 0;
             if (len == 0 || !valid_utf8(std::string(l.substr(i, len)))) {
                 char hex[8];
                 snprintf(hex, sizeof hex, "0x%02x", c);
-                diags.push_back({Severity::error, {file, int(n) + 1, lines.column(n, i)}, "",
+                diags.push_back({Severity::error,
+                                 {file, int(n) + 1, lines.column(n, i)},
+                                 "",
                                  std::string("invalid UTF-8 (byte ") + hex + ")"});
                 ++reported;
                 ++i;
                 continue;
             }
-            uint32_t cp = len == 1 ? c : len == 2 ? (c & 0x1fu) << 6 | (l[i + 1] & 0x3fu)
-                          : len == 3 ? (c & 0x0fu) << 12 | (l[i + 1] & 0x3fu) << 6 | (l[i + 2] & 0x3fu)
-                                     : 0x10000;  // beyond the BMP: all printable
+            uint32_t cp = len == 1   ? c
+                          : len == 2 ? (c & 0x1fu) << 6 | (l[i + 1] & 0x3fu)
+                          : len == 3
+                              ? (c & 0x0fu) << 12 | (l[i + 1] & 0x3fu) << 6 | (l[i + 2] & 0x3fu)
+                              : 0x10000;  // beyond the BMP: all printable
             bool printable = cp == '\t' || cp == '\r' || (cp >= 0x20 && cp != 0x7f && cp < 0x80) ||
                              cp == 0x85 || (cp >= 0xa0 && cp != 0xfffe && cp != 0xffff);
             if (!printable) {
                 char name[16];
                 snprintf(name, sizeof name, "U+%04X", cp);
-                diags.push_back({Severity::error, {file, int(n) + 1, lines.column(n, i)}, "",
+                diags.push_back({Severity::error,
+                                 {file, int(n) + 1, lines.column(n, i)},
+                                 "",
                                  std::string("control character ") + name +
                                      " (YAML allows tab, line feed and carriage return only; "
                                      "write it as an escape in a double-quoted string)"});
@@ -169,11 +188,11 @@ struct Builder : YAML::EventHandler {
         YAML::Mark mark;
         YAML::anchor_t anchor = 0;
         size_t nodes_at_start = 0;
-        size_t items = 0;             // sequence: index of the next item
-        bool have_key = false;        // map: a key is waiting for its value
+        size_t items = 0;       // sequence: index of the next item
+        bool have_key = false;  // map: a key is waiting for its value
         std::string key;
         Position key_pos;
-        bool skip_value = false;      // map: the key was rejected; drop its value
+        bool skip_value = false;  // map: the key was rejected; drop its value
     };
     struct Anchored {
         nlohmann::json value;
@@ -184,7 +203,7 @@ struct Builder : YAML::EventHandler {
     Doc doc;
     std::vector<Frame> stack;
     std::map<YAML::anchor_t, Anchored> anchors;  // complete anchored nodes of this document
-    size_t skipping = 0;   // > 0: inside a collection that is being dropped (a complex key)
+    size_t skipping = 0;  // > 0: inside a collection that is being dropped (a complex key)
     size_t nodes = 0;
     bool failed = false, depth_reported = false;
     std::optional<nlohmann::json> root;
@@ -241,7 +260,7 @@ struct Builder : YAML::EventHandler {
         }
         if (digits.empty()) return std::nullopt;
         for (char c : digits) {
-            bool ok = base == 16 ? std::isxdigit(static_cast<unsigned char>(c)) != 0
+            bool ok = base == 16  ? std::isxdigit(static_cast<unsigned char>(c)) != 0
                       : base == 8 ? (c >= '0' && c <= '7')
                                   : (c >= '0' && c <= '9');
             if (!ok) return std::nullopt;
@@ -249,16 +268,15 @@ struct Builder : YAML::EventHandler {
         uint64_t v = 0;
         auto r = std::from_chars(digits.data(), digits.data() + digits.size(), v, base);
         if (r.ec != std::errc{} || (neg && v > uint64_t(INT64_MAX) + 1)) {
-            error(p, ptr, "integer '" + s + "' does not fit in 64 bits (" +
-                              std::to_string(INT64_MIN) + " to " + std::to_string(UINT64_MAX) +
-                              ")");
+            error(p, ptr,
+                  "integer '" + s + "' does not fit in 64 bits (" + std::to_string(INT64_MIN) +
+                      " to " + std::to_string(UINT64_MAX) + ")");
             return nlohmann::json(nullptr);
         }
         if (neg) return nlohmann::json(v == uint64_t(INT64_MAX) + 1 ? INT64_MIN : -int64_t(v));
         if (v <= uint64_t(INT64_MAX)) return nlohmann::json(int64_t(v));
         return nlohmann::json(v);
     }
-
 
     nlohmann::json scalar(const std::string& s, const std::string& tag, const Position& p,
                           const std::string& ptr) {
@@ -276,14 +294,15 @@ struct Builder : YAML::EventHandler {
         if (tag == "tag:yaml.org,2002:bool" || tag == "tag:yaml.org,2002:int" ||
             tag == "tag:yaml.org,2002:float") {
             nlohmann::json v = resolve_plain(s, p, ptr);
-            bool ok = tag.ends_with("bool") ? v.is_boolean()
+            bool ok = tag.ends_with("bool")  ? v.is_boolean()
                       : tag.ends_with("int") ? v.is_number_integer()
                                              : v.is_number();
             if (!ok) error(p, ptr, "'" + s + "' is not a valid " + tag.substr(18));
             return v;
         }
-        error(p, ptr, valid_utf8(tag) && tag.size() < 64 ? "unsupported tag '" + tag + "'"
-                                                        : std::string("unsupported tag"));
+        error(p, ptr,
+              valid_utf8(tag) && tag.size() < 64 ? "unsupported tag '" + tag + "'"
+                                                 : std::string("unsupported tag"));
         return s;
     }
 
@@ -306,8 +325,8 @@ struct Builder : YAML::EventHandler {
             auto l = lines.line(size_t(n));
             if (lines.at(size_t(n), col) != '-') continue;
             char after = lines.at(size_t(n), col + 1);
-            bool only_space_before = l.substr(0, std::min(col, l.size()))
-                                         .find_first_not_of(" -") == std::string_view::npos;
+            bool only_space_before = l.substr(0, std::min(col, l.size())).find_first_not_of(" -") ==
+                                     std::string_view::npos;
             if ((after == '\0' || after == ' ' || after == '\t' || after == '\r') &&
                 only_space_before)
                 return {file, n + 1, lines.column(size_t(n), col)};
@@ -348,8 +367,9 @@ struct Builder : YAML::EventHandler {
         const std::string& name = k->get_ref<const std::string&>();
         std::string child = pointer_join(f.ptr, name);
         if (f.value.contains(name)) {
-            error(s.pos, child, "duplicate key '" + name + "' (first defined at line " +
-                                    std::to_string(doc.key_pos[child].line) + ")");
+            error(s.pos, child,
+                  "duplicate key '" + name + "' (first defined at line " +
+                      std::to_string(doc.key_pos[child].line) + ")");
             f.skip_value = true;
             return false;
         }
@@ -362,8 +382,9 @@ struct Builder : YAML::EventHandler {
     bool admit(const Slot& s, size_t count, size_t depth) {
         nodes += count;
         if (nodes > kMaxNodes) {
-            error(s.pos, s.ptr, "document too large (more than " + std::to_string(kMaxNodes) +
-                                    " nodes after alias expansion)");
+            error(s.pos, s.ptr,
+                  "document too large (more than " + std::to_string(kMaxNodes) +
+                      " nodes after alias expansion)");
             throw Stop{};
         }
         if (stack.size() + depth > kMaxDepth) {
@@ -384,15 +405,17 @@ struct Builder : YAML::EventHandler {
             return;
         }
         Frame& f = stack.back();
-        if (f.map) f.value[f.key] = std::move(v);
-        else f.value.push_back(std::move(v));
+        if (f.map)
+            f.value[f.key] = std::move(v);
+        else
+            f.value.push_back(std::move(v));
     }
 
     void remember(YAML::anchor_t a, const nlohmann::json& v, size_t count) {
         if (!a) return;
         size_t depth = 0;
         std::function<void(const nlohmann::json&, size_t)> walk = [&](const nlohmann::json& j,
-                                                                       size_t d) {
+                                                                      size_t d) {
             depth = std::max(depth, d);
             if (j.is_structured())
                 for (const auto& c : j) walk(c, d + 1);
@@ -421,8 +444,10 @@ struct Builder : YAML::EventHandler {
         Slot s = slot(m, false);
         auto it = anchors.find(a);
         if (it == anchors.end()) {  // yaml-cpp knows the anchor: it is still open
-            if (s.is_key) key(s, nullptr);
-            else error(s.pos, s.ptr, "alias refers to a node that contains it (recursive alias)");
+            if (s.is_key)
+                key(s, nullptr);
+            else
+                error(s.pos, s.ptr, "alias refers to a node that contains it (recursive alias)");
             return;
         }
         if (s.is_key) return void(key(s, &it->second.value));
@@ -491,8 +516,10 @@ struct Builder : YAML::EventHandler {
             return;
         }
         Frame& parent = stack.back();
-        if (parent.map) parent.value[parent.key] = std::move(f.value);
-        else parent.value.push_back(std::move(f.value));
+        if (parent.map)
+            parent.value[parent.key] = std::move(f.value);
+        else
+            parent.value.push_back(std::move(f.value));
     }
 
     void OnSequenceStart(const YAML::Mark& m, const std::string& tag, YAML::anchor_t a,
@@ -523,7 +550,9 @@ std::vector<Doc> parse_yaml(const std::string& file, const std::string& text,
                             std::vector<Diagnostic>& diags) {
     std::vector<Doc> out;
     if (text.size() > kMaxFileSize) {
-        diags.push_back({Severity::error, {file, 1, 1}, "",
+        diags.push_back({Severity::error,
+                         {file, 1, 1},
+                         "",
                          "file larger than " + std::to_string(kMaxFileSize) + " bytes"});
         return out;
     }

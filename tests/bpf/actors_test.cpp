@@ -20,26 +20,21 @@ constexpr const char* S4 = "10.2.0.2";
 constexpr const char* C6 = "2001:db8:1::1";
 constexpr const char* S6 = "2001:db8:2::2";
 
-Packet cli(bool v6, uint16_t sport = 40000)
-{
+Packet cli(bool v6, uint16_t sport = 40000) {
     return v6 ? Packet::v6(C6, sport, S6, 80) : Packet::v4(C4, sport, S4, 80);
 }
-Packet srv(bool v6, uint16_t dport = 40000)
-{
+Packet srv(bool v6, uint16_t dport = 40000) {
     return v6 ? Packet::v6(S6, 80, C6, dport) : Packet::v4(S4, 80, C4, dport);
 }
 
-void expect_untouched(const Run& r, const Bytes& in, Hook h)
-{
+void expect_untouched(const Run& r, const Bytes& in, Hook h) {
     CHECK(r.retval == retval_of(Verdict::pass, h));
-    if (r.out != in)
-        FAIL_CHECK("frame modified\n" << describe_frame(r.out, in));
+    if (r.out != in) FAIL_CHECK("frame modified\n" << describe_frame(r.out, in));
 }
 
 }  // namespace
 
-TEST_CASE("actor drop and pass", "[bpf][actor]")
-{
+TEST_CASE("actor drop and pass", "[bpf][actor]") {
     for (bool v6 : {false, true}) {
         for (Hook h : {Hook::xdp, Hook::tc_egress, Hook::tc_ingress}) {
             INFO((v6 ? "v6 " : "v4 ") << name_of(h));
@@ -76,15 +71,17 @@ TEST_CASE("actor drop and pass", "[bpf][actor]")
     }
 }
 
-TEST_CASE("actor record: packets and payload bytes per direction, mid-flow", "[bpf][actor]")
-{
+TEST_CASE("actor record: packets and payload bytes per direction, mid-flow", "[bpf][actor]") {
     for (bool v6 : {false, true}) {
         for (Hook h : kHooks) {
             INFO((v6 ? "v6 " : "v4 ") << name_of(h));
             Env env(chain_of({step(MPS_ACT_RECORD)}));
             std::vector<std::pair<Packet, bool>> seq = {
-                {cli(v6).payload(100), true}, {srv(v6).payload(50), false},
-                {cli(v6).payload(200), true}, {srv(v6), false}, {cli(v6), true},
+                {cli(v6).payload(100), true},
+                {srv(v6).payload(50), false},
+                {cli(v6).payload(200), true},
+                {srv(v6), false},
+                {cli(v6), true},
             };
             for (auto& [p, from_client] : seq) {
                 Bytes in = p.build();
@@ -112,8 +109,7 @@ TEST_CASE("actor record: packets and payload bytes per direction, mid-flow", "[b
     }
 }
 
-TEST_CASE("actor record: RTT from TCP timestamps", "[bpf][actor]")
-{
+TEST_CASE("actor record: RTT from TCP timestamps", "[bpf][actor]") {
     // A sample starts with a TSval this host sends (TC egress) and closes when its echo
     // comes in (XDP or TC ingress): that is the path's RTT, not the local stack's turnaround.
     for (bool v6 : {false, true}) {
@@ -147,8 +143,7 @@ TEST_CASE("actor record: RTT from TCP timestamps", "[bpf][actor]")
 }
 
 TEST_CASE("actor record: a TSval received and echoed by this host is no RTT sample",
-          "[bpf][actor]")
-{
+          "[bpf][actor]") {
     for (Hook in : {Hook::xdp, Hook::tc_ingress}) {
         INFO(name_of(in));
         Env env(chain_of({step(MPS_ACT_RECORD)}));
@@ -163,8 +158,7 @@ TEST_CASE("actor record: a TSval received and echoed by this host is no RTT samp
 
 // Was B1 in NOTES-bpf-tests.md: the SYN/ACK used to reset the flow.
 TEST_CASE("actor record: handshake packets count too, the SYN/ACK keeps the SYN's state",
-          "[bpf][actor]")
-{
+          "[bpf][actor]") {
     for (Hook h : kHooks) {
         INFO(name_of(h));
         Env env(chain_of({step(MPS_ACT_RECORD)}));
@@ -185,8 +179,7 @@ TEST_CASE("actor record: handshake packets count too, the SYN/ACK keeps the SYN'
 
 // ---- get_connect ----------------------------------------------------------------------------
 
-TEST_CASE("actor get_connect: MP_CAPABLE keys into the flow and the ring buffer", "[bpf][actor]")
-{
+TEST_CASE("actor get_connect: MP_CAPABLE keys into the flow and the ring buffer", "[bpf][actor]") {
     const uint64_t ka = 0x0123456789abcdef, kb = 0xfedcba9876543210;
     for (bool v6 : {false, true}) {
         for (Hook h : kHooks) {
@@ -203,7 +196,10 @@ TEST_CASE("actor get_connect: MP_CAPABLE keys into the flow and the ring buffer"
             CHECK(env.steps()[0].matched == 0);
 
             // SYN/ACK: the server's key
-            Bytes sa = srv(v6).flags(tcpf::SYN | tcpf::ACK).option(mptcp::capable_synack(kb, 0x81)).build();
+            Bytes sa = srv(v6)
+                           .flags(tcpf::SYN | tcpf::ACK)
+                           .option(mptcp::capable_synack(kb, 0x81))
+                           .build();
             expect_untouched(env.run(h, sa), sa, h);
             auto ev = env.events();
             REQUIRE(ev.size() == 1);
@@ -239,7 +235,8 @@ TEST_CASE("actor get_connect: MP_CAPABLE keys into the flow and the ring buffer"
             CHECK(f->token[s] == token_of(kb));
             CHECK(f->idsn[c] == idsn_of(ka));
             CHECK(f->idsn[s] == idsn_of(kb));
-            uint32_t lo = std::min(token_of(ka), token_of(kb)), hi = std::max(token_of(ka), token_of(kb));
+            uint32_t lo = std::min(token_of(ka), token_of(kb)),
+                     hi = std::max(token_of(ka), token_of(kb));
             CHECK(f->conn_token == lo);
             auto conn = env.conn(lo);
             REQUIRE(conn);
@@ -247,7 +244,8 @@ TEST_CASE("actor get_connect: MP_CAPABLE keys into the flow and the ring buffer"
             CHECK(conn->token[1] == hi);
 
             // MP_CAPABLE with data (length 24) and a plain packet
-            Bytes data = cli(v6).option(mptcp::capable({1, 0x81, ka, kb, 10, 0xbeef})).payload(10).build();
+            Bytes data =
+                cli(v6).option(mptcp::capable({1, 0x81, ka, kb, 10, 0xbeef})).payload(10).build();
             expect_untouched(env.run(h, data), data, h);
             CHECK(env.events().size() == 1);
             Bytes plain = cli(v6).payload(10).build();
@@ -261,12 +259,12 @@ TEST_CASE("actor get_connect: MP_CAPABLE keys into the flow and the ring buffer"
     }
 }
 
-TEST_CASE("actor get_connect: MPTCP v0 SYN carries the key", "[bpf][actor]")
-{
+TEST_CASE("actor get_connect: MPTCP v0 SYN carries the key", "[bpf][actor]") {
     for (Hook h : kHooks) {
         INFO(name_of(h));
         Env env(chain_of({step(MPS_ACT_GET_CONNECT)}));
-        Bytes syn = cli(false).flags(tcpf::SYN).option(mptcp::capable({0, 0x81, 0x42, {}, {}, {}})).build();
+        Bytes syn =
+            cli(false).flags(tcpf::SYN).option(mptcp::capable({0, 0x81, 0x42, {}, {}, {}})).build();
         expect_untouched(env.run(h, syn), syn, h);
         auto ev = env.events();
         REQUIRE(ev.size() == 1);
@@ -280,8 +278,7 @@ TEST_CASE("actor get_connect: MPTCP v0 SYN carries the key", "[bpf][actor]")
     }
 }
 
-TEST_CASE("actor get_connect: a full ring buffer loses the event, not the keys", "[bpf][actor]")
-{
+TEST_CASE("actor get_connect: a full ring buffer loses the event, not the keys", "[bpf][actor]") {
     for (Hook h : kHooks) {
         INFO(name_of(h));
         Env env(chain_of({step(MPS_ACT_GET_CONNECT)}));
@@ -290,8 +287,7 @@ TEST_CASE("actor get_connect: a full ring buffer loses the event, not the keys",
         // packet: with repeat > 1 an XDP test run keeps its data_meta between runs and the
         // entry's bpf_xdp_adjust_meta fails from the second run on.
         Bytes ack = cli(false).option(mptcp::capable_ack(1, 2)).build();
-        for (int i = 0; i < 3000; i++)
-            env.run(h, ack);
+        for (int i = 0; i < 3000; i++) env.run(h, ack);
         CHECK(env.gen().values[MPS_GC_EVENTS_LOST] > 0);
         Bytes last = cli(false).option(mptcp::capable_ack(0x77, 0x88)).build();
         env.run(h, last);
@@ -305,14 +301,16 @@ TEST_CASE("actor get_connect: a full ring buffer loses the event, not the keys",
 
 // ---- get_subflow / MP_JOIN ------------------------------------------------------------------
 
-TEST_CASE("entry program: an MP_JOIN SYN stores the receiver's token in the flow", "[bpf][actor]")
-{
+TEST_CASE("entry program: an MP_JOIN SYN stores the receiver's token in the flow", "[bpf][actor]") {
     for (bool v6 : {false, true}) {
         for (Hook h : kHooks) {
             INFO((v6 ? "v6 " : "v4 ") << name_of(h));
             Env env(chain_of({step(MPS_ACT_PASS)}));
-            Bytes syn = cli(v6, 41000).flags(tcpf::SYN).seq(77)
-                            .option(mptcp::join_syn(0xa1b2c3d4, 0x01020304, 5, true)).build();
+            Bytes syn = cli(v6, 41000)
+                            .flags(tcpf::SYN)
+                            .seq(77)
+                            .option(mptcp::join_syn(0xa1b2c3d4, 0x01020304, 5, true))
+                            .build();
             expect_untouched(env.run(h, syn), syn, h);
             bool client_is_a = false;
             auto f = env.flow(flow_key_of(cli(v6, 41000), &client_is_a));
@@ -329,8 +327,7 @@ TEST_CASE("entry program: an MP_JOIN SYN stores the receiver's token in the flow
     }
 }
 
-TEST_CASE("entry program: MP_JOIN token of a known connection maps to its entry", "[bpf][actor]")
-{
+TEST_CASE("entry program: MP_JOIN token of a known connection maps to its entry", "[bpf][actor]") {
     for (Hook h : kHooks) {
         INFO(name_of(h));
         Env env(chain_of({step(MPS_ACT_GET_CONNECT)}));
@@ -347,14 +344,15 @@ TEST_CASE("entry program: MP_JOIN token of a known connection maps to its entry"
     }
 }
 
-TEST_CASE("actor get_subflow: MP_JOIN SYN reported", "[bpf][actor]")
-{
+TEST_CASE("actor get_subflow: MP_JOIN SYN reported", "[bpf][actor]") {
     for (bool v6 : {false, true}) {
         for (Hook h : kHooks) {
             INFO((v6 ? "v6 " : "v4 ") << name_of(h));
             Env env(chain_of({step(MPS_ACT_GET_SUBFLOW)}));
-            Bytes syn = cli(v6, 41000).flags(tcpf::SYN)
-                            .option(mptcp::join_syn(0xa1b2c3d4, 0x01020304, 5, true)).build();
+            Bytes syn = cli(v6, 41000)
+                            .flags(tcpf::SYN)
+                            .option(mptcp::join_syn(0xa1b2c3d4, 0x01020304, 5, true))
+                            .build();
             expect_untouched(env.run(h, syn), syn, h);
             auto ev = env.events();
             REQUIRE(ev.size() == 1);
@@ -372,8 +370,7 @@ TEST_CASE("actor get_subflow: MP_JOIN SYN reported", "[bpf][actor]")
     }
 }
 
-TEST_CASE("actor get_subflow: nothing to report outside an MP_JOIN SYN", "[bpf][actor]")
-{
+TEST_CASE("actor get_subflow: nothing to report outside an MP_JOIN SYN", "[bpf][actor]") {
     for (Hook h : kHooks) {
         INFO(name_of(h));
         Env env(chain_of({step(MPS_ACT_GET_SUBFLOW)}));
@@ -405,21 +402,19 @@ struct RateCase {
     std::optional<uint8_t> client_ws;  // window scale in the client's SYN (absent: no option)
     std::optional<uint8_t> server_ws;
     bool from_client;
-    uint16_t window;                   // the packet's window field
+    uint16_t window;  // the packet's window field
     bool v6;
-    uint64_t flow_rate = 0;            // per-subflow override written into the flow
-    uint32_t flow_srtt = 0;            // RTT sample in the flow
-    uint16_t port = 40000;             // client port: one flow per case
+    uint64_t flow_rate = 0;  // per-subflow override written into the flow
+    uint32_t flow_srtt = 0;  // RTT sample in the flow
+    uint16_t port = 40000;   // client port: one flow per case
 };
 
 // The window the actor should advertise, or nullopt to leave the packet alone (computed from
 // the actor's documented rule, not from its output).
-std::optional<uint16_t> expected_window(const RateCase& c)
-{
+std::optional<uint16_t> expected_window(const RateCase& c) {
     uint64_t rate = c.flow_rate ? c.flow_rate : c.rate;
     uint64_t rtt = c.flow_srtt ? c.flow_srtt : c.rtt_us;
-    if (!rate || !rtt)
-        return std::nullopt;
+    if (!rate || !rtt) return std::nullopt;
     rate = std::clamp<uint64_t>(rate, MPS_RATE_MIN, MPS_RATE_MAX);
     rtt = std::min<uint64_t>(rtt, 60000000);
     uint64_t bytes = rate * rtt / 1000000;
@@ -428,29 +423,37 @@ std::optional<uint16_t> expected_window(const RateCase& c)
     auto ws = c.from_client ? c.client_ws : c.server_ws;
     uint8_t shift = c.client_ws && c.server_ws ? std::min<uint8_t>(*ws, 14) : 0;
     uint64_t field = bytes >> shift;
-    if (field == 0)
-        field = 1;
-    if (field >= c.window)
-        return std::nullopt;
+    if (field == 0) field = 1;
+    if (field >= c.window) return std::nullopt;
     return uint16_t(field);
 }
 
-std::vector<RateCase> rate_cases()
-{
+std::vector<RateCase> rate_cases() {
     std::vector<RateCase> t;
     for (bool v6 : {false, true}) {
         std::string f = v6 ? "v6 " : "v4 ";
         t.push_back({f + "client ACK, scale 7", 100000, 10000, 0, 7, 2, true, 1000, v6});
         t.push_back({f + "server ACK, scale 2", 100000, 10000, 0, 7, 2, false, 60000, v6});
-        t.push_back({f + "no window scale option: shift 0", 100000, 10000, 0, {}, {}, true, 60000, v6});
-        t.push_back({f + "SYN/ACK without window scale: shift 0", 100000, 10000, 0, 7, {}, true, 60000, v6});
-        t.push_back({f + "SYN without window scale: shift 0", 100000, 10000, 0, {}, 7, false, 60000, v6});
-        t.push_back({f + "per-subflow rate beyond the range: clamped, no overflow", 100000, 10000, 0,
-                     0, 0, true, 60000, v6, 10000000000000000000ull});
+        t.push_back(
+            {f + "no window scale option: shift 0", 100000, 10000, 0, {}, {}, true, 60000, v6});
+        t.push_back({f + "SYN/ACK without window scale: shift 0",
+                     100000,
+                     10000,
+                     0,
+                     7,
+                     {},
+                     true,
+                     60000,
+                     v6});
+        t.push_back(
+            {f + "SYN without window scale: shift 0", 100000, 10000, 0, {}, 7, false, 60000, v6});
+        t.push_back({f + "per-subflow rate beyond the range: clamped, no overflow", 100000, 10000,
+                     0, 0, 0, true, 60000, v6, 10000000000000000000ull});
         t.push_back({f + "flow RTT of an hour: clamped to a minute", 100000, 10000, 0, 14, 14, true,
                      60000, v6, 20000000, 3600000000u});
         t.push_back({f + "scale 14", 1000000000, 100000, 0, 14, 0, true, 60000, v6});
-        t.push_back({f + "scale 15 is clamped to 14", 1000000000, 100000, 0, 15, 0, true, 60000, v6});
+        t.push_back(
+            {f + "scale 15 is clamped to 14", 1000000000, 100000, 0, 15, 0, true, 60000, v6});
         t.push_back({f + "tiny rate: window 1, never 0", 1, 1000, 0, 7, 7, true, 500, v6});
         t.push_back({f + "min_window floor", 1000, 1000, 20000, 0, 0, true, 60000, v6});
         t.push_back({f + "per-subflow rate wins", 100000, 10000, 0, 0, 0, true, 60000, v6, 5000});
@@ -464,23 +467,26 @@ std::vector<RateCase> rate_cases()
     return t;
 }
 
-Packet rate_packet(const RateCase& c, uint16_t window)
-{
+Packet rate_packet(const RateCase& c, uint16_t window) {
     Packet p = c.from_client ? cli(c.v6, c.port).seq(5001).ack(9001)
                              : srv(c.v6, c.port).seq(9001).ack(5001);
-    return p.window(window).option(opt::nop()).option(opt::nop())
-        .option(opt::timestamps(111, 222)).payload(33, 0x5c);
+    return p.window(window)
+        .option(opt::nop())
+        .option(opt::nop())
+        .option(opt::timestamps(111, 222))
+        .payload(33, 0x5c);
 }
 
-void handshake(Env& env, Hook h, const RateCase& c)
-{
+void handshake(Env& env, Hook h, const RateCase& c) {
     Packet syn = cli(c.v6, c.port).flags(tcpf::SYN).seq(5000).window(65535).option(opt::mss(1460));
-    if (c.client_ws)
-        syn.option(opt::wscale(*c.client_ws));
-    Packet sa = srv(c.v6, c.port).flags(tcpf::SYN | tcpf::ACK).seq(9000).ack(5001).window(65535)
+    if (c.client_ws) syn.option(opt::wscale(*c.client_ws));
+    Packet sa = srv(c.v6, c.port)
+                    .flags(tcpf::SYN | tcpf::ACK)
+                    .seq(9000)
+                    .ack(5001)
+                    .window(65535)
                     .option(opt::mss(1460));
-    if (c.server_ws)
-        sa.option(opt::wscale(*c.server_ws));
+    if (c.server_ws) sa.option(opt::wscale(*c.server_ws));
     for (auto* p : {&syn, &sa}) {
         Bytes in = p->build();
         // never touches a SYN, however large its window
@@ -488,8 +494,7 @@ void handshake(Env& env, Hook h, const RateCase& c)
     }
 }
 
-void run_rate_cases(bool modifying)
-{
+void run_rate_cases(bool modifying) {
     // One generation per hook; each case rewrites the actor's parameters and uses its own flow.
     for (Hook h : kHooks) {
         Env env(chain_of({act_rate(0, 0, 0)}));
@@ -497,8 +502,7 @@ void run_rate_cases(bool modifying)
         for (RateCase c : rate_cases()) {
             c.port = port++;
             bool mod = expected_window(c).has_value();
-            if (mod != modifying)
-                continue;
+            if (mod != modifying) continue;
             INFO(c.name << " via " << name_of(h));
             env.set_step(0, act_rate(c.rate, c.rtt_us, c.min_window));
             handshake(env, h, c);
@@ -517,8 +521,7 @@ void run_rate_cases(bool modifying)
             CHECK(r.retval == retval_of(Verdict::pass, h));
             auto win = expected_window(c);
             Bytes want = win ? rate_packet(c, *win).build() : in;
-            if (r.out != want)
-                FAIL_CHECK("unexpected output\n" << describe_frame(r.out, want));
+            if (r.out != want) FAIL_CHECK("unexpected output\n" << describe_frame(r.out, want));
             CHECK(checksum_errors(r.out) == "");
             CHECK(step_delta(before, after, 0).runs == 1);
             CHECK(step_delta(before, after, 0).matched == (win ? 1u : 0u));
@@ -529,18 +532,15 @@ void run_rate_cases(bool modifying)
 }  // namespace
 
 TEST_CASE("actor rate_limit: lowers the window, honours the scale, fixes the checksum",
-          "[bpf][actor]")
-{
+          "[bpf][actor]") {
     run_rate_cases(true);
 }
 
-TEST_CASE("actor rate_limit: leaves the window alone when it should", "[bpf][actor]")
-{
+TEST_CASE("actor rate_limit: leaves the window alone when it should", "[bpf][actor]") {
     run_rate_cases(false);
 }
 
-TEST_CASE("actor rate_limit: never touches SYN, RST, non-ACK or unknown flows", "[bpf][actor]")
-{
+TEST_CASE("actor rate_limit: never touches SYN, RST, non-ACK or unknown flows", "[bpf][actor]") {
     for (bool v6 : {false, true}) {
         for (Hook h : kHooks) {
             INFO((v6 ? "v6 " : "v4 ") << name_of(h));

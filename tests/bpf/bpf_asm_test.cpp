@@ -9,15 +9,14 @@
 
 using namespace mpsteer::datapath::bpfasm;
 
-TEST_CASE("a forward jump lands on the label bound after it", "[unit][bpf_asm]")
-{
+TEST_CASE("a forward jump lands on the label bound after it", "[unit][bpf_asm]") {
     Asm a;
     Label out = a.label();
     a.jmp32(BPF_JEQ, R1, 7, out);  // 0
     a.alu64(BPF_MOV, R0, 1);       // 1
     a.alu64(BPF_ADD, R0, 2);       // 2
     a.bind(out);
-    a.ret(0);                      // 3, 4
+    a.ret(0);  // 3, 4
     CHECK(a.used(out));
     auto code = a.finish();
     REQUIRE(code.size() == 5);
@@ -27,17 +26,16 @@ TEST_CASE("a forward jump lands on the label bound after it", "[unit][bpf_asm]")
     CHECK(code[0].off == 2);  // counted from the instruction after the jump: 1 + 2 = 3
 }
 
-TEST_CASE("a backward jump (a loop) gets a negative offset", "[unit][bpf_asm]")
-{
+TEST_CASE("a backward jump (a loop) gets a negative offset", "[unit][bpf_asm]") {
     Asm a;
     Label loop = a.label(), done = a.label();
-    a.alu64(BPF_MOV, R2, 0);           // 0
+    a.alu64(BPF_MOV, R2, 0);  // 0
     a.bind(loop);
-    a.jmp32(BPF_JGE, R2, 40, done);    // 1: forward to 4
-    a.alu32(BPF_ADD, R2, 1);           // 2
-    a.ja(loop);                        // 3: back to 1
+    a.jmp32(BPF_JGE, R2, 40, done);  // 1: forward to 4
+    a.alu32(BPF_ADD, R2, 1);         // 2
+    a.ja(loop);                      // 3: back to 1
     a.bind(done);
-    a.ret(0);                          // 4, 5
+    a.ret(0);  // 4, 5
     auto code = a.finish();
     REQUIRE(code.size() == 6);
     CHECK(code[1].off == 2);
@@ -46,15 +44,14 @@ TEST_CASE("a backward jump (a loop) gets a negative offset", "[unit][bpf_asm]")
 }
 
 TEST_CASE("ja to the code that follows emits nothing, ld_imm64 takes two slots",
-          "[unit][bpf_asm]")
-{
+          "[unit][bpf_asm]") {
     Asm a;
     Label next = a.label(), end = a.label();
     a.ja(next, next);
     CHECK(a.size() == 0);
     CHECK_FALSE(a.used(next));
     a.bind(next);
-    a.ld_map_value(R1, 5, 8);  // 0, 1
+    a.ld_map_value(R1, 5, 8);       // 0, 1
     a.jmp64(BPF_JNE, R1, R2, end);  // 2: to 3
     a.bind(end);
     CHECK(a.falls_through());
@@ -69,8 +66,7 @@ TEST_CASE("ja to the code that follows emits nothing, ld_imm64 takes two slots",
     CHECK(code[2].off == 0);
 }
 
-TEST_CASE("a jump to a label never bound is refused", "[unit][bpf_asm]")
-{
+TEST_CASE("a jump to a label never bound is refused", "[unit][bpf_asm]") {
     Asm a;
     Label nowhere = a.label();
     a.jmp32(BPF_JEQ, R1, 0, nowhere);

@@ -16,17 +16,16 @@ namespace mpsteer::test {
 
 namespace fs = std::filesystem;
 
-uint32_t retval_of(Verdict v, Hook h)
-{
-    if (is_xdp(h))
-        return v == Verdict::pass ? XDP_PASS_ : XDP_DROP_;
+uint32_t retval_of(Verdict v, Hook h) {
+    if (is_xdp(h)) return v == Verdict::pass ? XDP_PASS_ : XDP_DROP_;
     return v == Verdict::pass ? TC_PASS_ : TC_DROP_;
 }
 
-bool is_xdp(Hook h) { return h == Hook::xdp; }
+bool is_xdp(Hook h) {
+    return h == Hook::xdp;
+}
 
-const char* name_of(Hook h)
-{
+const char* name_of(Hook h) {
     switch (h) {
     case Hook::xdp: return "xdp";
     case Hook::tc_egress: return "tc_egress";
@@ -37,8 +36,7 @@ const char* name_of(Hook h)
 
 // ---- steps ----------------------------------------------------------------------------------
 
-mps_step step(mps_prog prog, uint16_t on_match, uint16_t on_miss)
-{
+mps_step step(mps_prog prog, uint16_t on_match, uint16_t on_miss) {
     return dp::make_step(prog, on_match, on_miss);
 }
 
@@ -50,8 +48,7 @@ struct Cidr {
     uint32_t mask[4];
 };
 
-Cidr parse_cidr(std::string_view text)
-{
+Cidr parse_cidr(std::string_view text) {
     auto slash = text.find('/');
     if (slash == std::string_view::npos)
         throw std::invalid_argument("no prefix: " + std::string(text));
@@ -70,17 +67,14 @@ Cidr parse_cidr(std::string_view text)
     }
     c.prefix = uint8_t(prefix);
     uint8_t mask[16] = {};
-    for (int i = 0; i < prefix; i++)
-        mask[i / 8] |= uint8_t(0x80 >> (i % 8));
-    for (int i = 0; i < 16; i++)
-        bytes[i] &= mask[i];
+    for (int i = 0; i < prefix; i++) mask[i / 8] |= uint8_t(0x80 >> (i % 8));
+    for (int i = 0; i < 16; i++) bytes[i] &= mask[i];
     std::memcpy(c.addr, bytes, 16);
     std::memcpy(c.mask, mask, 16);
     return c;
 }
 
-void addr_words(std::string_view text, uint32_t out[4], uint8_t* family)
-{
+void addr_words(std::string_view text, uint32_t out[4], uint8_t* family) {
     uint8_t bytes[16] = {};
     if (text.find(':') != std::string_view::npos) {
         auto a = ip6(text);
@@ -95,8 +89,7 @@ void addr_words(std::string_view text, uint32_t out[4], uint8_t* family)
 }
 }  // namespace
 
-static mps_step cidr_step(mps_prog prog, std::string_view cidr, uint16_t m, uint16_t miss)
-{
+static mps_step cidr_step(mps_prog prog, std::string_view cidr, uint16_t m, uint16_t miss) {
     mps_step s = step(prog, m, miss);
     Cidr c = parse_cidr(cidr);
     s.p.cidr.family = c.family;
@@ -106,39 +99,33 @@ static mps_step cidr_step(mps_prog prog, std::string_view cidr, uint16_t m, uint
     return s;
 }
 
-mps_step sel_src(std::string_view cidr, uint16_t m, uint16_t miss)
-{
+mps_step sel_src(std::string_view cidr, uint16_t m, uint16_t miss) {
     return cidr_step(MPS_SEL_SRC, cidr, m, miss);
 }
-mps_step sel_dst(std::string_view cidr, uint16_t m, uint16_t miss)
-{
+mps_step sel_dst(std::string_view cidr, uint16_t m, uint16_t miss) {
     return cidr_step(MPS_SEL_DST, cidr, m, miss);
 }
 
-mps_step sel_subflow(std::string_view a, uint16_t pa, std::string_view b, uint16_t pb,
-                     uint16_t m, uint16_t miss)
-{
+mps_step sel_subflow(std::string_view a, uint16_t pa, std::string_view b, uint16_t pb, uint16_t m,
+                     uint16_t miss) {
     mps_step s = step(MPS_SEL_SUBFLOW, m, miss);
     uint8_t fa, fb;
     addr_words(a, s.p.pair.a, &fa);
     addr_words(b, s.p.pair.b, &fb);
-    if (fa != fb)
-        throw std::invalid_argument("mixed families");
+    if (fa != fb) throw std::invalid_argument("mixed families");
     s.p.pair.family = fa;
     s.p.pair.port_a = pa;
     s.p.pair.port_b = pb;
     return s;
 }
 
-mps_step sel_ip_pair(std::string_view a, std::string_view b, uint16_t m, uint16_t miss)
-{
+mps_step sel_ip_pair(std::string_view a, std::string_view b, uint16_t m, uint16_t miss) {
     mps_step s = sel_subflow(a, 0, b, 0, m, miss);
     s.prog = MPS_SEL_IP_PAIR;
     return s;
 }
 
-mps_step sel_port(mps_dir dir, uint16_t lo, uint16_t hi, uint16_t m, uint16_t miss)
-{
+mps_step sel_port(mps_dir dir, uint16_t lo, uint16_t hi, uint16_t m, uint16_t miss) {
     mps_step s = step(MPS_SEL_PORT, m, miss);
     s.p.port.dir = uint8_t(dir);
     s.p.port.lo = lo;
@@ -146,22 +133,19 @@ mps_step sel_port(mps_dir dir, uint16_t lo, uint16_t hi, uint16_t m, uint16_t mi
     return s;
 }
 
-mps_step sel_kinds(uint32_t any_of, uint16_t m, uint16_t miss)
-{
+mps_step sel_kinds(uint32_t any_of, uint16_t m, uint16_t miss) {
     mps_step s = step(MPS_SEL_PACKET_TYPE, m, miss);
     s.p.kinds.any_of = any_of;
     return s;
 }
 
-mps_step sel_token(uint32_t token, uint16_t m, uint16_t miss)
-{
+mps_step sel_token(uint32_t token, uint16_t m, uint16_t miss) {
     mps_step s = step(MPS_SEL_TOKEN, m, miss);
     s.p.token.token = token;
     return s;
 }
 
-mps_step sel_seq(mps_seq_kind kind, uint64_t lo, uint64_t hi, uint16_t m, uint16_t miss)
-{
+mps_step sel_seq(mps_seq_kind kind, uint64_t lo, uint64_t hi, uint16_t m, uint16_t miss) {
     mps_step s = step(MPS_SEL_SEQUENCE, m, miss);
     s.p.seq.kind = uint8_t(kind);
     s.p.seq.lo = lo;
@@ -169,8 +153,7 @@ mps_step sel_seq(mps_seq_kind kind, uint64_t lo, uint64_t hi, uint16_t m, uint16
     return s;
 }
 
-mps_step sel_bytes(mps_bytes_scope scope, uint64_t lo, uint64_t hi, uint16_t m, uint16_t miss)
-{
+mps_step sel_bytes(mps_bytes_scope scope, uint64_t lo, uint64_t hi, uint16_t m, uint16_t miss) {
     mps_step s = step(MPS_SEL_FLOW_BYTES, m, miss);
     s.p.bytes.scope = uint8_t(scope);
     s.p.bytes.lo = lo;
@@ -178,8 +161,7 @@ mps_step sel_bytes(mps_bytes_scope scope, uint64_t lo, uint64_t hi, uint16_t m, 
     return s;
 }
 
-mps_step act_rate(uint64_t bps, uint32_t rtt_us, uint32_t min_window, uint16_t next)
-{
+mps_step act_rate(uint64_t bps, uint32_t rtt_us, uint32_t min_window, uint16_t next) {
     mps_step s = step(MPS_ACT_RATE_LIMIT, next);
     s.p.rate.bytes_per_sec = bps;
     s.p.rate.rtt_us = rtt_us;
@@ -187,18 +169,15 @@ mps_step act_rate(uint64_t bps, uint32_t rtt_us, uint32_t min_window, uint16_t n
     return s;
 }
 
-dp::ChainSet chain_of(std::vector<mps_step> steps)
-{
+dp::ChainSet chain_of(std::vector<mps_step> steps) {
     dp::ChainSet cs;
     cs.steps = std::move(steps);
     cs.policies = {"test"};
-    for (Hook h : {Hook::xdp, Hook::tc_egress, Hook::tc_ingress})
-        cs.entries.push_back({h, "", 0});
+    for (Hook h : {Hook::xdp, Hook::tc_egress, Hook::tc_ingress}) cs.entries.push_back({h, "", 0});
     return cs;
 }
 
-dp::ChainSet probe(mps_step selector)
-{
+dp::ChainSet probe(mps_step selector) {
     selector.on_match = 1;
     selector.on_miss = END;
     return chain_of({selector, step(MPS_ACT_DROP)});
@@ -206,8 +185,7 @@ dp::ChainSet probe(mps_step selector)
 
 // ---- flows ----------------------------------------------------------------------------------
 
-mps_flow_key flow_key_of(const Packet& p, bool* from_a)
-{
+mps_flow_key flow_key_of(const Packet& p, bool* from_a) {
     std::array<uint8_t, 16> s{}, d{};
     uint8_t family;
     if (auto* h = std::get_if<Ipv4>(&p.ip)) {
@@ -229,66 +207,54 @@ mps_flow_key flow_key_of(const Packet& p, bool* from_a)
     std::memcpy(k.b, src_first ? d.data() : s.data(), 16);
     k.port_a = src_first ? sp : dpt;
     k.port_b = src_first ? dpt : sp;
-    if (from_a)
-        *from_a = src_first;
+    if (from_a) *from_a = src_first;
     return k;
 }
 
 // ---- environment ----------------------------------------------------------------------------
 
-PinRoot::PinRoot()
-{
+PinRoot::PinRoot() {
     static std::atomic<int> n{0};
     path_ = "/sys/fs/bpf/mpsteer-test-" + std::to_string(getpid()) + "-" + std::to_string(n++);
     fs::remove_all(path_);
 }
 
-PinRoot::~PinRoot()
-{
+PinRoot::~PinRoot() {
     std::error_code ec;
     fs::remove_all(path_, ec);
 }
 
-CpuPin::CpuPin()
-{
+CpuPin::CpuPin() {
     cpu_set_t old;
     CPU_ZERO(&old);
-    if (sched_getaffinity(0, sizeof old, &old) != 0)
-        return;
+    if (sched_getaffinity(0, sizeof old, &old) != 0) return;
     int first = -1;
     for (int i = 0; i < CPU_SETSIZE && first < 0; i++)
-        if (CPU_ISSET(i, &old))
-            first = i;
-    if (first < 0)
-        return;
+        if (CPU_ISSET(i, &old)) first = i;
+    if (first < 0) return;
     cpu_set_t one;
     CPU_ZERO(&one);
     CPU_SET(first, &one);
     if (sched_setaffinity(0, sizeof one, &one) == 0) {
-        old_.assign(reinterpret_cast<uint8_t*>(&old), reinterpret_cast<uint8_t*>(&old) + sizeof old);
+        old_.assign(reinterpret_cast<uint8_t*>(&old),
+                    reinterpret_cast<uint8_t*>(&old) + sizeof old);
         restored_ = true;
     }
 }
 
-CpuPin::~CpuPin()
-{
-    if (restored_)
-        sched_setaffinity(0, old_.size(), reinterpret_cast<cpu_set_t*>(old_.data()));
+CpuPin::~CpuPin() {
+    if (restored_) sched_setaffinity(0, old_.size(), reinterpret_cast<cpu_set_t*>(old_.data()));
 }
 
 Env::Env(const dp::ChainSet& chains)
-    : state_(dp::StateMaps::open(root_.path())),
-      gen_(dp::Generation::build(chains, 1, state_))
-{
-    reader_ = std::make_unique<dp::EventReader>(state_, [this](const dp::Event& e) {
-        pending_.push_back(e);
-    });
+    : state_(dp::StateMaps::open(root_.path())), gen_(dp::Generation::build(chains, 1, state_)) {
+    reader_ = std::make_unique<dp::EventReader>(
+        state_, [this](const dp::Event& e) { pending_.push_back(e); });
 }
 
 Env::~Env() = default;
 
-Run raw_run(int prog_fd, const Bytes& frame, bool xdp, uint32_t repeat)
-{
+Run raw_run(int prog_fd, const Bytes& frame, bool xdp, uint32_t repeat) {
     // Our own BPF_PROG_TEST_RUN rather than dp::test_run: for XDP the kernel copies out from
     // data_meta, and ctx_out.data says how many bytes of metadata to skip (see
     // NOTES-bpf-tests.md, L1).
@@ -307,52 +273,41 @@ Run raw_run(int prog_fd, const Bytes& frame, bool xdp, uint32_t repeat)
     if (bpf_prog_test_run_opts(prog_fd, &opts) != 0)
         throw std::runtime_error(std::string("BPF_PROG_TEST_RUN: ") + std::strerror(errno));
     out.resize(opts.data_size_out);
-    if (xdp)
-        out.erase(out.begin(), out.begin() + ctx_out.data);
+    if (xdp) out.erase(out.begin(), out.begin() + ctx_out.data);
     return {opts.retval, std::move(out)};
 }
 
-Run Env::run(Hook h, const Bytes& frame, uint32_t repeat)
-{
+Run Env::run(Hook h, const Bytes& frame, uint32_t repeat) {
     return raw_run(gen_->entry_fd(h), frame, is_xdp(h), repeat);
 }
 
-void Env::set_step(uint32_t pc, const mps_step& s)
-{
+void Env::set_step(uint32_t pc, const mps_step& s) {
     gen_->write_step(pc, s);  // throws when the step's program was not loaded
 }
 
-std::optional<mps_flow> Env::flow(const mps_flow_key& k) const
-{
+std::optional<mps_flow> Env::flow(const mps_flow_key& k) const {
     mps_flow f;
-    if (bpf_map_lookup_elem(state_.flows(), &k, &f) != 0)
-        return std::nullopt;
+    if (bpf_map_lookup_elem(state_.flows(), &k, &f) != 0) return std::nullopt;
     return f;
 }
 
-void Env::put_flow(const mps_flow_key& k, const mps_flow& f)
-{
+void Env::put_flow(const mps_flow_key& k, const mps_flow& f) {
     if (bpf_map_update_elem(state_.flows(), &k, &f, BPF_ANY) != 0)
         throw std::runtime_error("writing the flow map failed");
 }
 
-std::optional<mps_conn> Env::conn(uint32_t token) const
-{
+std::optional<mps_conn> Env::conn(uint32_t token) const {
     mps_conn c;
-    if (bpf_map_lookup_elem(state_.conns(), &token, &c) != 0)
-        return std::nullopt;
+    if (bpf_map_lookup_elem(state_.conns(), &token, &c) != 0) return std::nullopt;
     return c;
 }
 
-std::vector<dp::Event> Env::events()
-{
-    while (reader_->poll(std::chrono::milliseconds(0)) > 0) {
-    }
+std::vector<dp::Event> Env::events() {
+    while (reader_->poll(std::chrono::milliseconds(0)) > 0) {}
     return std::exchange(pending_, {});
 }
 
-dp::StepCounters step_delta(const Snap& a, const Snap& b, size_t pc)
-{
+dp::StepCounters step_delta(const Snap& a, const Snap& b, size_t pc) {
     dp::StepCounters d;
     d.runs = b.steps.at(pc).runs - a.steps.at(pc).runs;
     d.matched = b.steps.at(pc).matched - a.steps.at(pc).matched;
@@ -361,27 +316,23 @@ dp::StepCounters step_delta(const Snap& a, const Snap& b, size_t pc)
     return d;
 }
 
-bool counted(const mps_step& s)
-{
+bool counted(const mps_step& s) {
     auto p = static_cast<mps_prog>(s.prog);
     return dp::has_program(p) || p == MPS_ACT_PASS || p == MPS_ACT_DROP;
 }
 
-uint64_t gen_delta(const Snap& a, const Snap& b, mps_gen_counter c)
-{
+uint64_t gen_delta(const Snap& a, const Snap& b, mps_gen_counter c) {
     return b.gen.values[c] - a.gen.values[c];
 }
 
-std::string describe_frame(const Bytes& got, const Bytes& want)
-{
+std::string describe_frame(const Bytes& got, const Bytes& want) {
     std::string s = "got (" + std::to_string(got.size()) + " bytes, * = differs):\n" +
                     hexdump(got, want) + "\nwant (" + std::to_string(want.size()) + " bytes):\n" +
                     hexdump(want, got);
     return s;
 }
 
-uint64_t wire64(uint64_t v)
-{
+uint64_t wire64(uint64_t v) {
     Bytes b;
     put64(b, v);
     uint64_t w;
@@ -389,8 +340,7 @@ uint64_t wire64(uint64_t v)
     return w;
 }
 
-static std::array<uint8_t, 32> sha256_be(uint64_t key)
-{
+static std::array<uint8_t, 32> sha256_be(uint64_t key) {
     Bytes b;
     put64(b, key);
     std::array<uint8_t, 32> h{};
@@ -398,14 +348,12 @@ static std::array<uint8_t, 32> sha256_be(uint64_t key)
     return h;
 }
 
-uint32_t token_of(uint64_t key)
-{
+uint32_t token_of(uint64_t key) {
     auto h = sha256_be(key);
     return get32(h, 0);
 }
 
-uint64_t idsn_of(uint64_t key)
-{
+uint64_t idsn_of(uint64_t key) {
     auto h = sha256_be(key);
     return uint64_t(get32(h, 24)) << 32 | get32(h, 28);
 }

@@ -77,6 +77,7 @@ public:
     PinRoot(const PinRoot&) = delete;
     PinRoot& operator=(const PinRoot&) = delete;
     const std::string& path() const { return path_; }
+
 private:
     std::string path_;
 };
@@ -87,6 +88,7 @@ class CpuPin {
 public:
     CpuPin();
     ~CpuPin();
+
 private:
     bool restored_ = false;
     std::vector<uint8_t> old_;
@@ -120,6 +122,7 @@ public:
     std::vector<dp::Event> events();
     const dp::Generation& generation() const { return *gen_; }
     const dp::StateMaps& state() const { return state_; }
+
 private:
     CpuPin cpu_;
     PinRoot root_;

@@ -27,8 +27,7 @@ struct ChainCase {
     std::vector<uint64_t> runs;  // expected visits per step (counters: counted steps only)
 };
 
-void run_chain_cases(const std::vector<mps_step>& steps, const std::vector<ChainCase>& t)
-{
+void run_chain_cases(const std::vector<mps_step>& steps, const std::vector<ChainCase>& t) {
     Env env(chain_of(steps));
     for (const auto& c : t) {
         Bytes in = c.pkt.build();
@@ -38,11 +37,11 @@ void run_chain_cases(const std::vector<mps_step>& steps, const std::vector<Chain
             Run r = env.run(h, in);
             Snap after = Snap::of(env);
             CHECK(r.retval == retval_of(c.verdict, h));
-            if (r.out != in)
-                FAIL_CHECK("frame modified\n" << describe_frame(r.out, in));
+            if (r.out != in) FAIL_CHECK("frame modified\n" << describe_frame(r.out, in));
             for (size_t pc = 0; pc < steps.size(); pc++) {
                 CAPTURE(pc);
-                CHECK(step_delta(before, after, pc).runs == (counted(steps[pc]) ? c.runs.at(pc) : 0));
+                CHECK(step_delta(before, after, pc).runs ==
+                      (counted(steps[pc]) ? c.runs.at(pc) : 0));
             }
             CHECK(gen_delta(before, after, MPS_GC_MISSED_TAIL_CALL) == 0);
             CHECK(gen_delta(before, after, MPS_GC_CHAIN_TOO_LONG) == 0);
@@ -50,60 +49,56 @@ void run_chain_cases(const std::vector<mps_step>& steps, const std::vector<Chain
     }
 }
 
-Packet pk(const char* src, const char* dst, uint16_t dport = 80)
-{
+Packet pk(const char* src, const char* dst, uint16_t dport = 80) {
     return Packet::v4(src, 40000, dst, dport).payload(4);
 }
 
 }  // namespace
 
-TEST_CASE("chain: AND (match -> next selector, miss -> end)", "[bpf][chain]")
-{
+TEST_CASE("chain: AND (match -> next selector, miss -> end)", "[bpf][chain]") {
     std::vector<mps_step> s = {sel_src("10.1.0.0/16", 1, END), sel_dst("10.2.0.0/16", 2, END),
                                step(MPS_ACT_DROP)};
     run_chain_cases(s, {
-        {"both", pk("10.1.0.1", "10.2.0.1"), Verdict::drop, {1, 1, 1}},
-        {"first only", pk("10.1.0.1", "10.3.0.1"), Verdict::pass, {1, 1, 0}},
-        {"second only", pk("10.9.0.1", "10.2.0.1"), Verdict::pass, {1, 0, 0}},
-        {"neither", pk("10.9.0.1", "10.3.0.1"), Verdict::pass, {1, 0, 0}},
-    });
+                           {"both", pk("10.1.0.1", "10.2.0.1"), Verdict::drop, {1, 1, 1}},
+                           {"first only", pk("10.1.0.1", "10.3.0.1"), Verdict::pass, {1, 1, 0}},
+                           {"second only", pk("10.9.0.1", "10.2.0.1"), Verdict::pass, {1, 0, 0}},
+                           {"neither", pk("10.9.0.1", "10.3.0.1"), Verdict::pass, {1, 0, 0}},
+                       });
 }
 
-TEST_CASE("chain: OR (match -> action, miss -> next selector)", "[bpf][chain]")
-{
+TEST_CASE("chain: OR (match -> action, miss -> next selector)", "[bpf][chain]") {
     std::vector<mps_step> s = {sel_src("10.1.0.0/16", 2, 1), sel_dst("10.2.0.0/16", 2, END),
                                step(MPS_ACT_DROP)};
     run_chain_cases(s, {
-        {"both", pk("10.1.0.1", "10.2.0.1"), Verdict::drop, {1, 0, 1}},
-        {"first only", pk("10.1.0.1", "10.3.0.1"), Verdict::drop, {1, 0, 1}},
-        {"second only", pk("10.9.0.1", "10.2.0.1"), Verdict::drop, {1, 1, 1}},
-        {"neither", pk("10.9.0.1", "10.3.0.1"), Verdict::pass, {1, 1, 0}},
-    });
+                           {"both", pk("10.1.0.1", "10.2.0.1"), Verdict::drop, {1, 0, 1}},
+                           {"first only", pk("10.1.0.1", "10.3.0.1"), Verdict::drop, {1, 0, 1}},
+                           {"second only", pk("10.9.0.1", "10.2.0.1"), Verdict::drop, {1, 1, 1}},
+                           {"neither", pk("10.9.0.1", "10.3.0.1"), Verdict::pass, {1, 1, 0}},
+                       });
 }
 
-TEST_CASE("chain: NOT (match -> end, miss -> action)", "[bpf][chain]")
-{
+TEST_CASE("chain: NOT (match -> end, miss -> action)", "[bpf][chain]") {
     std::vector<mps_step> s = {sel_src("10.1.0.0/16", END, 1), step(MPS_ACT_DROP)};
     run_chain_cases(s, {
-        {"selected", pk("10.1.0.1", "10.2.0.1"), Verdict::pass, {1, 0}},
-        {"not selected", pk("10.9.0.1", "10.2.0.1"), Verdict::drop, {1, 1}},
-    });
+                           {"selected", pk("10.1.0.1", "10.2.0.1"), Verdict::pass, {1, 0}},
+                           {"not selected", pk("10.9.0.1", "10.2.0.1"), Verdict::drop, {1, 1}},
+                       });
 }
 
-TEST_CASE("chain: (A and not B) or C, actors continue to the next step", "[bpf][chain]")
-{
+TEST_CASE("chain: (A and not B) or C, actors continue to the next step", "[bpf][chain]") {
     // 0: A src 10.1/16 -> 1 | 2 ; 1: B dport 443 -> 2 (end of this branch: try C) | 3
     // 2: C dst 10.7/16 -> 3 | end ; 3: record -> 4 ; 4: drop
     std::vector<mps_step> s = {sel_src("10.1.0.0/16", 1, 2), sel_port(MPS_DIR_DST, 443, 443, 2, 3),
                                sel_dst("10.7.0.0/16", 3, END), step(MPS_ACT_RECORD, 4),
                                step(MPS_ACT_DROP)};
-    run_chain_cases(s, {
-        {"A, not B", pk("10.1.0.1", "10.2.0.1", 80), Verdict::drop, {1, 1, 0, 1, 1}},
-        {"A and B, not C", pk("10.1.0.1", "10.2.0.1", 443), Verdict::pass, {1, 1, 1, 0, 0}},
-        {"A and B and C", pk("10.1.0.1", "10.7.0.1", 443), Verdict::drop, {1, 1, 1, 1, 1}},
-        {"not A, C", pk("10.9.0.1", "10.7.0.1", 80), Verdict::drop, {1, 0, 1, 1, 1}},
-        {"nothing", pk("10.9.0.1", "10.2.0.1", 80), Verdict::pass, {1, 0, 1, 0, 0}},
-    });
+    run_chain_cases(
+        s, {
+               {"A, not B", pk("10.1.0.1", "10.2.0.1", 80), Verdict::drop, {1, 1, 0, 1, 1}},
+               {"A and B, not C", pk("10.1.0.1", "10.2.0.1", 443), Verdict::pass, {1, 1, 1, 0, 0}},
+               {"A and B and C", pk("10.1.0.1", "10.7.0.1", 443), Verdict::drop, {1, 1, 1, 1, 1}},
+               {"not A, C", pk("10.9.0.1", "10.7.0.1", 80), Verdict::drop, {1, 0, 1, 1, 1}},
+               {"nothing", pk("10.9.0.1", "10.2.0.1", 80), Verdict::pass, {1, 0, 1, 0, 0}},
+           });
 }
 
 namespace {
@@ -112,10 +107,11 @@ namespace {
 // B, with the tokens written into four flows (ports 1001..1004: both, A only, B only, none).
 constexpr uint32_t TA = 0xa0a0a0a0, TB = 0xb0b0b0b0;
 
-Packet tok_pk(uint16_t port) { return Packet::v4("10.1.0.1", port, "10.2.0.1", 80).payload(4); }
+Packet tok_pk(uint16_t port) {
+    return Packet::v4("10.1.0.1", port, "10.2.0.1", 80).payload(4);
+}
 
-void run_token_cases(const std::vector<mps_step>& steps, const std::vector<ChainCase>& t)
-{
+void run_token_cases(const std::vector<mps_step>& steps, const std::vector<ChainCase>& t) {
     Env env(chain_of(steps));
     const std::pair<uint16_t, std::pair<uint32_t, uint32_t>> flows[] = {
         {1001, {TA, TB}}, {1002, {TA, 0}}, {1003, {0, TB}}, {1004, {0, 0}}};
@@ -144,34 +140,29 @@ void run_token_cases(const std::vector<mps_step>& steps, const std::vector<Chain
 
 }  // namespace
 
-TEST_CASE("chain: AND / OR / NOT with program selectors (path in the counters)", "[bpf][chain]")
-{
-    SECTION("AND")
-    {
+TEST_CASE("chain: AND / OR / NOT with program selectors (path in the counters)", "[bpf][chain]") {
+    SECTION("AND") {
         run_token_cases({sel_token(TA, 1, END), sel_token(TB, 2, END), step(MPS_ACT_DROP)},
                         {{"A and B", tok_pk(1001), Verdict::drop, {1, 1, 1}},
                          {"A only", tok_pk(1002), Verdict::pass, {1, 1, 0}},
                          {"B only", tok_pk(1003), Verdict::pass, {1, 0, 0}},
                          {"neither", tok_pk(1004), Verdict::pass, {1, 0, 0}}});
     }
-    SECTION("OR")
-    {
+    SECTION("OR") {
         run_token_cases({sel_token(TA, 2, 1), sel_token(TB, 2, END), step(MPS_ACT_DROP)},
                         {{"A and B", tok_pk(1001), Verdict::drop, {1, 0, 1}},
                          {"A only", tok_pk(1002), Verdict::drop, {1, 0, 1}},
                          {"B only", tok_pk(1003), Verdict::drop, {1, 1, 1}},
                          {"neither", tok_pk(1004), Verdict::pass, {1, 1, 0}}});
     }
-    SECTION("NOT, then an actor that continues")
-    {
+    SECTION("NOT, then an actor that continues") {
         run_token_cases({sel_token(TA, END, 1), step(MPS_ACT_RECORD, 2), step(MPS_ACT_DROP)},
                         {{"A", tok_pk(1001), Verdict::pass, {1, 0, 0}},
                          {"not A", tok_pk(1003), Verdict::drop, {1, 1, 1}}});
     }
 }
 
-TEST_CASE("chain: policies in priority order, a miss falls to the next policy", "[bpf][chain]")
-{
+TEST_CASE("chain: policies in priority order, a miss falls to the next policy", "[bpf][chain]") {
     // policy 0 (first): dport 80 -> pass ; policy 1: src 10.1/16 -> drop
     std::vector<mps_step> s = {sel_port(MPS_DIR_DST, 80, 80, 1, 2), step(MPS_ACT_PASS, END),
                                sel_src("10.1.0.0/16", 3, END), step(MPS_ACT_DROP)};
@@ -186,7 +177,10 @@ TEST_CASE("chain: policies in priority order, a miss falls to the next policy", 
         std::vector<uint64_t> runs;
     };
     std::vector<C> t = {
-        {"both policies select: the first wins", pk("10.1.0.1", "10.2.0.1", 80), Verdict::pass, {1, 1, 0, 0}},
+        {"both policies select: the first wins",
+         pk("10.1.0.1", "10.2.0.1", 80),
+         Verdict::pass,
+         {1, 1, 0, 0}},
         {"only the second selects", pk("10.1.0.1", "10.2.0.1", 81), Verdict::drop, {1, 0, 1, 1}},
         {"neither selects", pk("10.9.0.1", "10.2.0.1", 81), Verdict::pass, {1, 0, 1, 0}},
     };
@@ -208,22 +202,18 @@ TEST_CASE("chain: policies in priority order, a miss falls to the next policy", 
 namespace {
 
 // A selector with its own program that always matches (flow bytes in [0, 2^64)).
-mps_step prog_sel(uint16_t m, uint16_t miss = END)
-{
+mps_step prog_sel(uint16_t m, uint16_t miss = END) {
     return sel_bytes(MPS_BYTES_SUBFLOW, 0, ~0ull, m, miss);
 }
 
 // `steps` steps: `programs` program selectors (counted) among inline ones, then a drop.
-std::vector<mps_step> long_chain(size_t steps, size_t programs)
-{
+std::vector<mps_step> long_chain(size_t steps, size_t programs) {
     // program selectors on the even positions first, then on the odd ones
     std::vector<size_t> order;
     for (size_t start : {0, 1})
-        for (size_t i = start; i + 1 < steps; i += 2)
-            order.push_back(i);
+        for (size_t i = start; i + 1 < steps; i += 2) order.push_back(i);
     std::vector<bool> prog(steps, false);
-    for (size_t k = 0; k < programs && k < order.size(); k++)
-        prog[order[k]] = true;
+    for (size_t k = 0; k < programs && k < order.size(); k++) prog[order[k]] = true;
     std::vector<mps_step> s;
     for (size_t i = 0; i + 1 < steps; i++) {
         uint16_t next = uint16_t(i + 1);
@@ -233,16 +223,13 @@ std::vector<mps_step> long_chain(size_t steps, size_t programs)
     return s;
 }
 
-size_t programs_in(const std::vector<mps_step>& s)
-{
+size_t programs_in(const std::vector<mps_step>& s) {
     size_t n = 0;
-    for (auto& st : s)
-        n += dp::has_program(static_cast<mps_prog>(st.prog));
+    for (auto& st : s) n += dp::has_program(static_cast<mps_prog>(st.prog));
     return n;
 }
 
-void expect_runs_through(const std::vector<mps_step>& s)
-{
+void expect_runs_through(const std::vector<mps_step>& s) {
     Env env(chain_of(s));
     for (Hook h : kAllHooks) {
         INFO(name_of(h));
@@ -264,23 +251,20 @@ void expect_runs_through(const std::vector<mps_step>& s)
 
 }  // namespace
 
-TEST_CASE("chain: 32 inline steps run to the end", "[bpf][chain]")
-{
+TEST_CASE("chain: 32 inline steps run to the end", "[bpf][chain]") {
     auto s = long_chain(MPS_MAX_CHAIN, 0);
     REQUIRE(s.size() == MPS_MAX_CHAIN);
     expect_runs_through(s);
 }
 
-TEST_CASE("chain: 32 steps, 16 of them programs (the most a path may enter)", "[bpf][chain]")
-{
+TEST_CASE("chain: 32 steps, 16 of them programs (the most a path may enter)", "[bpf][chain]") {
     auto s = long_chain(MPS_MAX_CHAIN, dp::kMaxActorsPerPath);
     REQUIRE(s.size() == MPS_MAX_CHAIN);
     REQUIRE(programs_in(s) == size_t(dp::kMaxActorsPerPath));
     expect_runs_through(s);
 }
 
-TEST_CASE("chain: 32 steps along the miss branches", "[bpf][chain]")
-{
+TEST_CASE("chain: 32 steps along the miss branches", "[bpf][chain]") {
     // 31 selectors that miss and continue on miss (every other one a program), then a drop
     std::vector<mps_step> s;
     for (uint16_t i = 0; i < MPS_MAX_CHAIN - 1; i++)
@@ -303,8 +287,7 @@ TEST_CASE("chain: 32 steps along the miss branches", "[bpf][chain]")
     }
 }
 
-TEST_CASE("chain: the loader refuses longer chains, more program steps, cycles", "[bpf][chain]")
-{
+TEST_CASE("chain: the loader refuses longer chains, more program steps, cycles", "[bpf][chain]") {
     PinRoot root;
     auto state = dp::StateMaps::open(root.path());
     CHECK_THROWS_AS(dp::Generation::build(chain_of(long_chain(MPS_MAX_CHAIN + 1, 0)), 1, state),
@@ -317,8 +300,7 @@ TEST_CASE("chain: the loader refuses longer chains, more program steps, cycles",
     CHECK_THROWS_AS(dp::Generation::build(chain_of(cyc), 1, state), dp::Error);
 }
 
-TEST_CASE("chain: an inline loop is cut, counted as too long and passed", "[bpf][chain]")
-{
+TEST_CASE("chain: an inline loop is cut, counted as too long and passed", "[bpf][chain]") {
     // Built valid, then the last step is turned into a selector that jumps back to step 0
     // (in place, as a parameter update could): the datapath has to stop it on its own.
     auto s = long_chain(MPS_MAX_CHAIN, 0);
@@ -338,8 +320,7 @@ TEST_CASE("chain: an inline loop is cut, counted as too long and passed", "[bpf]
 }
 
 TEST_CASE("chain: a loop through a program hits the kernel's tail-call limit, counted, passed",
-          "[bpf][chain]")
-{
+          "[bpf][chain]") {
     Env env(chain_of({step(MPS_ACT_RECORD, 1), step(MPS_ACT_DROP)}));
     env.set_step(0, step(MPS_ACT_RECORD, 0));  // record -> record -> ...
     for (Hook h : kAllHooks) {
@@ -359,14 +340,12 @@ TEST_CASE("chain: a loop through a program hits the kernel's tail-call limit, co
     }
 }
 
-TEST_CASE("chain: a missing prog_array slot is a counted missed tail call", "[bpf][chain]")
-{
+TEST_CASE("chain: a missing prog_array slot is a counted missed tail call", "[bpf][chain]") {
     for (uint32_t slot : {uint32_t(MPS_ACT_RECORD), uint32_t(MPS_PROG_NONE)}) {
         for (bool fail_drop : {false, true}) {
             std::vector<mps_step> s = {sel_port(MPS_DIR_EITHER, 0, 65535, 1, END),
                                        step(MPS_ACT_RECORD, 2), step(MPS_ACT_DROP)};
-            if (fail_drop)
-                s[1].flags |= MPS_STEPF_FAIL_DROP;
+            if (fail_drop) s[1].flags |= MPS_STEPF_FAIL_DROP;
             Env env(chain_of(s));
             for (const char* m : {"jmp_xdp", "jmp_tc"})
                 REQUIRE(bpf_map_delete_elem(env.generation().map_fd(m), &slot) == 0);
@@ -390,8 +369,7 @@ TEST_CASE("chain: a missing prog_array slot is a counted missed tail call", "[bp
     }
 }
 
-TEST_CASE("chain: a missing slot for the first step", "[bpf][chain]")
-{
+TEST_CASE("chain: a missing slot for the first step", "[bpf][chain]") {
     Env env(chain_of({step(MPS_ACT_RECORD, 1), step(MPS_ACT_DROP)}));
     uint32_t slot = MPS_ACT_RECORD;
     for (const char* m : {"jmp_xdp", "jmp_tc"})
@@ -410,8 +388,7 @@ TEST_CASE("chain: a missing slot for the first step", "[bpf][chain]")
     }
 }
 
-TEST_CASE("chain: hooks have their own entries", "[bpf][chain]")
-{
+TEST_CASE("chain: hooks have their own entries", "[bpf][chain]") {
     // XDP drops, TC egress passes, TC ingress has no chain
     dp::ChainSet cs;
     cs.steps = {step(MPS_ACT_DROP), step(MPS_ACT_PASS)};
@@ -427,8 +404,7 @@ TEST_CASE("chain: hooks have their own entries", "[bpf][chain]")
     CHECK(s[1].runs == 1);
 }
 
-TEST_CASE("dp::test_run returns the frame without the XDP metadata (L1)", "[bpf][harness]")
-{
+TEST_CASE("dp::test_run returns the frame without the XDP metadata (L1)", "[bpf][harness]") {
     // record needs the metadata (a program step), so the XDP run has 20 bytes in front
     Env env(chain_of({step(MPS_ACT_RECORD, 1), step(MPS_ACT_PASS)}));
     Bytes in = pk("10.1.0.1", "10.2.0.1").build();
@@ -444,10 +420,8 @@ TEST_CASE("dp::test_run returns the frame without the XDP metadata (L1)", "[bpf]
 
 namespace {
 // BPF_PROG_TEST_RUN with the packet arriving on (XDP) or leaving through (TC) `ifindex`.
-uint32_t run_on(int prog_fd, const Bytes& frame, bool xdp, uint32_t ifindex)
-{
-    if (!xdp)
-        return dp::test_run(prog_fd, frame, false, 1, ifindex).retval;
+uint32_t run_on(int prog_fd, const Bytes& frame, bool xdp, uint32_t ifindex) {
+    if (!xdp) return dp::test_run(prog_fd, frame, false, 1, ifindex).retval;
     Bytes out(frame.size() + 512);
     xdp_md ctx{};
     ctx.data_end = uint32_t(frame.size());
@@ -461,15 +435,16 @@ uint32_t run_on(int prog_fd, const Bytes& frame, bool xdp, uint32_t ifindex)
 }
 }  // namespace
 
-TEST_CASE("chain: per-interface entries run on their interface only", "[bpf][chain]")
-{
+TEST_CASE("chain: per-interface entries run on their interface only", "[bpf][chain]") {
     // In a private network namespace (gone with this thread): lo and a veth (no dummy module here).
     std::string failure;
     std::thread([&] {
         try {
             if (unshare(CLONE_NEWNET) != 0)
                 throw std::runtime_error("unshare(CLONE_NEWNET) failed");
-            if (std::system("ip link add mps-ifent type veth peer name mps-ifent-p && ip link set mps-ifent up") != 0)
+            if (std::system(
+                    "ip link add mps-ifent type veth peer name mps-ifent-p && ip link set mps-ifent up") !=
+                0)
                 throw std::runtime_error("creating the veth pair failed");
             const uint32_t lo = 1, veth = if_nametoindex("mps-ifent");
             // Every policy names its interface, so each hook's default is "no chain" (END):
@@ -503,13 +478,14 @@ TEST_CASE("chain: per-interface entries run on their interface only", "[bpf][cha
     CHECK(failure.empty());
 }
 
-TEST_CASE("generations: a staged slot runs only in pre-flight until the flip; the flip back restores",
-          "[bpf][chain]")
-{
+TEST_CASE(
+    "generations: a staged slot runs only in pre-flight until the flip; the flip back restores",
+    "[bpf][chain]") {
     PinRoot root;
     auto state = dp::StateMaps::open(root.path());
-    auto g1 = dp::Generation::build(chain_of({step(MPS_ACT_PASS)}), 1, state,
-                                    {"preflight_xdp", "preflight_tc_egress", "preflight_tc_ingress"});
+    auto g1 =
+        dp::Generation::build(chain_of({step(MPS_ACT_PASS)}), 1, state,
+                              {"preflight_xdp", "preflight_tc_egress", "preflight_tc_ingress"});
     auto g2 = dp::Generation::stage(g1->datapath(), chain_of({step(MPS_ACT_DROP)}), 2);
     CHECK(g1->active());
     CHECK_FALSE(g2->active());

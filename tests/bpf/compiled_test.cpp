@@ -20,8 +20,7 @@ namespace {
 const std::vector<Hook> kAllHooks = {Hook::xdp, Hook::tc_egress, Hook::tc_ingress};
 
 // Frames of every shape the fast path takes or hands on.
-std::vector<std::pair<std::string, Packet>> frames()
-{
+std::vector<std::pair<std::string, Packet>> frames() {
     auto data = [] {
         return Packet::v4("10.1.0.1", 40000, "10.2.0.1", 5201)
             .option(opt::nop())
@@ -33,18 +32,20 @@ std::vector<std::pair<std::string, Packet>> frames()
     std::vector<std::pair<std::string, Packet>> v;
     v.emplace_back("IPv4 DSS data", data());
     v.emplace_back("IPv4 reverse, plain ACK", Packet::v4("10.2.0.1", 5201, "10.1.0.1", 40000));
-    v.emplace_back("IPv4 timestamps, no MPTCP option", Packet::v4("10.1.0.1", 40000, "10.2.0.1", 5201)
-                                                           .option(opt::nop())
-                                                           .option(opt::nop())
-                                                           .option(opt::timestamps(3, 4))
-                                                           .payload(10));
-    v.emplace_back("IPv4 other addresses", Packet::v4("192.0.2.1", 1000, "192.0.2.2", 80).payload(8));
+    v.emplace_back("IPv4 timestamps, no MPTCP option",
+                   Packet::v4("10.1.0.1", 40000, "10.2.0.1", 5201)
+                       .option(opt::nop())
+                       .option(opt::nop())
+                       .option(opt::timestamps(3, 4))
+                       .payload(10));
+    v.emplace_back("IPv4 other addresses",
+                   Packet::v4("192.0.2.1", 1000, "192.0.2.2", 80).payload(8));
     v.emplace_back("IPv4 ADD_ADDR",
                    Packet::v4("10.2.0.1", 5201, "10.1.0.1", 40000)
                        .option(mt::add_addr(ip4("10.3.0.1"), 2, std::nullopt, false, 0x1122)));
-    v.emplace_back("IPv4 MP_CAPABLE SYN", Packet::v4("10.1.0.1", 40001, "10.2.0.1", 5201)
-                                              .flags(tcpf::SYN)
-                                              .option(mt::capable_syn()));
+    v.emplace_back(
+        "IPv4 MP_CAPABLE SYN",
+        Packet::v4("10.1.0.1", 40001, "10.2.0.1", 5201).flags(tcpf::SYN).option(mt::capable_syn()));
     v.emplace_back("IPv4 3-byte MP_JOIN beside MP_CAPABLE",
                    Packet::v4("10.1.0.1", 40000, "10.2.0.1", 5201)
                        .option(opt::raw(30, {0x10}))
@@ -74,16 +75,13 @@ std::vector<std::pair<std::string, Packet>> frames()
     return v;
 }
 
-std::vector<mps_step> guarded(std::vector<mps_step> s)
-{
-    for (auto& st : s)
-        st.flags |= MPS_STEPF_FAIL_DROP;
+std::vector<mps_step> guarded(std::vector<mps_step> s) {
+    for (auto& st : s) st.flags |= MPS_STEPF_FAIL_DROP;
     return s;
 }
 
 // Chains covering every inline selector, the compositions and a program step.
-std::vector<std::pair<std::string, std::vector<mps_step>>> chains()
-{
+std::vector<std::pair<std::string, std::vector<mps_step>>> chains() {
     return {
         {"MP_JOIN or MP_CAPABLE, drop, under a guard (failure mode drop)",
          guarded({sel_kinds(MPS_K_MP_JOIN, 2, 1), sel_kinds(MPS_K_MP_CAPABLE, 2, END),
@@ -96,24 +94,24 @@ std::vector<std::pair<std::string, std::vector<mps_step>>> chains()
           sel_ip_pair("10.2.0.1", "10.1.0.1", 3, END), step(MPS_ACT_RECORD, 4),
           step(MPS_ACT_DROP)}},
         {"subflow either way, else kinds ADD_ADDR drop, else pass",
-         {sel_subflow("10.1.0.1", 40000, "10.2.0.1", 5201, 3, 1),
-          sel_kinds(MPS_K_ADD_ADDR, 2, END), step(MPS_ACT_DROP), step(MPS_ACT_PASS)}},
+         {sel_subflow("10.1.0.1", 40000, "10.2.0.1", 5201, 3, 1), sel_kinds(MPS_K_ADD_ADDR, 2, END),
+          step(MPS_ACT_DROP), step(MPS_ACT_PASS)}},
         {"IPv6 CIDR (never an IPv4 packet), else drop",
          {sel_dst("fd00::/8", END, 1), step(MPS_ACT_DROP)}},
         // Steps reached both with and without the option walk (the walk is then checked at
         // run time, and the program step gets the kinds only when they were found).
         {"src or kinds, then record; kinds, then timestamp kinds, drop",
-         {sel_src("10.1.0.0/16", 1, 3), sel_kinds(MPS_K_DSS, 2, 3), sel_kinds(MPS_K_TIMESTAMP, 4, END),
-          step(MPS_ACT_RECORD, 4), step(MPS_ACT_DROP)}},
+         {sel_src("10.1.0.0/16", 1, 3), sel_kinds(MPS_K_DSS, 2, 3),
+          sel_kinds(MPS_K_TIMESTAMP, 4, END), step(MPS_ACT_RECORD, 4), step(MPS_ACT_DROP)}},
         {"src, else kinds; timestamp kinds walked either way, drop",
          {sel_src("10.1.0.0/16", 1, 2), sel_kinds(MPS_K_DSS, 2, END),
           sel_kinds(MPS_K_TIMESTAMP, 3, END), step(MPS_ACT_DROP)}},
         // Each kind the walk finds sends a packet on (match) or to a verdict of its own.
         {"ACK, payload, DATA_ACK, plain TCP, timestamp kinds, each else its own verdict",
-         {sel_kinds(MPS_K_ACK, 1, 6), sel_kinds(MPS_K_PAYLOAD, 2, 7), sel_kinds(MPS_K_DATA_ACK, 3, 8),
-          sel_kinds(MPS_K_PLAIN_TCP, 4, 9), sel_kinds(MPS_K_TIMESTAMP | MPS_K_FIN, 5, 10),
-          step(MPS_ACT_DROP), step(MPS_ACT_PASS), step(MPS_ACT_DROP), step(MPS_ACT_PASS),
-          step(MPS_ACT_DROP), step(MPS_ACT_PASS)}},
+         {sel_kinds(MPS_K_ACK, 1, 6), sel_kinds(MPS_K_PAYLOAD, 2, 7),
+          sel_kinds(MPS_K_DATA_ACK, 3, 8), sel_kinds(MPS_K_PLAIN_TCP, 4, 9),
+          sel_kinds(MPS_K_TIMESTAMP | MPS_K_FIN, 5, 10), step(MPS_ACT_DROP), step(MPS_ACT_PASS),
+          step(MPS_ACT_DROP), step(MPS_ACT_PASS), step(MPS_ACT_DROP), step(MPS_ACT_PASS)}},
         {"port range either way, /0, /32, pass",
          {sel_port(MPS_DIR_EITHER, 1024, 65535, 1, END), sel_dst("0.0.0.0/0", 2, END),
           sel_src("10.1.0.1/32", 3, END), step(MPS_ACT_PASS)}},
@@ -122,8 +120,8 @@ std::vector<std::pair<std::string, std::vector<mps_step>>> chains()
 
 }  // namespace
 
-TEST_CASE("compiled entries: same verdict, bytes and counters as the interpreter", "[bpf][compiled]")
-{
+TEST_CASE("compiled entries: same verdict, bytes and counters as the interpreter",
+          "[bpf][compiled]") {
     for (const auto& [cname, steps] : chains()) {
         Env env(chain_of(steps));
         const auto& g = env.generation();
@@ -157,7 +155,8 @@ TEST_CASE("compiled entries: same verdict, bytes and counters as the interpreter
                 CHECK(rf.retval == ri.retval);
                 CHECK(pf == pi);
                 CHECK(ef == ei);
-                if (rf.out != ri.out) FAIL_CHECK("output differs\n" << describe_frame(rf.out, ri.out));
+                if (rf.out != ri.out)
+                    FAIL_CHECK("output differs\n" << describe_frame(rf.out, ri.out));
                 for (size_t pc = 0; pc < steps.size(); ++pc) {
                     CAPTURE(pc);
                     CHECK(step_delta(bf, af, pc).runs == step_delta(bi, ai, pc).runs);
@@ -165,7 +164,8 @@ TEST_CASE("compiled entries: same verdict, bytes and counters as the interpreter
                 }
                 for (int c = 0; c < MPS_GC_MAX; ++c) {
                     CAPTURE(c);
-                    CHECK(gen_delta(bf, af, mps_gen_counter(c)) == gen_delta(bi, ai, mps_gen_counter(c)));
+                    CHECK(gen_delta(bf, af, mps_gen_counter(c)) ==
+                          gen_delta(bi, ai, mps_gen_counter(c)));
                 }
                 CHECK(gen_delta(bf, af, MPS_GC_MISSED_TAIL_CALL) == 0);
             }
@@ -174,16 +174,15 @@ TEST_CASE("compiled entries: same verdict, bytes and counters as the interpreter
 }
 
 TEST_CASE("compiled entries: only while their generation is active, and staged in pre-flight",
-          "[bpf][compiled]")
-{
+          "[bpf][compiled]") {
     CpuPin cpu;
     PinRoot root;
     auto state = dp::StateMaps::open(root.path());
-    auto g1 = dp::Generation::build(chain_of({sel_dst("10.2.0.0/16", 1, END), step(MPS_ACT_PASS)}),
-                                    1, state,
-                                    {"preflight_xdp", "preflight_tc_egress", "preflight_tc_ingress"});
-    auto g2 = dp::Generation::stage(g1->datapath(),
-                                    chain_of({sel_dst("10.2.0.0/16", 1, END), step(MPS_ACT_DROP)}), 2);
+    auto g1 = dp::Generation::build(
+        chain_of({sel_dst("10.2.0.0/16", 1, END), step(MPS_ACT_PASS)}), 1, state,
+        {"preflight_xdp", "preflight_tc_egress", "preflight_tc_ingress"});
+    auto g2 = dp::Generation::stage(
+        g1->datapath(), chain_of({sel_dst("10.2.0.0/16", 1, END), step(MPS_ACT_DROP)}), 2);
     g2->emit_entries();
     Bytes data = Packet::v4("10.1.0.1", 40000, "10.2.0.1", 80).payload(4).build();
     Bytes syn = Packet::v4("10.1.0.1", 40000, "10.2.0.1", 80).flags(tcpf::SYN).build();
@@ -197,10 +196,8 @@ TEST_CASE("compiled entries: only while their generation is active, and staged i
     }
     // Pre-flight: g2's own chain, through the compiled entries too (a SYN through the
     // preflight entry they hand it to).
-    for (const auto& [h, r] : g2->preflight(data))
-        CHECK(r.retval == retval_of(Verdict::drop, h));
-    for (const auto& [h, r] : g2->preflight(syn))
-        CHECK(r.retval == retval_of(Verdict::drop, h));
+    for (const auto& [h, r] : g2->preflight(data)) CHECK(r.retval == retval_of(Verdict::drop, h));
+    for (const auto& [h, r] : g2->preflight(syn)) CHECK(r.retval == retval_of(Verdict::drop, h));
     CHECK(g2->step_counters()[1].drops == 12);  // 2 frames x (3 preflight + 3 compiled)
     // ...and test mode is over: the live path still runs g1.
     for (Hook h : kAllHooks)
@@ -217,8 +214,7 @@ TEST_CASE("compiled entries: only while their generation is active, and staged i
     }
 }
 
-TEST_CASE("compiled entries: a rewritten inline step retires the old entries", "[bpf][compiled]")
-{
+TEST_CASE("compiled entries: a rewritten inline step retires the old entries", "[bpf][compiled]") {
     Env env(chain_of({sel_dst("10.2.0.0/16", 1, END), step(MPS_ACT_DROP)}));
     Bytes in = Packet::v4("10.1.0.1", 40000, "10.2.0.1", 80).payload(4).build();
     std::vector<dp::Fd> old;  // as a link would: holding the programs
@@ -242,11 +238,11 @@ TEST_CASE("compiled entries: a rewritten inline step retires the old entries", "
 }
 
 TEST_CASE("compiled entries: chains with more inline steps than fit stay with the interpreter",
-          "[bpf][compiled]")
-{
+          "[bpf][compiled]") {
     auto selectors_then_drop = [](uint16_t n) {
         std::vector<mps_step> s;
-        for (uint16_t i = 0; i < n; ++i) s.push_back(sel_port(MPS_DIR_EITHER, 0, 65535, i + 1, END));
+        for (uint16_t i = 0; i < n; ++i)
+            s.push_back(sel_port(MPS_DIR_EITHER, 0, 65535, i + 1, END));
         s.push_back(step(MPS_ACT_DROP));
         return chain_of(s);
     };
@@ -264,15 +260,14 @@ TEST_CASE("compiled entries: chains with more inline steps than fit stay with th
 }
 
 TEST_CASE("compiled entries: the verifier's work stays small on the most tangled chain that fits",
-          "[bpf][compiled]")
-{
+          "[bpf][compiled]") {
     // Every selector goes on to the next two steps (paths double at each), packet_type steps
     // reached with and without the option walk, a program step at the end.
     std::vector<mps_step> s;
     const uint16_t n = mpsteer::datapath::kCompiledMaxSteps - 1;
     for (uint16_t i = 0; i < n; ++i) {
         const uint16_t m = i + 1, miss = std::min<uint16_t>(i + 2, n);
-        s.push_back(i % 3 == 1 ? sel_kinds(MPS_K_DSS << (i % 5), m, miss)
+        s.push_back(i % 3 == 1   ? sel_kinds(MPS_K_DSS << (i % 5), m, miss)
                     : i % 3 == 2 ? sel_port(MPS_DIR_EITHER, 1000 + i, 6000, m, miss)
                                  : sel_src("10.1.0.0/" + std::to_string(8 + i), m, miss));
     }

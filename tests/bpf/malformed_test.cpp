@@ -17,7 +17,8 @@ struct BadCase {
     std::string name;
     Bytes frame;
     Counted counted;
-    bool at_entry;  // found by the entry program (no step runs) or by the first step reading options
+    bool
+        at_entry;  // found by the entry program (no step runs) or by the first step reading options
     // BPF_PROG_TEST_RUN refuses it for TC programs (EINVAL: the kernel wants a whole IPv4
     // header in an skb, v4 and v6); XDP still runs it.
     bool tc_refused = false;
@@ -28,38 +29,47 @@ constexpr const char* S4 = "10.2.0.2";
 constexpr const char* C6 = "2001:db8:1::1";
 constexpr const char* S6 = "2001:db8:2::2";
 
-Packet client(bool v6)
-{
+Packet client(bool v6) {
     return v6 ? Packet::v6(C6, 40000, S6, 80) : Packet::v4(C4, 40000, S4, 80);
 }
 
 // The well-formed packet every malformed one is derived from: an ACK with a large window,
 // timestamps and data, on a flow whose handshake the datapath has seen.
-Packet good(bool v6)
-{
-    return client(v6).seq(5001).ack(9001).window(60000).option(opt::nop()).option(opt::nop())
-        .option(opt::timestamps(1000, 2000)).payload(20);
+Packet good(bool v6) {
+    return client(v6)
+        .seq(5001)
+        .ack(9001)
+        .window(60000)
+        .option(opt::nop())
+        .option(opt::nop())
+        .option(opt::timestamps(1000, 2000))
+        .payload(20);
 }
 
-std::vector<Packet> handshake(bool v6)
-{
-    Packet syn = client(v6).flags(tcpf::SYN).seq(5000).option(opt::mss(1460)).option(opt::wscale(7))
+std::vector<Packet> handshake(bool v6) {
+    Packet syn = client(v6)
+                     .flags(tcpf::SYN)
+                     .seq(5000)
+                     .option(opt::mss(1460))
+                     .option(opt::wscale(7))
                      .option(mptcp::capable_syn());
     Packet synack = syn.reversed();
-    synack.flags(tcpf::SYN | tcpf::ACK).seq(9000).ack(5001).option(opt::mss(1460))
-        .option(opt::wscale(2)).option(mptcp::capable_synack(0x1111222233334444));
+    synack.flags(tcpf::SYN | tcpf::ACK)
+        .seq(9000)
+        .ack(5001)
+        .option(opt::mss(1460))
+        .option(opt::wscale(2))
+        .option(mptcp::capable_synack(0x1111222233334444));
     return {syn, synack};
 }
 
-Packet with_options(bool v6, Bytes opts)
-{
+Packet with_options(bool v6, Bytes opts) {
     Packet p = good(v6);
     p.tcp.options = std::move(opts);
     return p;
 }
 
-std::vector<BadCase> bad_cases(bool v6)
-{
+std::vector<BadCase> bad_cases(bool v6) {
     std::vector<BadCase> t;
     std::string f = v6 ? "v6 " : "v4 ";
     auto add = [&](std::string n, const Packet& p, Counted c, bool entry) {
@@ -72,8 +82,8 @@ std::vector<BadCase> bad_cases(bool v6)
     add("option length 0 after valid options",
         with_options(v6, {1, 1, 8, 10, 0, 0, 0, 1, 0, 0, 0, 2, 4, 0, 1, 1}), C::malformed, false);
     add("timestamps running past doff", with_options(v6, {1, 1, 8, 10}), C::malformed, false);
-    add("DSS running past doff",
-        with_options(v6, {30, 20, 0x20, 0x01, 0, 0, 0, 1}), C::malformed, false);
+    add("DSS running past doff", with_options(v6, {30, 20, 0x20, 0x01, 0, 0, 0, 1}), C::malformed,
+        false);
     add("MPTCP option of length 2", with_options(v6, {1, 1, 30, 2}), C::malformed, false);
     add("kind in the last byte, length outside the header", with_options(v6, {1, 1, 1, 8}),
         C::malformed, false);
@@ -179,10 +189,10 @@ struct NamedChain {
     std::vector<mps_step> steps;
 };
 
-std::vector<NamedChain> chains()
-{
+std::vector<NamedChain> chains() {
     return {
-        {"packet_type(any) -> drop", {sel_kinds(MPS_K_ANY_MPTCP | MPS_K_PLAIN_TCP, 1), step(MPS_ACT_DROP)}},
+        {"packet_type(any) -> drop",
+         {sel_kinds(MPS_K_ANY_MPTCP | MPS_K_PLAIN_TCP, 1), step(MPS_ACT_DROP)}},
         {"rate_limit -> drop", {act_rate(1000, 10000, 0, 1), step(MPS_ACT_DROP)}},
         {"rate_limit alone", {act_rate(1000, 10000, 0)}},
         {"record -> get_connect -> get_subflow -> rate_limit -> drop",
@@ -196,8 +206,7 @@ std::vector<NamedChain> chains()
 
 }  // namespace
 
-TEST_CASE("malformed input passes untouched through every chain", "[bpf][malformed]")
-{
+TEST_CASE("malformed input passes untouched through every chain", "[bpf][malformed]") {
     for (const auto& ch : chains()) {
         INFO("chain: " << ch.name);
         Env env(chain_of(ch.steps));
@@ -205,8 +214,7 @@ TEST_CASE("malformed input passes untouched through every chain", "[bpf][malform
         for (bool v6 : {false, true}) {
             for (Hook h : kHooks) {
                 INFO("hook: " << name_of(h));
-                for (const Packet& p : handshake(v6))
-                    env.run(h, p);
+                for (const Packet& p : handshake(v6)) env.run(h, p);
                 // Control: the chain is live, a well-formed packet is dropped where it ends
                 // in a drop.
                 if (ends_in_drop) {
@@ -237,16 +245,14 @@ TEST_CASE("malformed input passes untouched through every chain", "[bpf][malform
                         drops += step_delta(before, after, pc).drops;
                     }
                     CHECK(drops == 0);
-                    if (c.at_entry)
-                        CHECK(runs == 0);
+                    if (c.at_entry) CHECK(runs == 0);
                 }
             }
         }
     }
 }
 
-TEST_CASE("a SYN with malformed options teaches the flow nothing", "[bpf][malformed]")
-{
+TEST_CASE("a SYN with malformed options teaches the flow nothing", "[bpf][malformed]") {
     Env env(chain_of({step(MPS_ACT_RECORD, 1), step(MPS_ACT_PASS)}));
     for (bool v6 : {false, true}) {
         for (Hook h : kHooks) {
@@ -270,22 +276,22 @@ TEST_CASE("a SYN with malformed options teaches the flow nothing", "[bpf][malfor
 // datapath cannot read is dropped: garbage must not walk around the guard. Linux itself
 // accepts such packets (it stops parsing at a bad option; it reassembles fragments).
 TEST_CASE("unparseable packets are dropped where a drop-on-failure guard could decide them",
-          "[bpf][malformed][guard]")
-{
+          "[bpf][malformed][guard]") {
     // port 80 -> packet_type(MP_JOIN) -> drop, the selector and the drop with failure mode drop
     std::vector<mps_step> guarded = {sel_port(MPS_DIR_EITHER, 80, 80, 1, END),
                                      sel_kinds(MPS_K_MP_JOIN, 2, END), step(MPS_ACT_DROP)};
     guarded[1].flags |= MPS_STEPF_FAIL_DROP;
     guarded[2].flags |= MPS_STEPF_FAIL_DROP;
     std::vector<mps_step> open = guarded;
-    for (auto& s : open)
-        s.flags = 0;
+    for (auto& s : open) s.flags = 0;
     for (bool is_guarded : {true, false}) {
         Env env(chain_of(is_guarded ? guarded : open));
         for (bool v6 : {false, true}) {
             for (Hook h : kHooks) {
                 INFO((is_guarded ? "guarded " : "open ") << (v6 ? "v6 " : "v4 ") << name_of(h));
-                Packet syn = client(v6).flags(tcpf::SYN).option(mptcp::join_syn(7, 1))
+                Packet syn = client(v6)
+                                 .flags(tcpf::SYN)
+                                 .option(mptcp::join_syn(7, 1))
                                  .option({8, 0, 1, 1});  // MP_JOIN, then a bad option
                 Packet frag = good(v6).option(mptcp::join_ack({}));
                 if (v6)
@@ -337,8 +343,7 @@ TEST_CASE("unparseable packets are dropped where a drop-on-failure guard could d
 }
 
 TEST_CASE("a guard behind another policy's steps still covers unparseable packets",
-          "[bpf][malformed][guard]")
-{
+          "[bpf][malformed][guard]") {
     // record (fail pass) -> port 9 (fail pass) -> drop (fail drop): the entry step is guarded
     std::vector<mps_step> s = {step(MPS_ACT_RECORD, 1), sel_port(MPS_DIR_DST, 9, 9, 2, END),
                                step(MPS_ACT_DROP)};

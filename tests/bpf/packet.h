@@ -54,8 +54,8 @@ struct Capable {
     std::optional<uint16_t> checksum;
 };
 Bytes capable(const Capable& c);
-Bytes capable_syn(uint8_t version = 1, uint8_t flags = 0x01);             // length 4
-Bytes capable_synack(uint64_t key, uint8_t flags = 0x01);                 // length 12
+Bytes capable_syn(uint8_t version = 1, uint8_t flags = 0x01);                         // length 4
+Bytes capable_synack(uint64_t key, uint8_t flags = 0x01);                             // length 12
 Bytes capable_ack(uint64_t sender_key, uint64_t receiver_key, uint8_t flags = 0x01);  // 20
 
 // MP_JOIN: SYN (12), SYN/ACK (16, 64-bit truncated HMAC), third ACK (24, 160-bit HMAC).
@@ -74,13 +74,26 @@ struct Dss {
     std::optional<uint16_t> checksum;
     bool fin_ = false;
 
-    Dss& ack(uint64_t v, bool eight = true) { data_ack = v; ack8 = eight; return *this; }
-    Dss& map(uint64_t d, uint32_t s, uint16_t len, bool eight = true)
-    {
-        dsn = d; ssn = s; data_len = len; dsn8 = eight; return *this;
+    Dss& ack(uint64_t v, bool eight = true) {
+        data_ack = v;
+        ack8 = eight;
+        return *this;
     }
-    Dss& csum(uint16_t c) { checksum = c; return *this; }
-    Dss& fin() { fin_ = true; return *this; }
+    Dss& map(uint64_t d, uint32_t s, uint16_t len, bool eight = true) {
+        dsn = d;
+        ssn = s;
+        data_len = len;
+        dsn8 = eight;
+        return *this;
+    }
+    Dss& csum(uint16_t c) {
+        checksum = c;
+        return *this;
+    }
+    Dss& fin() {
+        fin_ = true;
+        return *this;
+    }
 };
 Bytes dss(const Dss& d);
 
@@ -90,11 +103,11 @@ Bytes add_addr(const Ip4& a, uint8_t addr_id, std::optional<uint16_t> port = std
 Bytes add_addr(const Ip6& a, uint8_t addr_id, std::optional<uint16_t> port = std::nullopt,
                bool echo = false, uint64_t hmac = 0);
 Bytes remove_addr(const std::vector<uint8_t>& ids);
-Bytes mp_prio(bool backup);                  // v1: length 3
-Bytes mp_prio_v0(bool backup, uint8_t id);   // RFC 6824: length 4 with an address id
-Bytes mp_fail(uint64_t dsn);                 // length 12
-Bytes fastclose(uint64_t receiver_key);      // length 12
-Bytes tcprst(uint8_t flags, uint8_t reason); // length 4
+Bytes mp_prio(bool backup);                   // v1: length 3
+Bytes mp_prio_v0(bool backup, uint8_t id);    // RFC 6824: length 4 with an address id
+Bytes mp_fail(uint64_t dsn);                  // length 12
+Bytes fastclose(uint64_t receiver_key);       // length 12
+Bytes tcprst(uint8_t flags, uint8_t reason);  // length 4
 }  // namespace mptcp
 
 // ---- headers ------------------------------------------------------------------------------
@@ -107,19 +120,19 @@ struct Vlan {
 struct Eth {
     std::array<uint8_t, 6> dst{0x02, 0, 0, 0, 0, 0x02};
     std::array<uint8_t, 6> src{0x02, 0, 0, 0, 0, 0x01};
-    std::vector<Vlan> vlans;                 // outermost first
-    std::optional<uint16_t> ethertype;       // default from the IP version
+    std::vector<Vlan> vlans;            // outermost first
+    std::optional<uint16_t> ethertype;  // default from the IP version
 };
 
 struct Ipv4 {
     Ip4 src{}, dst{};
     uint8_t tos = 0;
     uint16_t id = 0x1234;
-    uint16_t frag = 0x4000;                  // flags (DF 0x4000, MF 0x2000) | offset in 8-byte units
+    uint16_t frag = 0x4000;  // flags (DF 0x4000, MF 0x2000) | offset in 8-byte units
     uint8_t ttl = 64;
     uint8_t protocol = 6;
-    Bytes options;                           // padded with EOL to a multiple of 4
-    std::optional<uint8_t> version;          // overrides
+    Bytes options;                   // padded with EOL to a multiple of 4
+    std::optional<uint8_t> version;  // overrides
     std::optional<uint8_t> ihl;
     std::optional<uint16_t> tot_len;
     std::optional<uint16_t> checksum;
@@ -131,9 +144,9 @@ struct Ipv4 {
 struct Ext6 {
     uint8_t type = 0;
     Bytes body;
-    std::optional<uint8_t> hdr_len;          // overrides the length byte
+    std::optional<uint8_t> hdr_len;  // overrides the length byte
 };
-Ext6 hop_by_hop(Bytes tlvs = {});            // PadN-filled when empty
+Ext6 hop_by_hop(Bytes tlvs = {});  // PadN-filled when empty
 Ext6 dest_opts(Bytes tlvs = {});
 Ext6 routing(uint8_t routing_type = 0, uint8_t segments_left = 0, std::vector<Ip6> addrs = {});
 Ext6 fragment6(uint16_t offset, bool more, uint32_t ident = 1);
@@ -144,7 +157,7 @@ struct Ipv6 {
     uint32_t flow = 0;
     uint8_t hop_limit = 64;
     std::vector<Ext6> ext;
-    std::optional<uint8_t> next;             // overrides the upper-layer protocol (default 6)
+    std::optional<uint8_t> next;  // overrides the upper-layer protocol (default 6)
     std::optional<uint16_t> payload_len;
 };
 
@@ -158,9 +171,9 @@ struct Tcp {
     uint8_t flags = tcpf::ACK;
     uint16_t window = 0xffff;
     uint16_t urg = 0;
-    Bytes options;                           // padded with EOL to a multiple of 4
+    Bytes options;  // padded with EOL to a multiple of 4
     Bytes payload;
-    std::optional<uint8_t> doff;             // overrides
+    std::optional<uint8_t> doff;  // overrides
     std::optional<uint16_t> checksum;
 };
 
@@ -169,19 +182,34 @@ struct Packet {
     Eth eth;
     std::variant<Ipv4, Ipv6> ip;
     Tcp tcp;
-    std::optional<size_t> truncate;          // cut the finished frame to this many bytes
-    Bytes trailer;                           // bytes after the IP packet (Ethernet padding)
+    std::optional<size_t> truncate;  // cut the finished frame to this many bytes
+    Bytes trailer;                   // bytes after the IP packet (Ethernet padding)
 
     static Packet v4(std::string_view src, uint16_t sport, std::string_view dst, uint16_t dport);
     static Packet v6(std::string_view src, uint16_t sport, std::string_view dst, uint16_t dport);
 
-    Packet& flags(uint8_t f) { tcp.flags = f; return *this; }
-    Packet& seq(uint32_t s) { tcp.seq = s; return *this; }
-    Packet& ack(uint32_t a) { tcp.ack = a; return *this; }
-    Packet& window(uint16_t w) { tcp.window = w; return *this; }
-    Packet& option(const Bytes& o);          // appends to the TCP options
+    Packet& flags(uint8_t f) {
+        tcp.flags = f;
+        return *this;
+    }
+    Packet& seq(uint32_t s) {
+        tcp.seq = s;
+        return *this;
+    }
+    Packet& ack(uint32_t a) {
+        tcp.ack = a;
+        return *this;
+    }
+    Packet& window(uint16_t w) {
+        tcp.window = w;
+        return *this;
+    }
+    Packet& option(const Bytes& o);  // appends to the TCP options
     Packet& payload(size_t n, uint8_t fill = 0xab);
-    Packet& vlan(uint16_t tpid, uint16_t tci) { eth.vlans.push_back({tpid, tci}); return *this; }
+    Packet& vlan(uint16_t tpid, uint16_t tci) {
+        eth.vlans.push_back({tpid, tci});
+        return *this;
+    }
     Ipv4& v4h() { return std::get<Ipv4>(ip); }
     Ipv6& v6h() { return std::get<Ipv6>(ip); }
     bool is_v6() const { return std::holds_alternative<Ipv6>(ip); }
@@ -198,10 +226,10 @@ uint32_t csum_add(uint32_t acc, std::span<const uint8_t> data);
 uint16_t csum_fold(uint32_t acc);  // ~(folded sum)
 
 struct Located {
-    size_t l3 = 0;       // offset of the IP header
-    size_t l4 = 0;       // offset of the TCP header
-    size_t l4_len = 0;   // TCP header + payload bytes according to the IP header
-    int family = 0;      // 4 or 6
+    size_t l3 = 0;      // offset of the IP header
+    size_t l4 = 0;      // offset of the TCP header
+    size_t l4_len = 0;  // TCP header + payload bytes according to the IP header
+    int family = 0;     // 4 or 6
 };
 // Finds the IP and TCP headers of a frame built like the above; nullopt when it is not a
 // complete TCP-over-IP frame.
@@ -210,7 +238,9 @@ std::optional<Located> locate(std::span<const uint8_t> frame);
 // Recomputes both checksums of a frame (IPv4 header, TCP with its pseudo-header). Empty string:
 // both verify; otherwise what is wrong.
 std::string checksum_errors(std::span<const uint8_t> frame);
-inline bool verify_checksums(std::span<const uint8_t> frame) { return checksum_errors(frame).empty(); }
+inline bool verify_checksums(std::span<const uint8_t> frame) {
+    return checksum_errors(frame).empty();
+}
 
 // Hex dump with offsets, for failure messages; marks bytes that differ from `other`.
 std::string hexdump(std::span<const uint8_t> b, std::span<const uint8_t> other = {});

@@ -10,22 +10,17 @@ namespace {
 
 // An independent TCP checksum for the known-answer checks: 32-bit words summed as written in
 // RFC 1071 §4.1's C example, over an explicitly laid out pseudo-header.
-uint16_t reference_tcp_csum(const Bytes& pseudo, const Bytes& seg)
-{
+uint16_t reference_tcp_csum(const Bytes& pseudo, const Bytes& seg) {
     Bytes all = pseudo;
     all.insert(all.end(), seg.begin(), seg.end());
-    if (all.size() % 2)
-        all.push_back(0);
+    if (all.size() % 2) all.push_back(0);
     uint64_t sum = 0;
-    for (size_t i = 0; i < all.size(); i += 2)
-        sum += (all[i] << 8) + all[i + 1];
-    while (sum >> 16)
-        sum = (sum & 0xffff) + (sum >> 16);
+    for (size_t i = 0; i < all.size(); i += 2) sum += (all[i] << 8) + all[i + 1];
+    while (sum >> 16) sum = (sum & 0xffff) + (sum >> 16);
     return uint16_t(~sum & 0xffff);
 }
 
-std::vector<Packet> sample_packets()
-{
+std::vector<Packet> sample_packets() {
     std::vector<Packet> v;
     v.push_back(Packet::v4("10.0.0.1", 40000, "10.0.1.2", 80)
                     .flags(tcpf::SYN)
@@ -43,9 +38,10 @@ std::vector<Packet> sample_packets()
     Packet o = Packet::v4("172.16.0.1", 5, "172.16.0.9", 6).payload(1);
     o.v4h().options = {0x94, 0x04, 0, 0};  // router alert
     v.push_back(o);
-    v.push_back(Packet::v6("2001:db8::1", 443, "2001:db8:1::2", 50000)
-                    .option(mptcp::add_addr(ip6("2001:db8:2::1"), 3, 8080, false, 0x1122334455667788))
-                    .payload(17));
+    v.push_back(
+        Packet::v6("2001:db8::1", 443, "2001:db8:1::2", 50000)
+            .option(mptcp::add_addr(ip6("2001:db8:2::1"), 3, 8080, false, 0x1122334455667788))
+            .payload(17));
     Packet e = Packet::v6("fe80::1", 9, "fe80::2", 10).payload(2);
     e.v6h().ext = {hop_by_hop(), routing(), dest_opts({1, 2, 0, 0})};
     v.push_back(e);
@@ -54,8 +50,7 @@ std::vector<Packet> sample_packets()
 
 }  // namespace
 
-TEST_CASE("RFC 1071 example sums to ddf2", "[packet]")
-{
+TEST_CASE("RFC 1071 example sums to ddf2", "[packet]") {
     Bytes b{0x00, 0x01, 0xf2, 0x03, 0xf4, 0xf5, 0xf6, 0xf7};
     CHECK(csum_fold(csum_add(0, b)) == uint16_t(~0xddf2));
     // odd length: the last byte is the high half of a word
@@ -63,8 +58,7 @@ TEST_CASE("RFC 1071 example sums to ddf2", "[packet]")
     CHECK(csum_fold(csum_add(0, odd)) == uint16_t(~0x1200));
 }
 
-TEST_CASE("IPv4 header checksum: known answer", "[packet]")
-{
+TEST_CASE("IPv4 header checksum: known answer", "[packet]") {
     // The classic example header 4500 0073 0000 4000 4011 b861 c0a8 0001 c0a8 00c7.
     Packet p = Packet::v4("192.168.0.1", 1, "192.168.0.199", 2);
     p.v4h().id = 0;
@@ -77,8 +71,7 @@ TEST_CASE("IPv4 header checksum: known answer", "[packet]")
     CHECK(hdr == want);
 }
 
-TEST_CASE("TCP checksum agrees with an independent computation (v4 and v6)", "[packet]")
-{
+TEST_CASE("TCP checksum agrees with an independent computation (v4 and v6)", "[packet]") {
     Packet p4 = Packet::v4("10.1.2.3", 1234, "10.9.8.7", 80).seq(0x01020304).payload(7, 0x5a);
     Bytes f4 = p4.build();
     Bytes seg4(f4.begin() + 34, f4.end());
@@ -101,8 +94,8 @@ TEST_CASE("TCP checksum agrees with an independent computation (v4 and v6)", "[p
     CHECK(got6 == reference_tcp_csum(ph6, seg6));
 }
 
-TEST_CASE("Routing header with segments left: pseudo-header uses the final destination", "[packet]")
-{
+TEST_CASE("Routing header with segments left: pseudo-header uses the final destination",
+          "[packet]") {
     auto final_dst = ip6("2001:db8:ff::9");
     Packet p = Packet::v6("2001:db8::1", 1, "2001:db8::2", 2).payload(4);
     p.v6h().ext = {routing(0, 1, {final_dst})};
@@ -122,8 +115,7 @@ TEST_CASE("Routing header with segments left: pseudo-header uses the final desti
     CHECK(got == reference_tcp_csum(ph, seg));
 }
 
-TEST_CASE("Built frames verify; any single corrupted covered byte is caught", "[packet]")
-{
+TEST_CASE("Built frames verify; any single corrupted covered byte is caught", "[packet]") {
     auto pkts = sample_packets();
     for (size_t n = 0; n < pkts.size(); n++) {
         CAPTURE(n);
@@ -146,15 +138,13 @@ TEST_CASE("Built frames verify; any single corrupted covered byte is caught", "[
         for (size_t i = 0; i < loc->l3; i++) {  // Ethernet: not covered
             Bytes g = f;
             g[i] ^= 0x5a;
-            if (i >= 12)
-                continue;  // changing the type or a tag changes what is parsed
+            if (i >= 12) continue;  // changing the type or a tag changes what is parsed
             CHECK(verify_checksums(g));
         }
     }
 }
 
-TEST_CASE("Layout: Ethernet, VLAN tags, IPv4 options, IPv6 extension headers", "[packet]")
-{
+TEST_CASE("Layout: Ethernet, VLAN tags, IPv4 options, IPv6 extension headers", "[packet]") {
     auto pkts = sample_packets();
     Bytes f1 = pkts[1].build();
     CHECK(get16(f1, 12) == 0x88a8);
@@ -173,11 +163,11 @@ TEST_CASE("Layout: Ethernet, VLAN tags, IPv4 options, IPv6 extension headers", "
     CHECK(locate(f2)->l4 == 14 + 24);
 
     Bytes f4 = pkts[4].build();
-    CHECK(f4[14 + 6] == 0);        // first: hop-by-hop
-    CHECK(f4[54] == 43);           // hop-by-hop -> routing
-    CHECK(f4[55] == 0);            // 8 bytes
-    CHECK(f4[62] == 60);           // routing -> destination options
-    CHECK(f4[70] == 6);            // destination options -> TCP
+    CHECK(f4[14 + 6] == 0);  // first: hop-by-hop
+    CHECK(f4[54] == 43);     // hop-by-hop -> routing
+    CHECK(f4[55] == 0);      // 8 bytes
+    CHECK(f4[62] == 60);     // routing -> destination options
+    CHECK(f4[70] == 6);      // destination options -> TCP
     CHECK(get16(f4, 18) == 24 + 20 + 2);
     CHECK(locate(f4)->l4 == 54 + 24);
 
@@ -189,8 +179,7 @@ TEST_CASE("Layout: Ethernet, VLAN tags, IPv4 options, IPv6 extension headers", "
     CHECK(Bytes(ff.begin() + 54, ff.begin() + 62) == want);
 }
 
-TEST_CASE("TCP header fields and option padding", "[packet]")
-{
+TEST_CASE("TCP header fields and option padding", "[packet]") {
     Packet p = Packet::v4("1.1.1.1", 0x1234, "2.2.2.2", 0x5678)
                    .seq(0xa1b2c3d4)
                    .ack(0x01020304)
@@ -212,13 +201,11 @@ TEST_CASE("TCP header fields and option padding", "[packet]")
     CHECK(opt::raw(30, {0x20}, 1) == Bytes{30, 1, 0x20});
 }
 
-TEST_CASE("MPTCP options: layout and lengths from RFC 8684", "[packet]")
-{
+TEST_CASE("MPTCP options: layout and lengths from RFC 8684", "[packet]") {
     using namespace mptcp;
     CHECK(capable_syn() == Bytes{30, 4, 0x01, 0x01});
     CHECK(capable_syn(0, 0x81) == Bytes{30, 4, 0x00, 0x81});
-    CHECK(capable_synack(0x0102030405060708) ==
-          Bytes{30, 12, 0x01, 0x01, 1, 2, 3, 4, 5, 6, 7, 8});
+    CHECK(capable_synack(0x0102030405060708) == Bytes{30, 12, 0x01, 0x01, 1, 2, 3, 4, 5, 6, 7, 8});
     CHECK(capable_ack(0x1111111111111111, 0x2222222222222222).size() == 20);
     CHECK(capable({1, 0x81, 1, 2, 0x0102, {}}).size() == 22);
     Bytes c24 = capable({1, 0x81, 1, 2, 0x0102, 0xbeef});
@@ -279,8 +266,7 @@ TEST_CASE("MPTCP options: layout and lengths from RFC 8684", "[packet]")
     CHECK(tcprst(0x1, 0x05) == Bytes{30, 4, 0x81, 0x05});
 }
 
-TEST_CASE("Malformed builds: overrides land where they should", "[packet]")
-{
+TEST_CASE("Malformed builds: overrides land where they should", "[packet]") {
     Packet p = Packet::v4("10.0.0.1", 1, "10.0.0.2", 2).payload(10);
     p.v4h().ihl = 4;
     p.v4h().tot_len = 0x0fff;
@@ -311,9 +297,9 @@ TEST_CASE("Malformed builds: overrides land where they should", "[packet]")
     CHECK(e.build()[55] == 200);
 }
 
-TEST_CASE("reversed() swaps the 4-tuple", "[packet]")
-{
-    Packet p = Packet::v6("2001:db8::1", 1000, "2001:db8::2", 80).seq(5).ack(9).option(mptcp::mp_prio(1));
+TEST_CASE("reversed() swaps the 4-tuple", "[packet]") {
+    Packet p =
+        Packet::v6("2001:db8::1", 1000, "2001:db8::2", 80).seq(5).ack(9).option(mptcp::mp_prio(1));
     Packet r = p.reversed();
     CHECK(r.v6h().src == ip6("2001:db8::2"));
     CHECK(r.v6h().dst == ip6("2001:db8::1"));

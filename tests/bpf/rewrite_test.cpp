@@ -27,8 +27,7 @@ constexpr const char* C6 = "2001:db8:1::1";
 constexpr const char* S6 = "2001:db8:2::2";
 constexpr uint64_t kHmac = 0x1122334455667788ull;
 
-Bytes ts_opt(uint32_t val = 0x01020304, uint32_t ecr = 0x0a0b0c0d)
-{
+Bytes ts_opt(uint32_t val = 0x01020304, uint32_t ecr = 0x0a0b0c0d) {
     Bytes b = opt::nop();
     Bytes n = opt::nop();
     b.insert(b.end(), n.begin(), n.end());
@@ -38,42 +37,35 @@ Bytes ts_opt(uint32_t val = 0x01020304, uint32_t ecr = 0x0a0b0c0d)
 }
 
 // The server (announcer) towards the client, on the initial subflow.
-Packet from_server(bool v6)
-{
+Packet from_server(bool v6) {
     Packet p = v6 ? Packet::v6(S6, 80, C6, 40000) : Packet::v4(S4, 80, C4, 40000);
     return p.seq(5000).ack(7000).window(500);
 }
 
-Bytes announce(bool v6, bool port, bool echo = false, uint64_t hmac = kHmac, uint8_t id = 1)
-{
+Bytes announce(bool v6, bool port, bool echo = false, uint64_t hmac = kHmac, uint8_t id = 1) {
     std::optional<uint16_t> pt;
-    if (port)
-        pt = 8080;
+    if (port) pt = 8080;
     return v6 ? mptcp::add_addr(ip6("2001:db8:3::2"), id, pt, echo, hmac)
               : mptcp::add_addr(ip4("10.3.0.2"), id, pt, echo, hmac);
 }
 
 // The HMAC with the byte blk_subflow flips (the first even-offset byte of the HMAC, given the
 // option's offset in the TCP header) inverted.
-uint64_t flipped(uint64_t hmac, size_t opt_off, size_t len)
-{
+uint64_t flipped(uint64_t hmac, size_t opt_off, size_t len) {
     size_t b = (opt_off + len - 8 + 1) & ~size_t(1);
     size_t i = b - (opt_off + len - 8);  // 0 or 1: index into the HMAC
     return hmac ^ (uint64_t(0xff) << (56 - 8 * i));
 }
 
-void check_frame(const Run& r, const Bytes& want)
-{
-    if (r.out != want)
-        FAIL_CHECK("frame differs\n" << describe_frame(r.out, want));
+void check_frame(const Run& r, const Bytes& want) {
+    if (r.out != want) FAIL_CHECK("frame differs\n" << describe_frame(r.out, want));
     CHECK(checksum_errors(r.out) == "");
 }
 
 // Runs `fn` in a thread inside a fresh network namespace (loopback up): what add_subflow
 // clones back into a hook during BPF_PROG_TEST_RUN lands on that namespace's lo, not on the
 // machine's.
-void in_private_netns(const std::function<void()>& fn)
-{
+void in_private_netns(const std::function<void()>& fn) {
     std::string error;
     std::thread t([&] {
         try {
@@ -87,13 +79,11 @@ void in_private_netns(const std::function<void()>& fn)
         }
     });
     t.join();
-    if (!error.empty())
-        FAIL(error);
+    if (!error.empty()) FAIL(error);
 }
 
 // TC test run with an skb context (mark, ifindex).
-Run tc_run(int prog_fd, const Bytes& frame, uint32_t mark)
-{
+Run tc_run(int prog_fd, const Bytes& frame, uint32_t mark) {
     Bytes out(frame.size() + 512);
     __sk_buff ctx{};
     ctx.mark = mark;
@@ -106,8 +96,7 @@ Run tc_run(int prog_fd, const Bytes& frame, uint32_t mark)
     return {opts.retval, out};
 }
 
-mps_step backup_step(bool b, bool every = false)
-{
+mps_step backup_step(bool b, bool every = false) {
     mps_step s = step(MPS_ACT_SET_BACKUP);
     s.p.backup.backup = b;
     s.p.backup.every_packet = every;
@@ -116,21 +105,19 @@ mps_step backup_step(bool b, bool every = false)
 
 }  // namespace
 
-TEST_CASE("rewrite: every rewriting actor loads and verifies", "[bpf][rewrite]")
-{
+TEST_CASE("rewrite: every rewriting actor loads and verifies", "[bpf][rewrite]") {
     mps_step rd = step(MPS_ACT_REDIRECT, 5);
-    Env env(chain_of({step(MPS_ACT_BLK_SUBFLOW, 1), step(MPS_ACT_ADD_SUBFLOW, 2),
-                      backup_step(true, false), step(MPS_ACT_NO_SUBFLOWS, 4), rd,
-                      step(MPS_ACT_PASS)}));
-    for (const char* p : {"act_blk_subflow", "act_add_subflow", "act_set_backup",
-                          "act_no_subflows", "act_redirect"})
+    Env env(
+        chain_of({step(MPS_ACT_BLK_SUBFLOW, 1), step(MPS_ACT_ADD_SUBFLOW, 2),
+                  backup_step(true, false), step(MPS_ACT_NO_SUBFLOWS, 4), rd, step(MPS_ACT_PASS)}));
+    for (const char* p : {"act_blk_subflow", "act_add_subflow", "act_set_backup", "act_no_subflows",
+                          "act_redirect"})
         for (const char* s : {"_xdp", "_tc"})
             CHECK(env.generation().prog_fd(std::string(p) + s) >= 0);
 }
 
 TEST_CASE("rewrite: blk_subflow invalidates the ADD_ADDR HMAC, stores it, hides retransmissions",
-          "[bpf][rewrite][blk_subflow]")
-{
+          "[bpf][rewrite][blk_subflow]") {
     Env env(chain_of({step(MPS_ACT_BLK_SUBFLOW)}));
     auto maps = dp::ActorMaps::of(env.generation());
     struct Case {
@@ -140,9 +127,12 @@ TEST_CASE("rewrite: blk_subflow invalidates the ADD_ADDR HMAC, stores it, hides 
     };
     // (IPv6 with a port is 30 bytes: no room left for the timestamps.)
     const Case cases[] = {
-        {"IPv4", false, false, 2},          {"IPv4 with port", false, true, 2},
-        {"IPv6", true, false, 2},           {"IPv6 with port", true, true, 0},
-        {"IPv4, odd offset", false, false, 1}, {"IPv6 with port, odd offset", true, true, 1},
+        {"IPv4", false, false, 2},
+        {"IPv4 with port", false, true, 2},
+        {"IPv6", true, false, 2},
+        {"IPv6 with port", true, true, 0},
+        {"IPv4, odd offset", false, false, 1},
+        {"IPv6 with port, odd offset", true, true, 1},
         {"IPv4 with port, first option", false, true, 0},
     };
     uint16_t sport = 1000;
@@ -212,8 +202,7 @@ TEST_CASE("rewrite: blk_subflow invalidates the ADD_ADDR HMAC, stores it, hides 
 }
 
 TEST_CASE("rewrite: blk_subflow leaves echoes, other options and released announcements alone",
-          "[bpf][rewrite][blk_subflow]")
-{
+          "[bpf][rewrite][blk_subflow]") {
     Env env(chain_of({step(MPS_ACT_BLK_SUBFLOW)}));
     auto maps = dp::ActorMaps::of(env.generation());
     for (bool v6 : {false, true}) {
@@ -222,8 +211,8 @@ TEST_CASE("rewrite: blk_subflow leaves echoes, other options and released announ
             std::vector<std::pair<const char*, Packet>> untouched = {
                 {"echo", from_server(v6).option(ts_opt()).option(announce(v6, false, true))},
                 {"echo with port", from_server(v6).option(announce(v6, true, true))},
-                {"DSS only", from_server(v6).option(ts_opt()).option(
-                                 mptcp::dss(mptcp::Dss{}.ack(1234)))},
+                {"DSS only",
+                 from_server(v6).option(ts_opt()).option(mptcp::dss(mptcp::Dss{}.ack(1234)))},
                 {"plain TCP", from_server(v6).option(ts_opt()).payload(100)},
                 {"ADD_ADDR of a length v1 does not define",
                  from_server(v6).option(opt::raw(30, {0x30, 1, 10, 3, 0, 2, 0, 0, 0, 0}))},
@@ -267,8 +256,7 @@ TEST_CASE("rewrite: blk_subflow leaves echoes, other options and released announ
 }
 
 TEST_CASE("rewrite: blk_subflow keeps every announcement when the event ring is full",
-          "[bpf][rewrite][blk_subflow]")
-{
+          "[bpf][rewrite][blk_subflow]") {
     Env env(chain_of({step(MPS_ACT_BLK_SUBFLOW)}));
     auto maps = dp::ActorMaps::of(env.generation());
     // The ring holds 256 KiB; events are ~100 bytes: 3000 announcements overflow it while
@@ -286,8 +274,7 @@ TEST_CASE("rewrite: blk_subflow keeps every announcement when the event ring is 
 }
 
 TEST_CASE("rewrite: set_backup appends MP_PRIO to pure ACKs, once per subflow and direction",
-          "[bpf][rewrite][set_backup]")
-{
+          "[bpf][rewrite][set_backup]") {
     for (bool v6 : {false, true}) {
         for (Hook h : kHooks) {
             INFO((v6 ? "IPv6" : "IPv4") << " via " << name_of(h));
@@ -349,10 +336,10 @@ TEST_CASE("rewrite: set_backup appends MP_PRIO to pure ACKs, once per subflow an
     }
 }
 
-TEST_CASE("rewrite: set_backup keeps a template of each subflow direction's latest ACK and "
-          "builds the pure ACK that carries MP_PRIO on an idle subflow",
-          "[bpf][rewrite][set_backup]")
-{
+TEST_CASE(
+    "rewrite: set_backup keeps a template of each subflow direction's latest ACK and "
+    "builds the pure ACK that carries MP_PRIO on an idle subflow",
+    "[bpf][rewrite][set_backup]") {
     for (bool v6 : {false, true}) {
         for (Hook h : kHooks) {
             INFO((v6 ? "IPv6" : "IPv4") << " via " << name_of(h));
@@ -366,7 +353,10 @@ TEST_CASE("rewrite: set_backup keeps a template of each subflow direction's late
             auto tmpls = maps.prio_templates();
             REQUIRE(tmpls.size() == 1);
             bool from_a = false;
-            { auto fk = flow_key_of(data, &from_a); CHECK(std::memcmp(&tmpls[0].key.flow, &fk, sizeof fk) == 0); }
+            {
+                auto fk = flow_key_of(data, &from_a);
+                CHECK(std::memcmp(&tmpls[0].key.flow, &fk, sizeof fk) == 0);
+            }
             CHECK(tmpls[0].key.dir == (from_a ? 0 : 1));
             const auto& t = tmpls[0].value;
             CHECK(t.pc == 0);
@@ -377,8 +367,12 @@ TEST_CASE("rewrite: set_backup keeps a template of each subflow direction's late
             CHECK(t.ns > 0);
             // The follower: seq + 100, ACK only, NOP NOP TS (the template's) + NOP + MP_PRIO.
             auto follower = [&](uint32_t seq, bool b) {
-                return from_server(v6).seq(seq).option(ts_opt(77, 88)).option(opt::nop())
-                    .option(mptcp::mp_prio(b)).build();
+                return from_server(v6)
+                    .seq(seq)
+                    .option(ts_opt(77, 88))
+                    .option(opt::nop())
+                    .option(mptcp::mp_prio(b))
+                    .build();
             };
             Bytes b0 = dp::prio_frame(t, false);
             if (b0 != follower(1100, false))
@@ -386,11 +380,16 @@ TEST_CASE("rewrite: set_backup keeps a template of each subflow direction's late
             CHECK(checksum_errors(b0) == "");
             CHECK(dp::prio_frame(t, true) == follower(1100, true));
             // A FIN counts one sequence number; a pure ACK none.
-            Packet fin = from_server(v6).seq(1100).flags(tcpf::FIN | tcpf::ACK).option(ts_opt(78, 88));
+            Packet fin =
+                from_server(v6).seq(1100).flags(tcpf::FIN | tcpf::ACK).option(ts_opt(78, 88));
             env.run(h, fin.build());
             CHECK(dp::prio_frame(maps.prio_templates().at(0).value, false) ==
-                  from_server(v6).seq(1101).option(ts_opt(78, 88)).option(opt::nop())
-                      .option(mptcp::mp_prio(false)).build());
+                  from_server(v6)
+                      .seq(1101)
+                      .option(ts_opt(78, 88))
+                      .option(opt::nop())
+                      .option(mptcp::mp_prio(false))
+                      .build());
             // Without timestamps: NOP + MP_PRIO only. The other direction has its own template.
             Packet rev = from_server(v6).reversed().seq(9).ack(1101);
             env.run(h, rev.build());
@@ -398,11 +397,15 @@ TEST_CASE("rewrite: set_backup keeps a template of each subflow direction's late
             REQUIRE(tmpls.size() == 2);
             for (const auto& x : tmpls)
                 if (x.key.dir != (from_a ? 0 : 1)) {
-                    Bytes want = from_server(v6).reversed().seq(9).ack(1101).option(opt::nop())
-                        .option(mptcp::mp_prio(false)).build();
+                    Bytes want = from_server(v6)
+                                     .reversed()
+                                     .seq(9)
+                                     .ack(1101)
+                                     .option(opt::nop())
+                                     .option(mptcp::mp_prio(false))
+                                     .build();
                     Bytes got = dp::prio_frame(x.value, false);
-                    if (got != want)
-                        FAIL_CHECK("frame differs\n" << describe_frame(got, want));
+                    if (got != want) FAIL_CHECK("frame differs\n" << describe_frame(got, want));
                     CHECK(checksum_errors(got) == "");
                 }
             // An unusable template builds nothing.
@@ -414,8 +417,7 @@ TEST_CASE("rewrite: set_backup keeps a template of each subflow direction's late
 }
 
 TEST_CASE("rewrite: set_backup signal_prio sends MP_PRIO from the templates once, and records it",
-          "[bpf][rewrite][set_backup]")
-{
+          "[bpf][rewrite][set_backup]") {
     in_private_netns([] {
         for (Hook h : kHooks) {
             INFO(name_of(h));
@@ -426,8 +428,8 @@ TEST_CASE("rewrite: set_backup signal_prio sends MP_PRIO from the templates once
             env.run(h, f);  // B=1 inserted, template kept
             auto k = flow_key_of(ack);
             REQUIRE(maps.prio_sent(k));
-            CHECK(maps.signal_prio(0, true) == 0);  // B=1 already signalled
-            CHECK(maps.signal_prio(1, false) == 0); // another step saw nothing
+            CHECK(maps.signal_prio(0, true) == 0);   // B=1 already signalled
+            CHECK(maps.signal_prio(1, false) == 0);  // another step saw nothing
             // lo of the private namespace: AF_PACKET (TC egress) or a live XDP frame (XDP).
             CHECK(maps.signal_prio(0, false) == 1);
             bool from_a = false;
@@ -443,20 +445,19 @@ TEST_CASE("rewrite: set_backup signal_prio sends MP_PRIO from the templates once
 }
 
 TEST_CASE("rewrite: no_subflows sets the MP_CAPABLE C flag on SYN and SYN/ACK only",
-          "[bpf][rewrite][no_subflows]")
-{
+          "[bpf][rewrite][no_subflows]") {
     Env env(chain_of({step(MPS_ACT_NO_SUBFLOWS)}));
     for (bool v6 : {false, true}) {
         for (Hook h : kHooks) {
             INFO((v6 ? "IPv6" : "IPv4") << " via " << name_of(h));
             auto synack = [&](bool nop, uint8_t flags) {
                 Packet p = from_server(v6).flags(tcpf::SYN | tcpf::ACK).option(opt::mss(1460));
-                if (nop)
-                    p.option(opt::nop());
+                if (nop) p.option(opt::nop());
                 return p.option(mptcp::capable_synack(0xaabbccddeeff0011ull, flags));
             };
             auto syn = [&](uint8_t flags) {
-                return from_server(v6).reversed().flags(tcpf::SYN).option(mptcp::capable_syn(1, flags));
+                return from_server(v6).reversed().flags(tcpf::SYN).option(
+                    mptcp::capable_syn(1, flags));
             };
             for (bool nop : {false, true}) {
                 INFO("odd offset: " << nop);
@@ -466,10 +467,11 @@ TEST_CASE("rewrite: no_subflows sets the MP_CAPABLE C flag on SYN and SYN/ACK on
             }
             check_frame(env.run(h, syn(0x01).build()), syn(0x21).build());
             // Already set, the third ACK, data with MP_CAPABLE, version 0: untouched.
-            for (Packet p : {synack(false, 0x21),
-                             from_server(v6).reversed().option(mptcp::capable_ack(1, 2)),
-                             from_server(v6).flags(tcpf::SYN | tcpf::ACK).option(
-                                 mptcp::capable(mptcp::Capable{0, 0x01, 5, {}, {}, {}}))}) {
+            for (Packet p :
+                 {synack(false, 0x21), from_server(v6).reversed().option(mptcp::capable_ack(1, 2)),
+                  from_server(v6)
+                      .flags(tcpf::SYN | tcpf::ACK)
+                      .option(mptcp::capable(mptcp::Capable{0, 0x01, 5, {}, {}, {}}))}) {
                 Bytes f = p.build();
                 check_frame(env.run(h, f), f);
             }
@@ -477,9 +479,10 @@ TEST_CASE("rewrite: no_subflows sets the MP_CAPABLE C flag on SYN and SYN/ACK on
     }
 }
 
-TEST_CASE("rewrite: add_subflow turns a copy of the next packet into a carrier of the stored "
-          "ADD_ADDR", "[bpf][rewrite][add_subflow]")
-{
+TEST_CASE(
+    "rewrite: add_subflow turns a copy of the next packet into a carrier of the stored "
+    "ADD_ADDR",
+    "[bpf][rewrite][add_subflow]") {
     // XDP blocks, TC ingress re-injects (the client-side deployment).
     dp::ChainSet cs;
     cs.steps = {step(MPS_ACT_BLK_SUBFLOW), step(MPS_ACT_ADD_SUBFLOW, 2), step(MPS_ACT_PASS)};
@@ -498,8 +501,7 @@ TEST_CASE("rewrite: add_subflow turns a copy of the next packet into a carrier o
                           Case{"IPv6", true, false}, Case{"IPv6 with port", true, true}}) {
         INFO(c.name);
         Packet annp = from_server(c.v6);
-        if (!(c.v6 && c.port))
-            annp.option(ts_opt());
+        if (!(c.v6 && c.port)) annp.option(ts_opt());
         annp.option(announce(c.v6, c.port));
         annp.tcp.sport = sport++;
         env.run(Hook::xdp, annp.build());
@@ -511,7 +513,10 @@ TEST_CASE("rewrite: add_subflow turns a copy of the next packet into a carrier o
         // A later data segment from the server on that subflow (TS + DSS mapping).
         Packet data = annp;
         data.tcp.options.clear();
-        data.seq(9000).ack(7100).window(321).option(ts_opt(0x11111111, 0x22222222))
+        data.seq(9000)
+            .ack(7100)
+            .window(321)
+            .option(ts_opt(0x11111111, 0x22222222))
             .option(mptcp::dss(mptcp::Dss{}.ack(77).map(1000, 1, 200)))
             .payload(200);
         data.tcp.flags = tcpf::ACK | tcpf::PSH;
@@ -524,11 +529,9 @@ TEST_CASE("rewrite: add_subflow turns a copy of the next packet into a carrier o
         want.tcp.options.clear();
         want.tcp.flags = tcpf::ACK;
         want.seq(9000 + 200);
-        if (!(c.v6 && c.port))
-            want.option(ts_opt(0x11111111, 0x22222222));
+        if (!(c.v6 && c.port)) want.option(ts_opt(0x11111111, 0x22222222));
         want.option(announce(c.v6, c.port));
-        if (c.port)
-            want.option(opt::nop()).option(opt::nop());
+        if (c.port) want.option(opt::nop()).option(opt::nop());
         Bytes wframe = want.build();
 
         in_private_netns([&] {
@@ -547,8 +550,7 @@ TEST_CASE("rewrite: add_subflow turns a copy of the next packet into a carrier o
             // Pass 2 (the copy): becomes the carrier, which is cloned on; the copy is dropped.
             r = tc_run(ingress, dframe, MPS_MARK_COPY | 1);
             CHECK(r.retval == TC_DROP_);
-            if (r.out != wframe)
-                FAIL_CHECK("carrier differs\n" << describe_frame(r.out, wframe));
+            if (r.out != wframe) FAIL_CHECK("carrier differs\n" << describe_frame(r.out, wframe));
             CHECK(checksum_errors(r.out) == "");
             CHECK(maps.find(k)->value.state == MPS_ANN_RELEASED);
             // Pass 3 (the carrier): passes untouched, with its mark cleared.
@@ -563,8 +565,7 @@ TEST_CASE("rewrite: add_subflow turns a copy of the next packet into a carrier o
 }
 
 TEST_CASE("rewrite: add_subflow waits for a packet in the announcement's direction",
-          "[bpf][rewrite][add_subflow]")
-{
+          "[bpf][rewrite][add_subflow]") {
     dp::ChainSet cs;
     cs.steps = {step(MPS_ACT_BLK_SUBFLOW), step(MPS_ACT_ADD_SUBFLOW)};
     cs.policies = {"test"};
@@ -591,9 +592,10 @@ TEST_CASE("rewrite: add_subflow waits for a packet in the announcement's directi
     CHECK_THROWS(maps.request_add_subflow(mps_announce_key{}));
 }
 
-TEST_CASE("rewrite: redirect ends the chain with a redirect verdict (TC) or leaves the packet "
-          "to the stack when the target has no route (XDP)", "[bpf][rewrite][redirect]")
-{
+TEST_CASE(
+    "rewrite: redirect ends the chain with a redirect verdict (TC) or leaves the packet "
+    "to the stack when the target has no route (XDP)",
+    "[bpf][rewrite][redirect]") {
     mps_step rd = step(MPS_ACT_REDIRECT, 1);
     rd.p.redirect.ifindex = 1;  // lo
     Env env(chain_of({rd, step(MPS_ACT_DROP)}));
@@ -616,8 +618,7 @@ TEST_CASE("rewrite: redirect ends the chain with a redirect verdict (TC) or leav
 }
 
 TEST_CASE("rewrite: drop as a guard refuses non-join SYNs to the unique address",
-          "[bpf][rewrite][guard]")
-{
+          "[bpf][rewrite][guard]") {
     for (bool v6 : {false, true}) {
         INFO((v6 ? "IPv6" : "IPv4"));
         const char* uniq = v6 ? "2001:db8:2::2/128" : "10.2.0.2/32";
@@ -632,8 +633,8 @@ TEST_CASE("rewrite: drop as a guard refuses non-join SYNs to the unique address"
               XDP_PASS_);
         CHECK(verdict(Packet(base).option(mptcp::dss(mptcp::Dss{}.ack(1))).payload(10)) ==
               XDP_PASS_);
-        Packet other = v6 ? Packet::v6(C6, 40000, "2001:db8:9::9", 80)
-                          : Packet::v4(C4, 40000, "10.9.0.9", 80);
+        Packet other =
+            v6 ? Packet::v6(C6, 40000, "2001:db8:9::9", 80) : Packet::v4(C4, 40000, "10.9.0.9", 80);
         CHECK(verdict(other.flags(tcpf::SYN).option(mptcp::capable_syn())) == XDP_PASS_);
     }
 }

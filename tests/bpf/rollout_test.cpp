@@ -39,9 +39,10 @@ bool backup_flag(const agent::Rollout& r, uint32_t pc) {
 }
 }  // namespace
 
-TEST_CASE("rollout: hooks' step writes reach the running generation through the queue, from "
-          "one writer only",
-          "[bpf][rollout]") {
+TEST_CASE(
+    "rollout: hooks' step writes reach the running generation through the queue, from "
+    "one writer only",
+    "[bpf][rollout]") {
     test::PinRoot pins;
     TempDir policies, state;
     std::ofstream(policies.path + "/p.yaml")
@@ -62,7 +63,8 @@ TEST_CASE("rollout: hooks' step writes reach the running generation through the 
     REQUIRE(running);
     CHECK(running->number == outcome.generation);
     uint32_t pc = 0;
-    while (pc < running->chains.steps.size() && running->chains.steps[pc].prog != MPS_ACT_SET_BACKUP)
+    while (pc < running->chains.steps.size() &&
+           running->chains.steps[pc].prog != MPS_ACT_SET_BACKUP)
         ++pc;
     REQUIRE(pc < running->chains.steps.size());
     REQUIRE(backup_flag(rollout, pc));
@@ -76,7 +78,8 @@ TEST_CASE("rollout: hooks' step writes reach the running generation through the 
                       "set_policy_backup: no generation is running");
     backend.set_running(running);
     CHECK(backend.set_policy_backup("p", false) == 1);
-    CHECK_THROWS_WITH(backend.set_policy_backup("q", false), "set_policy_backup: policy not running");
+    CHECK_THROWS_WITH(backend.set_policy_backup("q", false),
+                      "set_policy_backup: policy not running");
     pollfd p{queue.fd(), POLLIN, 0};
     CHECK(poll(&p, 1, 0) == 1);
     auto writes = queue.take();

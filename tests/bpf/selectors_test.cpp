@@ -22,17 +22,24 @@ constexpr const char* S4 = "10.2.0.2";
 constexpr const char* C6 = "2001:db8:1::1";
 constexpr const char* S6 = "2001:db8:2::2";
 
-Packet fwd4() { return Packet::v4(C4, 40000, S4, 80).payload(10); }
-Packet rev4() { return Packet::v4(S4, 80, C4, 40000).payload(10); }
-Packet fwd6() { return Packet::v6(C6, 40000, S6, 80).payload(10); }
-Packet rev6() { return Packet::v6(S6, 80, C6, 40000).payload(10); }
+Packet fwd4() {
+    return Packet::v4(C4, 40000, S4, 80).payload(10);
+}
+Packet rev4() {
+    return Packet::v4(S4, 80, C4, 40000).payload(10);
+}
+Packet fwd6() {
+    return Packet::v6(C6, 40000, S6, 80).payload(10);
+}
+Packet rev6() {
+    return Packet::v6(S6, 80, C6, 40000).payload(10);
+}
 
 // One generation per table: step 0 is rewritten for every case (see Env::set_step).
 class Prober {
 public:
     Prober() : env_(probe(sel_port(MPS_DIR_EITHER, 0, 65535))) {}
-    void run(const SelCase& c)
-    {
+    void run(const SelCase& c) {
         mps_step sel = c.sel;
         sel.on_match = 1;
         sel.on_miss = END;
@@ -46,8 +53,7 @@ public:
             Run r = env_.run(h, in);
             Snap after = Snap::of(env_);
             CHECK(r.retval == retval_of(c.match ? Verdict::drop : Verdict::pass, h));
-            if (r.out != in)
-                FAIL_CHECK("frame modified\n" << describe_frame(r.out, in));
+            if (r.out != in) FAIL_CHECK("frame modified\n" << describe_frame(r.out, in));
             auto s0 = step_delta(before, after, 0), s1 = step_delta(before, after, 1);
             const uint64_t n = counted(sel) ? 1 : 0;  // inline selectors keep no counters
             CHECK(s0.runs == n);
@@ -60,19 +66,17 @@ public:
             CHECK(gen_delta(before, after, MPS_GC_NOT_TCP) == 0);
         }
     }
-    void run_all(const std::vector<SelCase>& t)
-    {
-        for (const auto& c : t)
-            run(c);
+    void run_all(const std::vector<SelCase>& t) {
+        for (const auto& c : t) run(c);
     }
+
 private:
     Env env_;
 };
 
 }  // namespace
 
-TEST_CASE("selector subflow (4-tuple, either direction)", "[bpf][selector]")
-{
+TEST_CASE("selector subflow (4-tuple, either direction)", "[bpf][selector]") {
     std::vector<SelCase> t = {
         {"v4 forward", sel_subflow(C4, 40000, S4, 80), fwd4(), true},
         {"v4 reverse", sel_subflow(C4, 40000, S4, 80), rev4(), true},
@@ -86,19 +90,18 @@ TEST_CASE("selector subflow (4-tuple, either direction)", "[bpf][selector]")
         {"v6 forward", sel_subflow(C6, 40000, S6, 80), fwd6(), true},
         {"v6 reverse", sel_subflow(C6, 40000, S6, 80), rev6(), true},
         {"v6 wrong port", sel_subflow(C6, 40000, S6, 443), fwd6(), false},
-        {"v6 address differs in the last byte", sel_subflow("2001:db8:1::2", 40000, S6, 80),
-         fwd6(), false},
+        {"v6 address differs in the last byte", sel_subflow("2001:db8:1::2", 40000, S6, 80), fwd6(),
+         false},
         {"v6 address differs in the first word", sel_subflow("3001:db8:1::1", 40000, S6, 80),
          fwd6(), false},
         {"v4 step, v6 packet", sel_subflow(C4, 40000, S4, 80), fwd6(), false},
-        {"v6 step, v4 packet", sel_subflow("::ffff:10.1.0.1", 40000, "::ffff:10.2.0.2", 80),
-         fwd4(), false},
+        {"v6 step, v4 packet", sel_subflow("::ffff:10.1.0.1", 40000, "::ffff:10.2.0.2", 80), fwd4(),
+         false},
     };
     Prober().run_all(t);
 }
 
-TEST_CASE("selector ip_pair (addresses, any ports, either direction)", "[bpf][selector]")
-{
+TEST_CASE("selector ip_pair (addresses, any ports, either direction)", "[bpf][selector]") {
     std::vector<SelCase> t = {
         {"v4 forward", sel_ip_pair(C4, S4), fwd4(), true},
         {"v4 reverse", sel_ip_pair(C4, S4), rev4(), true},
@@ -107,7 +110,12 @@ TEST_CASE("selector ip_pair (addresses, any ports, either direction)", "[bpf][se
         {"v4 both addresses are the source", sel_ip_pair(C4, C4), fwd4(), false},
         {"v6 forward", sel_ip_pair(C6, S6), fwd6(), true},
         {"v6 reverse behind hop-by-hop", sel_ip_pair(C6, S6),
-         [] { Packet p = rev6(); p.v6h().ext = {hop_by_hop()}; return p; }(), true},
+         [] {
+             Packet p = rev6();
+             p.v6h().ext = {hop_by_hop()};
+             return p;
+         }(),
+         true},
         {"v6 one address differs", sel_ip_pair(C6, "2001:db8:2::3"), fwd6(), false},
         {"v4 step, v6 packet", sel_ip_pair(C4, S4), fwd6(), false},
         {"v6 step, v4 packet", sel_ip_pair(C6, S6), fwd4(), false},
@@ -115,8 +123,7 @@ TEST_CASE("selector ip_pair (addresses, any ports, either direction)", "[bpf][se
     Prober().run_all(t);
 }
 
-TEST_CASE("selector src (CIDR)", "[bpf][selector]")
-{
+TEST_CASE("selector src (CIDR)", "[bpf][selector]") {
     std::vector<SelCase> t = {
         {"v4 /8", sel_src("10.0.0.0/8"), fwd4(), true},
         {"v4 /32 exact", sel_src("10.1.0.1/32"), fwd4(), true},
@@ -129,7 +136,12 @@ TEST_CASE("selector src (CIDR)", "[bpf][selector]")
         {"v4 the destination does not count", sel_src("10.2.0.0/16"), fwd4(), false},
         {"v4 reverse packet: its source", sel_src("10.2.0.0/16"), rev4(), true},
         {"v4 behind IP options", sel_src("10.1.0.0/16"),
-         [] { Packet p = fwd4(); p.v4h().options = {1, 1, 1, 0}; return p; }(), true},
+         [] {
+             Packet p = fwd4();
+             p.v4h().options = {1, 1, 1, 0};
+             return p;
+         }(),
+         true},
         {"v6 /64", sel_src("2001:db8:1::/64"), fwd6(), true},
         {"v6 /128 exact", sel_src("2001:db8:1::1/128"), fwd6(), true},
         {"v6 /128 off by one", sel_src("2001:db8:1::/128"), fwd6(), false},
@@ -139,15 +151,19 @@ TEST_CASE("selector src (CIDR)", "[bpf][selector]")
         {"v6 /127 across the last word", sel_src("2001:db8:1::/127"), fwd6(), true},
         {"v6 the destination does not count", sel_src("2001:db8:2::/48"), fwd6(), false},
         {"v6 behind routing + destination options", sel_src("2001:db8:1::/48"),
-         [] { Packet p = fwd6(); p.v6h().ext = {routing(), dest_opts()}; return p; }(), true},
+         [] {
+             Packet p = fwd6();
+             p.v6h().ext = {routing(), dest_opts()};
+             return p;
+         }(),
+         true},
         {"v4 /0 does not match v6", sel_src("0.0.0.0/0"), fwd6(), false},
         {"v6 /0 does not match v4", sel_src("::/0"), fwd4(), false},
     };
     Prober().run_all(t);
 }
 
-TEST_CASE("selector dst (CIDR)", "[bpf][selector]")
-{
+TEST_CASE("selector dst (CIDR)", "[bpf][selector]") {
     std::vector<SelCase> t = {
         {"v4 /16", sel_dst("10.2.0.0/16"), fwd4(), true},
         {"v4 /32 exact", sel_dst("10.2.0.2/32"), fwd4(), true},
@@ -165,15 +181,19 @@ TEST_CASE("selector dst (CIDR)", "[bpf][selector]")
         {"v6 /96 in the third word", sel_dst("2001:db8:2::/96"), fwd6(), true},
         {"v6 the source does not count", sel_dst("2001:db8:1::/48"), fwd6(), false},
         {"v6 behind hop-by-hop", sel_dst("2001:db8:2::/48"),
-         [] { Packet p = fwd6(); p.v6h().ext = {hop_by_hop()}; return p; }(), true},
+         [] {
+             Packet p = fwd6();
+             p.v6h().ext = {hop_by_hop()};
+             return p;
+         }(),
+         true},
         {"v4 prefix on v6", sel_dst("10.2.0.0/16"), fwd6(), false},
         {"v6 prefix on v4", sel_dst("::/0"), fwd4(), false},
     };
     Prober().run_all(t);
 }
 
-TEST_CASE("selector port (range, direction)", "[bpf][selector]")
-{
+TEST_CASE("selector port (range, direction)", "[bpf][selector]") {
     std::vector<SelCase> t;
     for (bool v6 : {false, true}) {
         std::string f = v6 ? "v6 " : "v4 ";
@@ -183,18 +203,22 @@ TEST_CASE("selector port (range, direction)", "[bpf][selector]")
         t.push_back({f + "src range high edge", sel_port(MPS_DIR_SRC, 30000, 40000), p, true});
         t.push_back({f + "src below", sel_port(MPS_DIR_SRC, 40001, 50000), p, false});
         t.push_back({f + "src above", sel_port(MPS_DIR_SRC, 30000, 39999), p, false});
-        t.push_back({f + "src range holds the dst port only", sel_port(MPS_DIR_SRC, 80, 80), p, false});
+        t.push_back(
+            {f + "src range holds the dst port only", sel_port(MPS_DIR_SRC, 80, 80), p, false});
         t.push_back({f + "dst exact", sel_port(MPS_DIR_DST, 80, 80), p, true});
         t.push_back({f + "dst miss", sel_port(MPS_DIR_DST, 81, 65535), p, false});
-        t.push_back({f + "dst range holds the src port only", sel_port(MPS_DIR_DST, 40000, 40000), p, false});
+        t.push_back({f + "dst range holds the src port only", sel_port(MPS_DIR_DST, 40000, 40000),
+                     p, false});
         t.push_back({f + "either by src", sel_port(MPS_DIR_EITHER, 40000, 40000), p, true});
         t.push_back({f + "either by dst", sel_port(MPS_DIR_EITHER, 1, 80), p, true});
         t.push_back({f + "either miss", sel_port(MPS_DIR_EITHER, 81, 39999), p, false});
         t.push_back({f + "full range", sel_port(MPS_DIR_EITHER, 0, 65535), p, true});
         t.push_back({f + "empty range (lo > hi)", sel_port(MPS_DIR_EITHER, 90, 70), p, false});
     }
-    t.push_back({"port 0 and 65535", sel_port(MPS_DIR_SRC, 0, 0), Packet::v4(C4, 0, S4, 65535), true});
-    t.push_back({"port 65535 dst", sel_port(MPS_DIR_DST, 65535, 65535), Packet::v4(C4, 0, S4, 65535), true});
+    t.push_back(
+        {"port 0 and 65535", sel_port(MPS_DIR_SRC, 0, 0), Packet::v4(C4, 0, S4, 65535), true});
+    t.push_back({"port 65535 dst", sel_port(MPS_DIR_DST, 65535, 65535),
+                 Packet::v4(C4, 0, S4, 65535), true});
     Prober().run_all(t);
 }
 
@@ -209,14 +233,12 @@ struct KindCase {
     std::optional<Packet> no_match;  // closest packet without it
 };
 
-Packet base(bool v6, uint8_t flags = tcpf::ACK)
-{
+Packet base(bool v6, uint8_t flags = tcpf::ACK) {
     Packet p = v6 ? Packet::v6(C6, 40000, S6, 80) : Packet::v4(C4, 40000, S4, 80);
     return p.flags(flags);
 }
 
-std::vector<KindCase> kind_cases(bool v6)
-{
+std::vector<KindCase> kind_cases(bool v6) {
     using namespace mptcp;
     auto b = [v6](uint8_t f = tcpf::ACK) { return base(v6, f); };
     auto ts = opt::timestamps(100, 200);
@@ -272,23 +294,24 @@ std::vector<KindCase> kind_cases(bool v6)
         {"ADD_ADDR v6 with port and HMAC", MPS_K_ADD_ADDR,
          b().option(add_addr(ip6("2001:db8:9::1"), 2, 443, false, 0x1122334455667788)),
          std::nullopt},
-        {"REMOVE_ADDR", MPS_K_REMOVE_ADDR, b().option(remove_addr({1, 2})),
-         b().option(mp_fail(3))},
+        {"REMOVE_ADDR", MPS_K_REMOVE_ADDR, b().option(remove_addr({1, 2})), b().option(mp_fail(3))},
         {"MP_PRIO v1 (len 3)", MPS_K_MP_PRIO, b().option(mp_prio(true)).option(opt::nop()),
          b().option(dss(Dss().ack(1)))},
         {"MP_PRIO v0 (len 4)", MPS_K_MP_PRIO, b().option(mp_prio_v0(false, 3)), std::nullopt},
         {"MP_FAIL", MPS_K_MP_FAIL, b().option(mp_fail(0x1234)), b().option(fastclose(1))},
-        {"FASTCLOSE", MPS_K_FASTCLOSE, b().option(fastclose(0xabcdef)),
-         b().option(mp_fail(1))},
+        {"FASTCLOSE", MPS_K_FASTCLOSE, b().option(fastclose(0xabcdef)), b().option(mp_fail(1))},
         {"MP_TCPRST", MPS_K_MP_TCPRST, b(tcpf::RST | tcpf::ACK).option(tcprst(1, 2)),
          b(tcpf::RST | tcpf::ACK)},
-        {"ANY_MPTCP", MPS_K_ANY_MPTCP, b().option(add_addr(ip4("10.9.0.1"), 1)),
-         b().option(ts)},
+        {"ANY_MPTCP", MPS_K_ANY_MPTCP, b().option(add_addr(ip4("10.9.0.1"), 1)), b().option(ts)},
         {"ANY_MPTCP: unknown subtype 0xf", MPS_K_ANY_MPTCP, b().option(opt::raw(30, {0xf0, 0})),
          std::nullopt},
         {"PLAIN_TCP with common options", MPS_K_PLAIN_TCP,
-         b(tcpf::SYN).option(opt::mss(1460)).option(opt::sack_perm()).option(ts).option(
-             opt::nop()).option(opt::wscale(7)),
+         b(tcpf::SYN)
+             .option(opt::mss(1460))
+             .option(opt::sack_perm())
+             .option(ts)
+             .option(opt::nop())
+             .option(opt::wscale(7)),
          b(tcpf::SYN).option(opt::mss(1460)).option(capable_syn())},
         {"PLAIN_TCP without options", MPS_K_PLAIN_TCP, b(), b().option(dss(Dss()))},
         {"SYN", MPS_K_SYN, b(tcpf::SYN), b()},
@@ -310,8 +333,7 @@ std::vector<KindCase> kind_cases(bool v6)
 
 }  // namespace
 
-TEST_CASE("selector packet_type: every kind, IPv4 and IPv6", "[bpf][selector]")
-{
+TEST_CASE("selector packet_type: every kind, IPv4 and IPv6", "[bpf][selector]") {
     Prober pr;
     for (bool v6 : {false, true}) {
         for (const KindCase& k : kind_cases(v6)) {
@@ -323,8 +345,7 @@ TEST_CASE("selector packet_type: every kind, IPv4 and IPv6", "[bpf][selector]")
     }
 }
 
-TEST_CASE("selector packet_type: every kind bit is told apart", "[bpf][selector]")
-{
+TEST_CASE("selector packet_type: every kind bit is told apart", "[bpf][selector]") {
     // One packet per kind; a selector for kind X must match exactly the packets carrying X.
     // Checked on one generation per kind through XDP (the TC program shares the walk).
     using namespace mptcp;

@@ -19,26 +19,22 @@ constexpr const char* S4 = "10.2.0.2";
 constexpr const char* C6 = "2001:db8:1::1";
 constexpr const char* S6 = "2001:db8:2::2";
 
-Packet cli(bool v6, uint16_t sport = 40000)
-{
+Packet cli(bool v6, uint16_t sport = 40000) {
     return v6 ? Packet::v6(C6, sport, S6, 80) : Packet::v4(C4, sport, S4, 80);
 }
-Packet srv(bool v6, uint16_t dport = 40000)
-{
+Packet srv(bool v6, uint16_t dport = 40000) {
     return v6 ? Packet::v6(S6, 80, C6, dport) : Packet::v4(S4, 80, C4, dport);
 }
 
 // Runs one packet through a "... -> selector at `sel_pc` -> drop" chain and checks the
 // verdict, that the frame is untouched and the selector's counters.
-void expect_match(Env& env, Hook h, const Packet& p, bool match, size_t sel_pc = 0)
-{
+void expect_match(Env& env, Hook h, const Packet& p, bool match, size_t sel_pc = 0) {
     Bytes in = p.build();
     Snap before = Snap::of(env);
     Run r = env.run(h, in);
     Snap after = Snap::of(env);
     CHECK(r.retval == retval_of(match ? Verdict::drop : Verdict::pass, h));
-    if (r.out != in)
-        FAIL_CHECK("frame modified\n" << describe_frame(r.out, in));
+    if (r.out != in) FAIL_CHECK("frame modified\n" << describe_frame(r.out, in));
     auto s = step_delta(before, after, sel_pc);
     CHECK(s.runs == 1);
     CHECK(s.matched == (match ? 1u : 0u));
@@ -49,8 +45,7 @@ void expect_match(Env& env, Hook h, const Packet& p, bool match, size_t sel_pc =
 
 // ---- token ------------------------------------------------------------------------------------
 
-TEST_CASE("selector token: learnt from an MP_JOIN SYN", "[bpf][selector][state]")
-{
+TEST_CASE("selector token: learnt from an MP_JOIN SYN", "[bpf][selector][state]") {
     const uint32_t tok = 0xc0ffee01;
     for (bool v6 : {false, true}) {
         for (Hook h : kHooks) {
@@ -61,7 +56,7 @@ TEST_CASE("selector token: learnt from an MP_JOIN SYN", "[bpf][selector][state]"
             // the SYN itself: the entry program learns the token before the chain runs
             expect_match(env, h, cli(v6).flags(tcpf::SYN).option(mptcp::join_syn(tok, 1)), true);
             expect_match(env, h, cli(v6).payload(5), true);
-            expect_match(env, h, srv(v6).payload(5), true);  // either direction
+            expect_match(env, h, srv(v6).payload(5), true);          // either direction
             expect_match(env, h, cli(v6, 40001).payload(5), false);  // another subflow
             env.set_step(0, sel_token(tok + 1, 1, END));
             expect_match(env, h, cli(v6).payload(5), false);
@@ -71,8 +66,7 @@ TEST_CASE("selector token: learnt from an MP_JOIN SYN", "[bpf][selector][state]"
     }
 }
 
-TEST_CASE("selector token: survives the MP_JOIN SYN/ACK", "[bpf][selector][state]")
-{
+TEST_CASE("selector token: survives the MP_JOIN SYN/ACK", "[bpf][selector][state]") {
     const uint32_t tok = 0xc0ffee01;
     for (Hook h : kHooks) {
         INFO(name_of(h));
@@ -83,8 +77,7 @@ TEST_CASE("selector token: survives the MP_JOIN SYN/ACK", "[bpf][selector][state
     }
 }
 
-TEST_CASE("selector token: tokens derived from MP_CAPABLE keys", "[bpf][selector][state]")
-{
+TEST_CASE("selector token: tokens derived from MP_CAPABLE keys", "[bpf][selector][state]") {
     const uint64_t ka = 0xaaaa000011112222, kb = 0xbbbb333344445555;
     for (bool v6 : {false, true}) {
         for (Hook h : kHooks) {
@@ -106,8 +99,8 @@ TEST_CASE("selector token: tokens derived from MP_CAPABLE keys", "[bpf][selector
 
 // ---- sequence (subflow) -------------------------------------------------------------------------
 
-TEST_CASE("selector sequence(subflow): relative to the ISN from the SYN", "[bpf][selector][state]")
-{
+TEST_CASE("selector sequence(subflow): relative to the ISN from the SYN",
+          "[bpf][selector][state]") {
     struct C {
         std::string name;
         uint32_t isn;
@@ -153,8 +146,7 @@ TEST_CASE("selector sequence(subflow): relative to the ISN from the SYN", "[bpf]
     }
 }
 
-TEST_CASE("selector sequence(subflow): client side after the SYN/ACK", "[bpf][selector][state]")
-{
+TEST_CASE("selector sequence(subflow): client side after the SYN/ACK", "[bpf][selector][state]") {
     for (Hook h : kHooks) {
         INFO(name_of(h));
         Env env(probe(sel_seq(MPS_SEQ_SUBFLOW, 100, 101)));
@@ -170,14 +162,13 @@ namespace {
 
 struct DsnCase {
     std::string name;
-    mptcp::Dss dss;    // DSN given relative: the IDSN is added below
+    mptcp::Dss dss;  // DSN given relative: the IDSN is added below
     uint64_t lo, hi;
     bool match;
     const char* bug = nullptr;
 };
 
-std::vector<DsnCase> dsn_cases()
-{
+std::vector<DsnCase> dsn_cases() {
     using mptcp::Dss;
     return {
         {"ack8 + dsn8", Dss().ack(1).map(501, 1, 10), 501, 502, true},
@@ -194,8 +185,7 @@ std::vector<DsnCase> dsn_cases()
 }
 
 // Flow with known IDSNs, written into the flow map after the SYN created the entry.
-void seed_idsn(Env& env, Hook h, bool v6, uint16_t port, uint64_t idsn_c, uint64_t idsn_s)
-{
+void seed_idsn(Env& env, Hook h, bool v6, uint16_t port, uint64_t idsn_c, uint64_t idsn_s) {
     env.run(h, cli(v6, port).flags(tcpf::SYN).seq(1));
     bool client_is_a = false;
     auto k = flow_key_of(cli(v6, port), &client_is_a);
@@ -206,16 +196,14 @@ void seed_idsn(Env& env, Hook h, bool v6, uint16_t port, uint64_t idsn_c, uint64
     env.put_flow(k, *f);
 }
 
-void run_dsn_cases(bool known_bugs)
-{
+void run_dsn_cases(bool known_bugs) {
     const uint64_t idsn_c = 0xfffffffffffff000ull, idsn_s = 0x0000000100000010ull;
     for (bool v6 : {false, true}) {
         for (Hook h : kHooks) {
             Env env(probe(sel_seq(MPS_SEQ_DATA, 0, 1)));
             uint16_t port = 21000;
             for (DsnCase c : dsn_cases()) {
-                if ((c.bug != nullptr) != known_bugs)
-                    continue;
+                if ((c.bug != nullptr) != known_bugs) continue;
                 for (bool from_client : {true, false}) {
                     INFO((v6 ? "v6 " : "v4 ") << name_of(h) << ": " << c.name
                                               << (from_client ? " (client)" : " (server)"));
@@ -231,13 +219,14 @@ void run_dsn_cases(bool known_bugs)
                     port++;
                 }
             }
-            if (known_bugs)
-                continue;
+            if (known_bugs) continue;
             // IDSN unknown (keys never seen): no match
             env.set_step(0, sel_seq(MPS_SEQ_DATA, 0, ~0ull, 1, END));
             env.run(h, cli(v6, 29000).flags(tcpf::SYN));
-            expect_match(env, h, cli(v6, 29000).option(mptcp::dss(mptcp::Dss().ack(1).map(5, 1, 1))).payload(1),
-                         false);
+            expect_match(
+                env, h,
+                cli(v6, 29000).option(mptcp::dss(mptcp::Dss().ack(1).map(5, 1, 1))).payload(1),
+                false);
             // no DSS at all
             seed_idsn(env, h, v6, 29001, idsn_c, idsn_s);
             expect_match(env, h, cli(v6, 29001).payload(1), false);
@@ -247,19 +236,17 @@ void run_dsn_cases(bool known_bugs)
 
 }  // namespace
 
-TEST_CASE("selector sequence(data): DSN relative to the IDSN, DSS variants", "[bpf][selector][state]")
-{
+TEST_CASE("selector sequence(data): DSN relative to the IDSN, DSS variants",
+          "[bpf][selector][state]") {
     run_dsn_cases(false);
 }
 
 // Was B3 in NOTES-bpf-tests.md.
-TEST_CASE("selector sequence(data): DSS options shorter than 20 bytes", "[bpf][selector][state]")
-{
+TEST_CASE("selector sequence(data): DSS options shorter than 20 bytes", "[bpf][selector][state]") {
     run_dsn_cases(true);
 }
 
-TEST_CASE("selector sequence(data): IDSN from the MP_CAPABLE keys", "[bpf][selector][state]")
-{
+TEST_CASE("selector sequence(data): IDSN from the MP_CAPABLE keys", "[bpf][selector][state]") {
     const uint64_t ka = 0x0102030405060708, kb = 0x1112131415161718;
     for (Hook h : kHooks) {
         INFO(name_of(h));
@@ -270,23 +257,31 @@ TEST_CASE("selector sequence(data): IDSN from the MP_CAPABLE keys", "[bpf][selec
         env.run(h, cli(false).option(mptcp::capable_ack(ka, kb)));
         env.events();
         using mptcp::Dss;
-        expect_match(env, h, cli(false).option(mptcp::dss(Dss().ack(1).map(idsn_of(ka) + 1, 1, 10))).payload(10),
-                     true, 1);
-        expect_match(env, h, cli(false).option(mptcp::dss(Dss().ack(1).map(idsn_of(ka) + 11, 1, 10))).payload(10),
-                     false, 1);
-        expect_match(env, h, srv(false).option(mptcp::dss(Dss().ack(1).map(idsn_of(kb) + 10, 1, 10))).payload(10),
-                     true, 1);
+        expect_match(
+            env, h,
+            cli(false).option(mptcp::dss(Dss().ack(1).map(idsn_of(ka) + 1, 1, 10))).payload(10),
+            true, 1);
+        expect_match(
+            env, h,
+            cli(false).option(mptcp::dss(Dss().ack(1).map(idsn_of(ka) + 11, 1, 10))).payload(10),
+            false, 1);
+        expect_match(
+            env, h,
+            srv(false).option(mptcp::dss(Dss().ack(1).map(idsn_of(kb) + 10, 1, 10))).payload(10),
+            true, 1);
         // the other side's IDSN does not apply
-        expect_match(env, h, srv(false).option(mptcp::dss(Dss().ack(1).map(idsn_of(ka) + 5, 1, 10))).payload(10),
-                     false, 1);
+        expect_match(
+            env, h,
+            srv(false).option(mptcp::dss(Dss().ack(1).map(idsn_of(ka) + 5, 1, 10))).payload(10),
+            false, 1);
     }
 }
 
-// ---- flow_bytes -----------------------------------------------------------------------------------
+// ---- flow_bytes
+// -----------------------------------------------------------------------------------
 
 TEST_CASE("selector flow_bytes(subflow): bytes seen before this packet, both directions",
-          "[bpf][selector][state]")
-{
+          "[bpf][selector][state]") {
     for (bool v6 : {false, true}) {
         for (Hook h : kHooks) {
             INFO((v6 ? "v6 " : "v4 ") << name_of(h));
@@ -300,21 +295,20 @@ TEST_CASE("selector flow_bytes(subflow): bytes seen before this packet, both dir
             auto f = env.flow(cli(v6));
             REQUIRE(f);
             CHECK(f->dir[0].bytes + f->dir[1].bytes == 300);
-            expect_match(env, h, cli(v6).payload(1), false);    // 300 (hi is exclusive)
+            expect_match(env, h, cli(v6).payload(1), false);         // 300 (hi is exclusive)
             expect_match(env, h, cli(v6, 40001).payload(1), false);  // another subflow: 0
         }
     }
 }
 
 TEST_CASE("selector flow_bytes(connection): bytes of every subflow of the connection",
-          "[bpf][selector][state]")
-{
+          "[bpf][selector][state]") {
     const uint32_t tok = 0x00c0ffee;
     for (bool v6 : {false, true}) {
         for (Hook h : kHooks) {
             INFO((v6 ? "v6 " : "v4 ") << name_of(h));
-            Env env(chain_of({step(MPS_ACT_RECORD, 1), sel_bytes(MPS_BYTES_CONN, 1000, 1100, 2, END),
-                              step(MPS_ACT_DROP)}));
+            Env env(chain_of({step(MPS_ACT_RECORD, 1),
+                              sel_bytes(MPS_BYTES_CONN, 1000, 1100, 2, END), step(MPS_ACT_DROP)}));
             // two subflows of one connection, linked through conn_token, 1000 bytes before
             mps_conn c{};
             c.token[0] = tok;
@@ -330,10 +324,10 @@ TEST_CASE("selector flow_bytes(connection): bytes of every subflow of the connec
                 f->conn_token = tok;
                 env.put_flow(k, *f);
             }
-            expect_match(env, h, cli(v6, 40000).payload(60), true, 1);   // 1000 before
-            expect_match(env, h, srv(v6, 40001).payload(30), true, 1);   // 1060
-            expect_match(env, h, cli(v6, 40001).payload(20), true, 1);   // 1090
-            expect_match(env, h, cli(v6, 40000).payload(1), false, 1);   // 1110
+            expect_match(env, h, cli(v6, 40000).payload(60), true, 1);  // 1000 before
+            expect_match(env, h, srv(v6, 40001).payload(30), true, 1);  // 1060
+            expect_match(env, h, cli(v6, 40001).payload(20), true, 1);  // 1090
+            expect_match(env, h, cli(v6, 40000).payload(1), false, 1);  // 1110
             auto conn = env.conn(tok);
             REQUIRE(conn);
             CHECK(conn->bytes == 1111);

@@ -68,7 +68,8 @@ public:
         : sink_(lab.server_ns(), kPort) {
         thread_ = std::thread([this, &lab, duration, addr] {
             try {
-                sent_ = send_stream(lab.client_ns(), addr, kPort, SendOptions::of_time(duration, &stop_));
+                sent_ = send_stream(lab.client_ns(), addr, kPort,
+                                    SendOptions::of_time(duration, &stop_));
             } catch (const std::exception& e) {
                 error_ = e.what();
             }
@@ -87,6 +88,7 @@ public:
         CHECK(got.checksum == sent_.checksum);
         return sent_;
     }
+
 private:
     Sink sink_;
     std::atomic<bool> stop_{false};
@@ -169,11 +171,13 @@ TEST_CASE("actors: add_subflow delivers a hidden announcement after its retransm
     Lab lab(config("a"));
     must_in(lab.server_ns(), {"sysctl", "-q", "-w", "net.mptcp.add_addr_timeout=1"});
     ChainSet cs;
-    cs.steps = {make_step(MPS_ACT_BLK_SUBFLOW, MPS_PC_END), make_step(MPS_ACT_ADD_SUBFLOW, MPS_PC_END)};
+    cs.steps = {make_step(MPS_ACT_BLK_SUBFLOW, MPS_PC_END),
+                make_step(MPS_ACT_ADD_SUBFLOW, MPS_PC_END)};
     cs.policies = {"hide-then-add"};
     cs.entries = {{Hook::xdp, "", 0}, {Hook::tc_ingress, "", 1}};
     for (int p = 1; p <= 2; p++)
-        for (Hook h : {Hook::xdp, Hook::tc_ingress}) cs.attachments.push_back({lab.client_if(p), h});
+        for (Hook h : {Hook::xdp, Hook::tc_ingress})
+            cs.attachments.push_back({lab.client_if(p), h});
     Steering steer(cs, lab.client_ns(), Steering::pin_root_for("actors"));
     auto maps = datapath::ActorMaps::of(steer.generation());
     e2e::Capture cap(lab.client_ns(), lab.client_if(1));
@@ -312,7 +316,8 @@ void set_backup_scenario(bool restore) {
     // The B=0 signal as the client received it: a valid pure ACK on path 2 with MP_PRIO B=0.
     check_capture(cap,
                   "tcp.options.mptcp.subtype == 5 && tcp.options.mptcp.backup.flag == 0 && "
-                  "ip.dst == " + Lab::client_addr(2) + " && tcp.len == 0",
+                  "ip.dst == " +
+                      Lab::client_addr(2) + " && tcp.len == 0",
                   1);
 }
 }  // namespace
@@ -397,8 +402,8 @@ TEST_CASE("actors: a drop guard refuses MP_CAPABLE SYNs to the unique address, j
     auto drops = steer.generation().step_counters()[3].drops;
     CHECK(drops >= 2);  // the SYN and its retransmission
 
-    TrafficStats sent = send_stream(lab.client_ns(), Lab::server_addr(1), kPort,
-                                    SendOptions::of_time(2s));
+    TrafficStats sent =
+        send_stream(lab.client_ns(), Lab::server_addr(1), kPort, SendOptions::of_time(2s));
     TrafficStats got = sink.wait(30s);
     CHECK(got.bytes == sent.bytes);
     CHECK_FALSE(sent.fallback);
@@ -432,14 +437,13 @@ TEST_CASE("actors: redirect spreads one client's subflows over the middle host's
 
     auto u1a = link_counters(mid, topo.dev("u1")), u2a = link_counters(mid, topo.dev("u2"));
     Sink sink(topo.ns("srv"), kPort);
-    TrafficStats sent = send_stream(topo.ns("cli"), e2e::MiddleTopology::kService, kPort,
-                                    SendOptions::of_time(3s));
+    TrafficStats sent =
+        send_stream(topo.ns("cli"), e2e::MiddleTopology::kService, kPort, SendOptions::of_time(3s));
     TrafficStats got = sink.wait(30s);
     auto u1b = link_counters(mid, topo.dev("u1")), u2b = link_counters(mid, topo.dev("u2"));
     uint64_t via1 = u1b.tx_bytes - u1a.tx_bytes, via2 = u2b.tx_bytes - u2a.tx_bytes;
     std::printf("redirect: %llu bytes out of uplink 1, %llu out of uplink 2 (sent %llu)\n",
-                (unsigned long long)via1, (unsigned long long)via2,
-                (unsigned long long)sent.bytes);
+                (unsigned long long)via1, (unsigned long long)via2, (unsigned long long)sent.bytes);
     CHECK(got.bytes == sent.bytes);
     CHECK(got.checksum == sent.checksum);
     CHECK_FALSE(sent.fallback);

@@ -32,19 +32,20 @@ namespace {
 std::atomic<int> g_capture_seq{0};
 
 // Checksums validated; the sequence analyses (slow on big captures, irrelevant here) off.
-const std::vector<std::string> kDissect = {
-    "-o", "tcp.check_checksum:TRUE",        "-o", "ip.check_checksum:TRUE",
-    "-o", "tcp.analyze_sequence_numbers:FALSE", "-o", "mptcp.analyze_mptcp:FALSE"};
+const std::vector<std::string> kDissect = {"-o", "tcp.check_checksum:TRUE",
+                                           "-o", "ip.check_checksum:TRUE",
+                                           "-o", "tcp.analyze_sequence_numbers:FALSE",
+                                           "-o", "mptcp.analyze_mptcp:FALSE"};
 }  // namespace
 
 // ---- Capture -------------------------------------------------------------------------------
 
 Capture::Capture(const std::string& netns, const std::string& ifname, const std::string& filter) {
-    path_ = "/tmp/mps-actors-" + std::to_string(getpid()) + "-" +
-            std::to_string(g_capture_seq++) + ".pcapng";
+    path_ = "/tmp/mps-actors-" + std::to_string(getpid()) + "-" + std::to_string(g_capture_seq++) +
+            ".pcapng";
     std::filesystem::remove(path_);
-    std::vector<std::string> argv{"ip", "netns", "exec", netns, "tshark", "-q", "-i", ifname,
-                                  "-f", filter, "-w", path_};
+    std::vector<std::string> argv{"ip", "netns", "exec", netns,  "tshark", "-q",
+                                  "-i", ifname,  "-f",   filter, "-w",     path_};
     std::vector<char*> cargv;
     for (auto& a : argv) cargv.push_back(a.data());
     cargv.push_back(nullptr);
@@ -68,7 +69,8 @@ Capture::Capture(const std::string& netns, const std::string& ifname, const std:
         int status;
         if (waitpid(pid_, &status, WNOHANG) == pid_) {
             pid_ = -1;
-            throw lab::Error("capture: tshark exited at start (installed? packaging/setup-deps.sh)");
+            throw lab::Error(
+                "capture: tshark exited at start (installed? packaging/setup-deps.sh)");
         }
         std::this_thread::sleep_for(50ms);
     }
@@ -129,8 +131,7 @@ std::string Capture::problems() {
     std::string out;
     std::istringstream in(r.out);
     for (std::string line; std::getline(in, line);)
-        if (line.find("Running as user") == std::string::npos && !line.empty())
-            out += line + "\n";
+        if (line.find("Running as user") == std::string::npos && !line.empty()) out += line + "\n";
     return out;
 }
 
@@ -199,7 +200,8 @@ std::vector<SubflowState> subflow_states(const std::string& netns) {
             };
             num("bytes_acked:", out.back().bytes_acked);
             num("bytes_received:", out.back().bytes_received);
-            if (prev == "tcp-ulp-mptcp" && w.rfind("flags:", 0) == 0) out.back().flags = w.substr(6);
+            if (prev == "tcp-ulp-mptcp" && w.rfind("flags:", 0) == 0)
+                out.back().flags = w.substr(6);
         }
     }
     return out;
@@ -220,13 +222,17 @@ MiddleTopology::MiddleTopology(const std::string& tag) : prefix_(lab::Lab::kPref
             must_in(n, {"sysctl", "-q", "-w", "net.ipv4.conf.default.rp_filter=0"});
         }
         must_in(mid, {"sysctl", "-q", "-w", "net.ipv4.ip_forward=1"});
-        struct Pair { std::string ns_a, a, addr_a, ns_b, b, addr_b; };
-        for (const Pair& p : {Pair{cli, dev("cm"), "10.20.0.1/24", mid, dev("mc"), "10.20.0.2/24"},
-                              Pair{mid, dev("u1"), "10.21.0.1/24", srv, dev("v1"), "10.21.0.2/24"},
-                              Pair{mid, dev("u2"), "10.22.0.1/24", srv, dev("v2"), "10.22.0.2/24"}}) {
+        struct Pair {
+            std::string ns_a, a, addr_a, ns_b, b, addr_b;
+        };
+        for (const Pair& p :
+             {Pair{cli, dev("cm"), "10.20.0.1/24", mid, dev("mc"), "10.20.0.2/24"},
+              Pair{mid, dev("u1"), "10.21.0.1/24", srv, dev("v1"), "10.21.0.2/24"},
+              Pair{mid, dev("u2"), "10.22.0.1/24", srv, dev("v2"), "10.22.0.2/24"}}) {
             must({"ip", "link", "add", p.a, "netns", p.ns_a, "type", "veth", "peer", "name", p.b,
                   "netns", p.ns_b});
-            for (auto [n, d, a] : {std::tuple{p.ns_a, p.a, p.addr_a}, std::tuple{p.ns_b, p.b, p.addr_b}}) {
+            for (auto [n, d, a] :
+                 {std::tuple{p.ns_a, p.a, p.addr_a}, std::tuple{p.ns_b, p.b, p.addr_b}}) {
                 must({"ip", "-n", n, "addr", "add", a, "dev", d});
                 must_in(n, {"ethtool", "-K", d, "tx", "off"});  // complete checksums on the wire
                 must_in(n, {"sysctl", "-q", "-w", "net.ipv4.conf." + d + ".rp_filter=0"});
@@ -242,7 +248,8 @@ MiddleTopology::MiddleTopology(const std::string& tag) : prefix_(lab::Lab::kPref
         must({"ip", "-n", srv, "addr", "add", "10.29.0.2/32", "dev", "lo"});
         must({"ip", "-n", srv, "route", "add", "10.20.0.0/24", "via", "10.21.0.1"});
         for (const auto& n : {cli, srv})
-            must({"ip", "-n", n, "mptcp", "limits", "set", "subflow", "2", "add_addr_accepted", "2"});
+            must({"ip", "-n", n, "mptcp", "limits", "set", "subflow", "2", "add_addr_accepted",
+                  "2"});
         must({"ip", "-n", cli, "mptcp", "endpoint", "add", kClient2, "dev", dev("cm"), "subflow"});
     } catch (...) {
         lab::Lab::cleanup(prefix_ + "-");
@@ -253,8 +260,7 @@ MiddleTopology::MiddleTopology(const std::string& tag) : prefix_(lab::Lab::kPref
 MiddleTopology::~MiddleTopology() {
     try {
         lab::Lab::cleanup(prefix_ + "-");
-    } catch (...) {
-    }
+    } catch (...) {}
 }
 
 }  // namespace mpsteer::e2e

@@ -33,6 +33,7 @@ public:
     // bad IP or TCP checksums, one line each; empty when there are none.
     std::string problems();
     const std::string& path() const { return path_; }
+
 private:
     std::string path_;
     pid_t pid_ = -1;
@@ -63,11 +64,12 @@ public:
     ~MiddleTopology();
     MiddleTopology(const MiddleTopology&) = delete;
     MiddleTopology& operator=(const MiddleTopology&) = delete;
-    std::string ns(const char* role) const { return prefix_ + "-" + role; }  // cli, mid, srv
+    std::string ns(const char* role) const { return prefix_ + "-" + role; }   // cli, mid, srv
     std::string dev(const char* name) const { return prefix_ + "-" + name; }  // cm, mc, u1 ...
     static constexpr const char* kService = "10.29.0.2";
     static constexpr const char* kClient1 = "10.20.0.1";
     static constexpr const char* kClient2 = "10.20.0.3";
+
 private:
     std::string prefix_;
 };

@@ -23,7 +23,9 @@ using Clock = std::chrono::steady_clock;
 
 namespace mpsteer::agent_e2e {
 
-std::string mpsteer_bin() { return MPSTEER_BIN; }
+std::string mpsteer_bin() {
+    return MPSTEER_BIN;
+}
 
 double percentile(std::vector<double> v, double p) {
     if (v.empty()) return 0;
@@ -43,7 +45,9 @@ template <typename T>
 const T& pick(std::mt19937_64& r, const std::vector<T>& v) {
     return v[std::uniform_int_distribution<size_t>(0, v.size() - 1)(r)];
 }
-bool coin(std::mt19937_64& r, double p = 0.5) { return std::bernoulli_distribution(p)(r); }
+bool coin(std::mt19937_64& r, double p = 0.5) {
+    return std::bernoulli_distribution(p)(r);
+}
 }  // namespace
 
 std::string PolicyGen::policy(const std::string& name, int slot) {
@@ -74,7 +78,8 @@ std::string PolicyGen::policy(const std::string& name, int slot) {
     std::vector<std::string> sel = {
         "    - dst: 10.0.1.0/24\n",
         "    - any:\n        - dst: 10.0.1.0/24\n        - src: 10.0.1.0/24\n",
-        "    - ip_pair: {a: " + lab::Lab::client_addr(2) + ", b: " + lab::Lab::server_addr(2) + "}\n",
+        "    - ip_pair: {a: " + lab::Lab::client_addr(2) + ", b: " + lab::Lab::server_addr(2) +
+            "}\n",
         "    - port: {either: 5201}\n",
         "    - port: {either: 5201}\n    - packet_type: [any_mptcp]\n",
         "    - src: " + lab::Lab::client_addr(1) + "\n",
@@ -95,8 +100,8 @@ std::string PolicyGen::policy(const std::string& name, int slot) {
         if (name == "lab-connect") actions = "    - get_connect: {}\n";
         if (name == "lab-subflow") actions = "    - get_subflow: {}\n    - record: {}\n";
         if (name == "lab-rate")
-            actions = "    - rate_limit: {rate: " + pick(r, std::vector<std::string>{
-                          "40Gbit", "100Gbit", "20GB/s"}) + "}\n";
+            actions = "    - rate_limit: {rate: " +
+                      pick(r, std::vector<std::string>{"40Gbit", "100Gbit", "20GB/s"}) + "}\n";
         if (name == "lab-pass") {
             actions = "    - record: {}\n    - pass: {}\n";
             terminal = true;
@@ -120,7 +125,8 @@ RevisionSpec PolicyGen::valid(int seq) {
     bool shared = false;
     for (int k = 0; k < n; ++k) {
         std::string name = kNames[order[k]];
-        std::string file = coin(rng_, 0.3) ? "all.yaml" : (coin(rng_) ? "lab/" : "") + name + ".yaml";
+        std::string file =
+            coin(rng_, 0.3) ? "all.yaml" : (coin(rng_) ? "lab/" : "") + name + ".yaml";
         auto& text = by_file[file];
         if (!text.empty()) text += "---\n";
         text += policy(name, order[k]);
@@ -144,38 +150,44 @@ RevisionSpec PolicyGen::invalid(int seq) {
     const std::string head = "apiVersion: mpsteer.dev/v1\nkind: Policy\nmetadata: {name: ";
     std::string text;
     switch (broken_kind_++ % 6) {
-        case 0:
-            rev.broken = "unknown action rate_limt";
-            text = head + "broken-a}\nspec:\n  attach: {hooks: [xdp]}\n  priority: 9000\n"
-                          "  actions:\n    - rate_limt: {rate: 1Gbit}\n";
-            break;
-        case 1:
-            rev.broken = "host bits set in a prefix";
-            text = head + "broken-b}\nspec:\n  attach: {hooks: [xdp]}\n  priority: 9001\n"
-                          "  select:\n    - dst: 10.0.1.5/24\n  actions:\n    - record: {}\n";
-            break;
-        case 2:
-            rev.broken = "YAML syntax error";
-            text = head + "broken-c}\nspec:\n  attach: {hooks: [xdp\n  priority: 9002\n";
-            break;
-        case 3:
-            rev.broken = "an action after drop";
-            text = head + "broken-d}\nspec:\n  attach: {hooks: [xdp]}\n  priority: 9003\n"
-                          "  select:\n    - port: {dst: 9}\n  actions:\n    - drop: {}\n"
-                          "    - record: {}\n";
-            break;
-        case 4:
-            rev.broken = "two policies with one name";
-            text = head + "broken-e}\nspec:\n  attach: {hooks: [xdp]}\n  priority: 9004\n"
-                          "  actions:\n    - record: {}\n---\n" +
-                   head + "broken-e}\nspec:\n  attach: {hooks: [tc_egress]}\n  priority: 9005\n"
-                          "  actions:\n    - record: {}\n";
-            break;
-        default:
-            rev.broken = "rate out of range";
-            text = head + "broken-f}\nspec:\n  attach: {hooks: [tc_egress]}\n  priority: 9006\n"
-                          "  actions:\n    - rate_limit: {rate: 900Gbit}\n";
-            break;
+    case 0:
+        rev.broken = "unknown action rate_limt";
+        text = head +
+               "broken-a}\nspec:\n  attach: {hooks: [xdp]}\n  priority: 9000\n"
+               "  actions:\n    - rate_limt: {rate: 1Gbit}\n";
+        break;
+    case 1:
+        rev.broken = "host bits set in a prefix";
+        text = head +
+               "broken-b}\nspec:\n  attach: {hooks: [xdp]}\n  priority: 9001\n"
+               "  select:\n    - dst: 10.0.1.5/24\n  actions:\n    - record: {}\n";
+        break;
+    case 2:
+        rev.broken = "YAML syntax error";
+        text = head + "broken-c}\nspec:\n  attach: {hooks: [xdp\n  priority: 9002\n";
+        break;
+    case 3:
+        rev.broken = "an action after drop";
+        text = head +
+               "broken-d}\nspec:\n  attach: {hooks: [xdp]}\n  priority: 9003\n"
+               "  select:\n    - port: {dst: 9}\n  actions:\n    - drop: {}\n"
+               "    - record: {}\n";
+        break;
+    case 4:
+        rev.broken = "two policies with one name";
+        text = head +
+               "broken-e}\nspec:\n  attach: {hooks: [xdp]}\n  priority: 9004\n"
+               "  actions:\n    - record: {}\n---\n" +
+               head +
+               "broken-e}\nspec:\n  attach: {hooks: [tc_egress]}\n  priority: 9005\n"
+               "  actions:\n    - record: {}\n";
+        break;
+    default:
+        rev.broken = "rate out of range";
+        text = head +
+               "broken-f}\nspec:\n  attach: {hooks: [tc_egress]}\n  priority: 9006\n"
+               "  actions:\n    - rate_limit: {rate: 900Gbit}\n";
+        break;
     }
     rev.files["zz-broken.yaml"] = text;
     return rev;
@@ -199,8 +211,7 @@ AgentHarness::AgentHarness(const lab::Lab& lab, const std::string& what, int deb
 AgentHarness::~AgentHarness() {
     try {
         stop();
-    } catch (...) {
-    }
+    } catch (...) {}
     // Detach what the agent left attached and remove its pins and state.
     lab::run({mpsteer_bin(), "reset", "--pin-root", pins_, "--state-dir", state_});
     std::error_code ec;

@@ -67,14 +67,14 @@ public:
     AgentHarness(const AgentHarness&) = delete;
     AgentHarness& operator=(const AgentHarness&) = delete;
 
-    pid_t start();               // a new agent process; its output goes to logs/agent-<k>.log
+    pid_t start();  // a new agent process; its output goes to logs/agent-<k>.log
     std::vector<std::string> extra_args;  // appended to `mpsteer run ...` by start()
     int metrics_port = 0;                 // start()'s --metrics-port (0: off)
-    void kill9();                // SIGKILL and reap
+    void kill9();                         // SIGKILL and reap
     // SIGTERM and reap (SIGKILL after 10 s); the wait status, -1 when no agent ran.
     int stop();
     pid_t pid() const { return pid_; }
-    bool alive();                // still running (reaps it when not)
+    bool alive();  // still running (reaps it when not)
     int starts() const { return starts_; }
 
     // Publishes a revision; returns its id (the 40-hex directory name) and sets `published`
@@ -93,7 +93,7 @@ public:
     // added, changed or removed policy, the same steps, revision == id); otherwise what differs.
     std::string applied_mismatch(const std::string& id) const;
 
-    std::string log(int k) const;  // the k-th run's output (1-based)
+    std::string log(int k) const;                     // the k-th run's output (1-based)
     std::string log_tail(size_t bytes = 4000) const;  // the current run's
 
     const std::string& dir() const { return dir_; }

@@ -78,7 +78,7 @@ TEST_CASE("agent process: SIGTERM with the metrics server on stops cleanly", "[a
     REQUIRE(s.is_object());
     CHECK(s.value("pid", 0) == pid);
     CHECK(s.value("updated_unix_ms", int64_t(0)) >= signalled);  // the final write
-    CHECK(s["attachments"].empty());                              // --detach-on-exit ran
+    CHECK(s["attachments"].empty());                             // --detach-on-exit ran
     CHECK(h.log(1).find("stopping") != std::string::npos);
 }
 

@@ -122,7 +122,7 @@ void check_transfer(Transfer& t, uint64_t at_least) {
     std::printf("agent e2e: transfer %.1f MB in %.1f s, %u extra subflow(s), fallback %d\n",
                 sent.bytes / 1e6, sent.seconds, sent.subflows, int(sent.fallback));
     CHECK(sent.bytes >= at_least);
-    CHECK(got.bytes == sent.bytes);  // no reset: everything sent arrived
+    CHECK(got.bytes == sent.bytes);        // no reset: everything sent arrived
     CHECK(got.checksum == sent.checksum);  // and not one byte changed
     CHECK_FALSE(sent.fallback);
     CHECK_FALSE(got.fallback);
@@ -197,8 +197,10 @@ TEST_CASE("agent: 200 revisions (valid and invalid) under a live 500 MB MPTCP tr
         INFO("revision " << i << " (" << id << ")" << (bad ? " invalid: " + rev.broken : ""));
         if (!bad) {
             for (const auto& p : rev.policies) {
-                if (!last_policies.count(p)) ++added;
-                else ++modified;  // a policy kept is regenerated (new selectors, hooks, ...)
+                if (!last_policies.count(p))
+                    ++added;
+                else
+                    ++modified;  // a policy kept is regenerated (new selectors, hooks, ...)
             }
             for (const auto& p : last_policies)
                 if (!rev.policies.count(p)) ++removed;
@@ -275,12 +277,13 @@ TEST_CASE("agent: 200 revisions (valid and invalid) under a live 500 MB MPTCP tr
         CHECK(h.log_tail().find("compiled entries on") != std::string::npos);
     }
 
-    std::printf("agent e2e: %d revisions in %.1f s (%d valid, %d invalid; policies added %d, "
-                "modified %d, removed %d; %d without a build), apply p50 %.0f ms p99 %.0f ms, "
-                "%.1f MB transferred meanwhile, max missed tail calls %llu\n",
-                kRevisions, secs, valid - 1, invalid, added, modified, removed, unchanged,
-                percentile(apply_ms, 50), percentile(apply_ms, 99), during / 1e6,
-                static_cast<unsigned long long>(max_missed));
+    std::printf(
+        "agent e2e: %d revisions in %.1f s (%d valid, %d invalid; policies added %d, "
+        "modified %d, removed %d; %d without a build), apply p50 %.0f ms p99 %.0f ms, "
+        "%.1f MB transferred meanwhile, max missed tail calls %llu\n",
+        kRevisions, secs, valid - 1, invalid, added, modified, removed, unchanged,
+        percentile(apply_ms, 50), percentile(apply_ms, 99), during / 1e6,
+        static_cast<unsigned long long>(max_missed));
     CHECK(invalid > 0);
     CHECK(added > 0);
     CHECK(removed > 0);
@@ -341,8 +344,7 @@ TEST_CASE("agent: kill -9 at random points of an apply, 20 times, every restart 
                      << (started ? (finished ? "after the apply" : "during the apply")
                                  : "before the apply")
                      << ")\nkilled run's log (tail):\n"
-                     << log.substr(log.size() > 3000 ? log.size() - 3000 : 0)
-                     );
+                     << log.substr(log.size() > 3000 ? log.size() - 3000 : 0));
         if (!h.wait_status(converged(id), 60s))
             FAIL("no convergence within 60 s; restarted run's log (tail):\n" << h.log_tail());
         converge_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
@@ -359,10 +361,11 @@ TEST_CASE("agent: kill -9 at random points of an apply, 20 times, every restart 
         CHECK(t.wait_bytes(bytes_at_kill + 1'000'000, 20s));
         current = id;
     }
-    std::printf("agent e2e: %d kills (%d before an apply started, %d during one, %d after it), "
-                "restart-to-converged p50 %.0f ms, max %.0f ms\n",
-                kKills, before_apply, mid_apply, after_apply, percentile(converge_ms, 50),
-                percentile(converge_ms, 100));
+    std::printf(
+        "agent e2e: %d kills (%d before an apply started, %d during one, %d after it), "
+        "restart-to-converged p50 %.0f ms, max %.0f ms\n",
+        kKills, before_apply, mid_apply, after_apply, percentile(converge_ms, 50),
+        percentile(converge_ms, 100));
     CHECK(mid_apply > 0);
     check_transfer(t, 100'000'000);
 }

@@ -28,11 +28,15 @@ int main(int argc, char** argv) {
     int n = 100, debounce = 50;  // the agent's default debounce
     uint64_t seed = static_cast<uint64_t>(Clock::now().time_since_epoch().count());
     for (int i = 1; i + 1 < argc; i += 2) {
-        if (!std::strcmp(argv[i], "--revisions")) n = std::atoi(argv[i + 1]);
-        else if (!std::strcmp(argv[i], "--debounce-ms")) debounce = std::atoi(argv[i + 1]);
-        else if (!std::strcmp(argv[i], "--seed")) seed = std::strtoull(argv[i + 1], nullptr, 0);
+        if (!std::strcmp(argv[i], "--revisions"))
+            n = std::atoi(argv[i + 1]);
+        else if (!std::strcmp(argv[i], "--debounce-ms"))
+            debounce = std::atoi(argv[i + 1]);
+        else if (!std::strcmp(argv[i], "--seed"))
+            seed = std::strtoull(argv[i + 1], nullptr, 0);
         else {
-            std::cerr << "usage: apply_latency_bench [--revisions N] [--debounce-ms MS] [--seed S]\n";
+            std::cerr
+                << "usage: apply_latency_bench [--revisions N] [--debounce-ms MS] [--seed S]\n";
             return 2;
         }
     }
@@ -65,7 +69,8 @@ int main(int argc, char** argv) {
                           << h.log_tail();
                 return 1;
             }
-            lat.push_back(std::chrono::duration<double, std::milli>(Clock::now() - published).count());
+            lat.push_back(
+                std::chrono::duration<double, std::milli>(Clock::now() - published).count());
             auto s = h.status();
             if (s.value("generation", 0u) != gen_no) {
                 ++built;

@@ -114,8 +114,8 @@ TEST_CASE("datapath: record, get_connect, get_subflow see both subflows with the
         for (const auto& e : evs) {
             if (e.raw.type == MPS_EV_MP_CAPABLE) {
                 mpc++;
-                INFO("MP_CAPABLE " << datapath::to_string(e.raw.flow) << " tokens " << hex(e.token_a)
-                                   << "/" << hex(e.token_b));
+                INFO("MP_CAPABLE " << datapath::to_string(e.raw.flow) << " tokens "
+                                   << hex(e.token_a) << "/" << hex(e.token_b));
                 CHECK(net::address_text(4, e.raw.flow.a) == Lab::client_addr(1));
                 CHECK(e.raw.flow.port_b == 5201);
                 if (e.token_a) CHECK(e.token_a == cli_token);
@@ -123,7 +123,8 @@ TEST_CASE("datapath: record, get_connect, get_subflow see both subflows with the
                 if (e.token_a && e.token_b) mpc_both++;
             } else if (e.raw.type == MPS_EV_MP_JOIN) {
                 joins++;
-                INFO("MP_JOIN " << datapath::to_string(e.raw.flow) << " token " << hex(e.raw.token));
+                INFO("MP_JOIN " << datapath::to_string(e.raw.flow) << " token "
+                                << hex(e.raw.token));
                 CHECK(net::address_text(4, e.raw.flow.a) == Lab::client_addr(2));
                 CHECK(net::address_text(4, e.raw.flow.b) == Lab::server_addr(2));
                 CHECK(e.raw.token == srv_token);  // the receiver's (server's) token
@@ -234,10 +235,11 @@ TEST_CASE("datapath: rate_limit holds one subflow to its configured rate", "[e2e
                       static_cast<unsigned long long>(counters[i].matched));
         diag += line;
     }
-    std::printf("rate_limit: configured %.0f B/s, path 2 payload %.0f B/s (%+.1f %%), "
-                "wire %.0f B/s, path 1 wire %.0f B/s, srtt %u us, windows lowered %llu\n",
-                kRate, rate, 100 * (rate / kRate - 1), wire, other, srtt,
-                static_cast<unsigned long long>(counters.back().matched));
+    std::printf(
+        "rate_limit: configured %.0f B/s, path 2 payload %.0f B/s (%+.1f %%), "
+        "wire %.0f B/s, path 1 wire %.0f B/s, srtt %u us, windows lowered %llu\n",
+        kRate, rate, 100 * (rate / kRate - 1), wire, other, srtt,
+        static_cast<unsigned long long>(counters.back().matched));
     INFO(diag);
     INFO("path 2 payload rate " << rate << " B/s, wire " << wire << " B/s; path 1 " << other);
     CHECK(rate >= kRate * 0.85);

@@ -155,7 +155,9 @@ struct Genl {
     }
 };
 
-double pct(std::vector<double> v, double p) { return v.empty() ? 0 : percentile(std::move(v), p); }
+double pct(std::vector<double> v, double p) {
+    return v.empty() ? 0 : percentile(std::move(v), p);
+}
 
 void print_row(const char* what, const std::vector<double>& v) {
     std::printf("  %-58s n=%4zu  p50 %8.1f us  p99 %8.1f us  max %8.1f us\n", what, v.size(),
@@ -189,7 +191,7 @@ struct Round {
     std::string name;
     std::vector<double> total, agent, delivery;
     lua::EventThreadStats stats;
-    double cpu_pct = 0;  // of one CPU, over the round
+    double cpu_pct = 0;   // of one CPU, over the round
     uint64_t minflt = 0;  // the event thread's minor page faults over the round
 };
 
@@ -220,10 +222,11 @@ void latency(int n) {
     int port0 = 6000;
     auto round = [&](lua::PollMode mode, int rt, int cpu) {
         Round r;
-        r.name = std::string(lua::to_string(mode)) +
-                 (mode == lua::PollMode::adaptive ? " " + std::to_string(spin.count()) + " us" : "") +
-                 (cpu >= 0 ? ", CPU " + std::to_string(cpu) : "") +
-                 (rt ? ", SCHED_FIFO " + std::to_string(rt) : ", SCHED_OTHER");
+        r.name =
+            std::string(lua::to_string(mode)) +
+            (mode == lua::PollMode::adaptive ? " " + std::to_string(spin.count()) + " us" : "") +
+            (cpu >= 0 ? ", CPU " + std::to_string(cpu) : "") +
+            (rt ? ", SCHED_FIFO " + std::to_string(rt) : ", SCHED_OTHER");
         backend.total_us.clear();
         backend.agent_us.clear();
         backend.delivery_us.clear();
@@ -258,7 +261,8 @@ void latency(int n) {
             uint16_t port = uint16_t(port0 + i % 1000);
             try {
                 Sink sink(lab.server_ns(), port);
-                send_stream(lab.client_ns(), Lab::server_addr(1), port, SendOptions::of_bytes(20000));
+                send_stream(lab.client_ns(), Lab::server_addr(1), port,
+                            SendOptions::of_bytes(20000));
                 sink.wait(10s);
             } catch (const std::exception& e) {
                 std::printf("  (connection %d: %s)\n", i, e.what());
@@ -314,8 +318,8 @@ void latency(int n) {
         }
         for (int i = 0; i < 20; ++i) {
             auto t0 = Clock::now();
-            run_in(lab.server_ns(), {"ip", "mptcp", "endpoint", "change", "id", "1",
-                                     i % 2 ? "nobackup" : "backup"});
+            run_in(lab.server_ns(),
+                   {"ip", "mptcp", "endpoint", "change", "id", "1", i % 2 ? "nobackup" : "backup"});
             ip_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
         }
         run_in(lab.server_ns(), {"ip", "mptcp", "endpoint", "change", "id", "1", "nobackup"});
@@ -341,16 +345,19 @@ void latency(int n) {
         }
     }
 
-    std::printf("latency: %d connections per round (MP_CAPABLE keys -> on_connection once per "
-                "connection, MP_JOIN -> on_subflow; each returns a rate written with "
-                "MPS_CTL_RATE), the agent's event thread (lua::EventThread) in each mode\n", n);
+    std::printf(
+        "latency: %d connections per round (MP_CAPABLE keys -> on_connection once per "
+        "connection, MP_JOIN -> on_subflow; each returns a rate written with "
+        "MPS_CTL_RATE), the agent's event thread (lua::EventThread) in each mode\n",
+        n);
     for (const auto& r : rounds) {
         const auto& st = r.stats;
-        std::printf(" --events=%s: event thread CPU %.1f %% of one core; %llu events, %llu found "
-                    "polling, %llu wake-ups, %llu minor page faults%s\n",
-                    r.name.c_str(), r.cpu_pct, (unsigned long long)st.events,
-                    (unsigned long long)st.events_while_polling, (unsigned long long)st.wakeups,
-                    (unsigned long long)r.minflt, st.rt_refused ? " (SCHED_FIFO refused)" : "");
+        std::printf(
+            " --events=%s: event thread CPU %.1f %% of one core; %llu events, %llu found "
+            "polling, %llu wake-ups, %llu minor page faults%s\n",
+            r.name.c_str(), r.cpu_pct, (unsigned long long)st.events,
+            (unsigned long long)st.events_while_polling, (unsigned long long)st.wakeups,
+            (unsigned long long)r.minflt, st.rt_refused ? " (SCHED_FIFO refused)" : "");
         print_row("mpsteer event (bpf_ktime) -> Lua hook -> map updated", r.total);
         print_row("  event -> handler start (wake-up/poll + token derivation)", r.delivery);
         print_row("  handler start -> Lua -> map updated", r.agent);
@@ -370,8 +377,11 @@ void latency(int n) {
     for (const auto& r : rounds)
         std::printf("  %-34s %9.1f %9.1f %9.1f %9.1f %7.1f  %s\n", r.name.c_str(), pct(r.total, 50),
                     pct(r.total, 99), pct(r.agent, 50), pct(r.agent, 99), r.cpu_pct,
-                    r.total.empty() ? "no samples" : pct(r.total, 99) <= 50 ? "met" : "NOT met");
-    std::printf("  %-34s %9.1f %9.1f\n", "kernel netlink SET_FLAGS", pct(nl_us, 50), pct(nl_us, 99));
+                    r.total.empty()          ? "no samples"
+                    : pct(r.total, 99) <= 50 ? "met"
+                                             : "NOT met");
+    std::printf("  %-34s %9.1f %9.1f\n", "kernel netlink SET_FLAGS", pct(nl_us, 50),
+                pct(nl_us, 99));
 }
 
 // ---- small-flow completion time ------------------------------------------------------------
@@ -393,8 +403,9 @@ std::pair<double, unsigned> upload(const Lab& lab, uint16_t port, uint64_t bytes
 void summary(const char* what, const std::vector<double>& ms, unsigned joined) {
     double mean = 0;
     for (double v : ms) mean += v / double(ms.size());
-    std::printf("  %-34s n=%3zu  p50 %7.1f ms  p90 %7.1f ms  mean %7.1f ms  (%u with a 2nd subflow)\n",
-                what, ms.size(), pct(ms, 50), pct(ms, 90), mean, joined);
+    std::printf(
+        "  %-34s n=%3zu  p50 %7.1f ms  p90 %7.1f ms  mean %7.1f ms  (%u with a 2nd subflow)\n",
+        what, ms.size(), pct(ms, 50), pct(ms, 90), mean, joined);
 }
 
 void smallflow(int n) {
@@ -423,7 +434,8 @@ void smallflow(int n) {
             policy_j += sf > 0;
         }
     }
-    std::printf("small-flow completion time: 100 KB uploads, two paths RTT 20 ms, 50 Mbit/s each\n");
+    std::printf(
+        "small-flow completion time: 100 KB uploads, two paths RTT 20 ms, 50 Mbit/s each\n");
     summary("kernel default (ADD_ADDR honoured)", plain, plain_j);
     summary("small-flow policy (agent + Lua)", policy, policy_j);
 }
@@ -452,8 +464,9 @@ void ecf(int runs) {
         for (double v : mbit) mean += v / double(mbit.size());
         return std::make_pair(mean, mbit);
     };
-    std::printf("ECF vs default: %llu MB uploads, paths RTT 20 ms / 50 ms, 50 Mbit/s each, %d runs\n",
-                static_cast<unsigned long long>(bytes / 1'000'000), runs);
+    std::printf(
+        "ECF vs default: %llu MB uploads, paths RTT 20 ms / 50 ms, 50 Mbit/s each, %d runs\n",
+        static_cast<unsigned long long>(bytes / 1'000'000), runs);
     auto def = series("kernel default scheduler", 5600);
     std::pair<double, std::vector<double>> with;
     {

@@ -50,9 +50,10 @@ const json* hook_of(const json& s, const std::string& policy) {
 
 }  // namespace
 
-TEST_CASE("lua: small-flow policy keeps 100 KB on one subflow, opens the second for 50 MB "
-          "after the threshold",
-          "[e2e][lua]") {
+TEST_CASE(
+    "lua: small-flow policy keeps 100 KB on one subflow, opens the second for 50 MB "
+    "after the threshold",
+    "[e2e][lua]") {
     datapath::init_libbpf_logging();
     Lab::cleanup_stale();
     LabConfig cfg;
@@ -64,7 +65,9 @@ TEST_CASE("lua: small-flow policy keeps 100 KB on one subflow, opens the second 
                    {"lua/small_flow_pm.lua", source("lua/small_flow_pm.lua")}});
     agent.start();
     bool ready = agent.wait_status(
-        [](const json& s) { return s.value("ready", false) && hook_of(s, "small-flow-single-path"); },
+        [](const json& s) {
+            return s.value("ready", false) && hook_of(s, "small-flow-single-path");
+        },
         90s, 20ms);
     INFO(agent.log_tail());
     REQUIRE(ready);
@@ -84,8 +87,7 @@ TEST_CASE("lua: small-flow policy keeps 100 KB on one subflow, opens the second 
         CHECK(sent.subflows == 0);
         std::this_thread::sleep_for(400ms);  // a few ticks: the hook must not open it late
         bool joined = false;
-        for (const auto& e : mon.poll(50ms))
-            joined |= e.type == MPTCP_EVENT_SUB_ESTABLISHED;
+        for (const auto& e : mon.poll(50ms)) joined |= e.type == MPTCP_EVENT_SUB_ESTABLISHED;
         CHECK_FALSE(joined);
         std::printf("small-flow e2e: 100 KB in %.1f ms, %u extra subflows\n", sent.seconds * 1e3,
                     sent.subflows);
@@ -128,10 +130,11 @@ TEST_CASE("lua: small-flow policy keeps 100 KB on one subflow, opens the second 
         CHECK(got.checksum == sent.checksum);
         CHECK_FALSE(sent.fallback);
         REQUIRE(at_join);
-        std::printf("small-flow e2e: 50 MB in %.2f s; second subflow at %.1f ms, %llu bytes "
-                    "received by then (threshold %llu)\n",
-                    sent.seconds, join_ms, static_cast<unsigned long long>(*at_join),
-                    static_cast<unsigned long long>(threshold));
+        std::printf(
+            "small-flow e2e: 50 MB in %.2f s; second subflow at %.1f ms, %llu bytes "
+            "received by then (threshold %llu)\n",
+            sent.seconds, join_ms, static_cast<unsigned long long>(*at_join),
+            static_cast<unsigned long long>(threshold));
         CHECK(*at_join >= threshold);
         CHECK(*at_join < 50'000'000);
     }
@@ -151,7 +154,8 @@ TEST_CASE("lua: small-flow policy keeps 100 KB on one subflow, opens the second 
 
     // A revision whose script loops forever: it is disabled after three budget overruns and
     // shown in `mpsteer status`; the generation keeps running and a transfer still works.
-    std::string looping = source("lua/small_flow_pm.lua") + "\nfunction on_tick() while true do end end\n";
+    std::string looping =
+        source("lua/small_flow_pm.lua") + "\nfunction on_tick() while true do end end\n";
     agent.publish({{"policies/small-flow-pm.yaml", source("policies/small-flow-pm.yaml")},
                    {"lua/small_flow_pm.lua", looping}});
     bool disabled = agent.wait_status(
@@ -169,11 +173,13 @@ TEST_CASE("lua: small-flow policy keeps 100 KB on one subflow, opens the second 
         degraded |= c.value("type", "") == "Degraded" && c.value("status", false) &&
                     c.value("reason", "") == "LuaHookDisabled";
     CHECK(degraded);
-    CHECK(hook_of(s, "small-flow-single-path")->value("last_error", "").find(
-              "instruction budget exceeded") != std::string::npos);
+    CHECK(hook_of(s, "small-flow-single-path")
+              ->value("last_error", "")
+              .find("instruction budget exceeded") != std::string::npos);
     auto text = run({mpsteer_bin(), "status", "--state-dir", agent.state_dir()});
     INFO(text.out);
-    CHECK(text.out.find("small-flow-single-path lua/small_flow_pm.lua disabled") != std::string::npos);
+    CHECK(text.out.find("small-flow-single-path lua/small_flow_pm.lua disabled") !=
+          std::string::npos);
     CHECK(agent.alive());
     {
         Sink sink(lab.server_ns(), 5203);
@@ -285,10 +291,11 @@ TEST_CASE("lua: a hook flips set_backup in place and the client uses the path ag
     tx.join();
     TrafficStats got = sink.wait(30s);
     if (b0)
-        std::printf("lua set_policy_backup e2e: path-2 share %.1f %% as backup, %.1f %% after the "
-                    "hook's B=0 (%.1f s after Ready)\n",
-                    100 * backup_share, 100 * restored,
-                    std::chrono::duration<double>(prio[1] - t_ready).count());
+        std::printf(
+            "lua set_policy_backup e2e: path-2 share %.1f %% as backup, %.1f %% after the "
+            "hook's B=0 (%.1f s after Ready)\n",
+            100 * backup_share, 100 * restored,
+            std::chrono::duration<double>(prio[1] - t_ready).count());
     INFO(agent.log_tail());
     REQUIRE(b1);
     CHECK(backup_share < 0.05);

@@ -134,11 +134,18 @@ TEST_CASE("mpsteer status reports a status file it cannot use, never aborts or h
         const char* why;
     };
     const Case cases[] = {
-        {"garbage", [&] { std::ofstream(status) << "\x01\x02 not json {"; }, "not a status document"},
-        {"JSON that is not an object", [&] { std::ofstream(status) << "[1, 2]"; }, "not a status document"},
+        {"garbage", [&] { std::ofstream(status) << "\x01\x02 not json {"; },
+         "not a status document"},
+        {"JSON that is not an object", [&] { std::ofstream(status) << "[1, 2]"; },
+         "not a status document"},
         {"a directory", [&] { fs::create_directory(status); }, "is a directory"},
         {"a FIFO", [&] { REQUIRE(mkfifo(status.c_str(), 0600) == 0); }, "not a regular file"},
-        {"a huge file", [&] { std::ofstream{status}; fs::resize_file(status, 64 << 20); }, "too large"},
+        {"a huge file",
+         [&] {
+             std::ofstream{status};
+             fs::resize_file(status, 64 << 20);
+         },
+         "too large"},
         {"fields of the wrong type",
          [&] { std::ofstream(status) << R"({"ready": true, "attachments": 5, "errors": [1]})"; },
          "type"},
@@ -152,7 +159,8 @@ TEST_CASE("mpsteer status reports a status file it cannot use, never aborts or h
             auto r = mpsteer_status(d.path, std::string("--output ") + output);
             INFO(r.out);
             CHECK(r.status == 1);
-            if (std::string(output) == "json" && std::string(c.what) == "fields of the wrong type") {
+            if (std::string(output) == "json" &&
+                std::string(c.what) == "fields of the wrong type") {
                 // The JSON output copies the fields as they are (and says not ready).
                 CHECK(!nlohmann::json::parse(r.out, nullptr, false).is_discarded());
                 continue;

@@ -98,9 +98,10 @@ TEST_CASE("program names round-trip and inline steps have no program", "[chain]"
     CHECK(has_program(MPS_ACT_RATE_LIMIT));
 }
 
-TEST_CASE("MPTCP token and IDSN are the two ends of one SHA-256 of the key on the wire "
-          "(RFC 8684 3.1)",
-          "[token]") {
+TEST_CASE(
+    "MPTCP token and IDSN are the two ends of one SHA-256 of the key on the wire "
+    "(RFC 8684 3.1)",
+    "[token]") {
     // Digests computed independently: python3 hashlib.sha256(bytes.fromhex(...)).hexdigest()
     // (the keys of tests/bpf). The token is the digest's first 4 bytes, the IDSN its last 8.
     struct Case {

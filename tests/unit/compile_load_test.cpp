@@ -126,7 +126,8 @@ TEST_CASE("compiled policies load as a generation", "[bpf][compile]") {
     datapath::ensure_bpffs("/sys/fs/bpf");
     auto state = datapath::StateMaps::open(pins.path);
     auto chains = compiled({{"implemented.yaml", kImplemented}});
-    CHECK(chains.entries.size() == 5);  // xdp "", xdp eth1, tc_egress "", tc_egress eth1, tc_ingress ""
+    CHECK(chains.entries.size() ==
+          5);  // xdp "", xdp eth1, tc_egress "", tc_egress eth1, tc_ingress ""
     auto gen = datapath::Generation::build(chains, 1, state);
     REQUIRE(gen);
     CHECK(gen->chains().serialize() == chains.serialize());

@@ -41,16 +41,17 @@ std::string policy(const std::string& name, const std::string& attach, int prio,
 }  // namespace
 
 TEST_CASE("selector parameters are encoded for the datapath", "[compile]") {
-    auto m = model_of(policy("p", "{hooks: [xdp]}", 1,
-                             "    - dst: 10.0.1.0/24\n"
-                             "    - src: 2001:db8::/33\n"
-                             "    - port: {src: 1000-2000}\n"
-                             "    - packet_type: [add_addr, syn]\n"
-                             "    - token: 0xdeadbeef\n"
-                             "    - subflow: {a: {address: 10.0.0.1, port: 5000}, b: {address: 10.0.0.2, port: 80}}\n"
-                             "    - flow_bytes: {scope: connection, from: 1KB, to: 2KiB}\n"
-                             "    - sequence: {kind: data, from: 5}\n",
-                             "    - rate_limit: {rate: 8Mbit, rtt: 10ms, min_window: 4096}\n"));
+    auto m = model_of(policy(
+        "p", "{hooks: [xdp]}", 1,
+        "    - dst: 10.0.1.0/24\n"
+        "    - src: 2001:db8::/33\n"
+        "    - port: {src: 1000-2000}\n"
+        "    - packet_type: [add_addr, syn]\n"
+        "    - token: 0xdeadbeef\n"
+        "    - subflow: {a: {address: 10.0.0.1, port: 5000}, b: {address: 10.0.0.2, port: 80}}\n"
+        "    - flow_bytes: {scope: connection, from: 1KB, to: 2KiB}\n"
+        "    - sequence: {kind: data, from: 5}\n",
+        "    - rate_limit: {rate: 8Mbit, rtt: 10ms, min_window: 4096}\n"));
     auto out = compile::compile(m);
     const auto& s = out.chains.steps;
     REQUIRE(s.size() == 9);
@@ -111,11 +112,11 @@ TEST_CASE("any and not become branch targets", "[compile]") {
 }
 
 TEST_CASE("policies on one hook run by priority; a miss falls to the next", "[compile]") {
-    auto m = model_of(policy("late", "{hooks: [xdp]}", 20, "    - port: {dst: 2}\n",
-                             "    - drop: {}\n") +
-                      "---\n" +
-                      policy("early", "{hooks: [xdp]}", 10, "    - port: {dst: 1}\n",
-                             "    - record: {}\n", "  continue: true\n  failure_mode: drop\n"));
+    auto m = model_of(
+        policy("late", "{hooks: [xdp]}", 20, "    - port: {dst: 2}\n", "    - drop: {}\n") +
+        "---\n" +
+        policy("early", "{hooks: [xdp]}", 10, "    - port: {dst: 1}\n", "    - record: {}\n",
+               "  continue: true\n  failure_mode: drop\n"));
     auto out = compile::compile(m);
     const auto& c = out.chains;
     CHECK(c.policies == std::vector<std::string>{"early", "late"});
@@ -124,7 +125,7 @@ TEST_CASE("policies on one hook run by priority; a miss falls to the next", "[co
     CHECK(c.entries[0].pc == 0);
     REQUIRE(c.steps.size() == 4);
     CHECK(c.steps[0].policy == 0);
-    CHECK(c.steps[0].on_miss == 2);  // early misses -> late
+    CHECK(c.steps[0].on_miss == 2);   // early misses -> late
     CHECK(c.steps[1].on_match == 2);  // continue: after early's actions, late
     CHECK(c.steps[0].flags == MPS_STEPF_FAIL_DROP);
     CHECK(c.steps[1].flags == MPS_STEPF_FAIL_DROP);
@@ -136,10 +137,10 @@ TEST_CASE("policies on one hook run by priority; a miss falls to the next", "[co
 
 TEST_CASE("different interface lists give per-interface entries with their own steps",
           "[compile]") {
-    auto m = model_of(policy("all", "{hooks: [tc_egress]}", 10, "", "    - record: {}\n") +
-                      "---\n" +
-                      policy("e1", "{interfaces: [eth1], hooks: [tc_egress, xdp]}", 5, "",
-                             "    - redirect: {interface: eth2}\n"));
+    auto m =
+        model_of(policy("all", "{hooks: [tc_egress]}", 10, "", "    - record: {}\n") + "---\n" +
+                 policy("e1", "{interfaces: [eth1], hooks: [tc_egress, xdp]}", 5, "",
+                        "    - redirect: {interface: eth2}\n"));
     auto out = compile::compile(m);
     const auto& c = out.chains;
     // xdp: only e1 (eth1); tc_egress: "" -> all, eth1 -> e1 then all.
@@ -152,7 +153,8 @@ TEST_CASE("different interface lists give per-interface entries with their own s
     CHECK(c.steps.size() == 4);  // xdp: redirect; tc "": record; tc eth1: redirect, record
     CHECK(c.steps[c.entries[2].pc].prog == MPS_ACT_REDIRECT);
     // redirect names its interface for the loader; ifindex is left to it.
-    CHECK(c.step_ifnames == std::vector<std::pair<uint16_t, std::string>>{{0, "eth2"}, {2, "eth2"}});
+    CHECK(c.step_ifnames ==
+          std::vector<std::pair<uint16_t, std::string>>{{0, "eth2"}, {2, "eth2"}});
     CHECK(c.attachments == std::vector<datapath::Attachment>{{"eth1", datapath::Hook::xdp},
                                                              {"", datapath::Hook::tc_egress},
                                                              {"eth1", datapath::Hook::tc_egress}});
@@ -199,32 +201,34 @@ TEST_CASE("too many steps for the datapath is a compile error", "[compile]") {
     for (int i = 0; i < 30; ++i) select += "    - port: {dst: " + std::to_string(i) + "}\n";
     for (int i = 0; i < 40; ++i) {
         if (i) docs += "---\n";
-        docs += policy("p" + std::to_string(i), "{interfaces: [eth" + std::to_string(i % 3) +
-                       "], hooks: [xdp]}", i, select, "    - record: {}\n");
+        docs += policy("p" + std::to_string(i),
+                       "{interfaces: [eth" + std::to_string(i % 3) + "], hooks: [xdp]}", i, select,
+                       "    - record: {}\n");
     }
     auto r = manifest::load_sources({{"t.yaml", docs}}, opts());
     // 40 x 31 steps fit no step table; per-interface chains are still too long too.
-    if (r.ok()) CHECK_THROWS_AS(compile::compile(r.model), compile::Error);
-    else CHECK_FALSE(r.ok());
+    if (r.ok())
+        CHECK_THROWS_AS(compile::compile(r.model), compile::Error);
+    else
+        CHECK_FALSE(r.ok());
 }
 
 TEST_CASE("plan model round-trips through JSON and diffs", "[compile][plan]") {
-    auto old_m = model_of(policy("keep", "{hooks: [xdp]}", 1, "", "    - record: {}\n", "  continue: true\n") +
-                          "---\n" +
-                          policy("change", "{hooks: [xdp]}", 2, "    - port: {dst: 1}\n",
-                                 "    - drop: {}\n") +
-                          "---\n" +
-                          policy("gone", "{hooks: [tc_egress]}", 3, "", "    - record: {}\n"));
-    auto new_m = model_of(policy("keep", "{hooks: [xdp]}", 1, "", "    - record: {}\n", "  continue: true\n") +
-                          "---\n" +
-                          policy("change", "{hooks: [xdp]}", 2, "    - port: {dst: 2}\n",
-                                 "    - drop: {}\n") +
-                          "---\n" +
-                          policy("new", "{hooks: [tc_ingress]}", 3, "", "    - record: {}\n"));
+    auto old_m = model_of(
+        policy("keep", "{hooks: [xdp]}", 1, "", "    - record: {}\n", "  continue: true\n") +
+        "---\n" +
+        policy("change", "{hooks: [xdp]}", 2, "    - port: {dst: 1}\n", "    - drop: {}\n") +
+        "---\n" + policy("gone", "{hooks: [tc_egress]}", 3, "", "    - record: {}\n"));
+    auto new_m = model_of(
+        policy("keep", "{hooks: [xdp]}", 1, "", "    - record: {}\n", "  continue: true\n") +
+        "---\n" +
+        policy("change", "{hooks: [xdp]}", 2, "    - port: {dst: 2}\n", "    - drop: {}\n") +
+        "---\n" + policy("new", "{hooks: [tc_ingress]}", 3, "", "    - record: {}\n"));
     auto running = compile::make_plan_model(old_m, compile::compile(old_m), "rev1");
     auto next = compile::make_plan_model(new_m, compile::compile(new_m), "rev2");
 
-    auto back = compile::plan_model_from_json(nlohmann::json::parse(compile::to_json(running).dump()));
+    auto back =
+        compile::plan_model_from_json(nlohmann::json::parse(compile::to_json(running).dump()));
     CHECK(back.chains.serialize() == running.chains.serialize());
     CHECK(back.policies == running.policies);
     CHECK(back.revision == "rev1");

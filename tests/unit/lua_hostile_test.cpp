@@ -29,7 +29,9 @@ public:
     }
     std::optional<Connection> connection(uint32_t) override { return std::nullopt; }
     std::optional<Subflow> subflow(uint64_t) override { return std::nullopt; }
-    bool set_subflow(const std::string&, uint64_t, const SubflowSettings&) override { return false; }
+    bool set_subflow(const std::string&, uint64_t, const SubflowSettings&) override {
+        return false;
+    }
     bool add_subflow(const std::string&, uint32_t, uint8_t) override { return false; }
     bool block_address(const std::string&, uint32_t, uint8_t) override { return false; }
     int set_policy_backup(const std::string&, bool) override { return 0; }
@@ -67,8 +69,7 @@ struct Case {
 
 }  // namespace
 
-TEST_CASE("lua hostile: each script is contained and the others keep running",
-          "[lua][hostile]") {
+TEST_CASE("lua hostile: each script is contained and the others keep running", "[lua][hostile]") {
     const std::vector<Case> cases = {
         {"bad_utf8_error.lua", {"not UTF-8"}},
         {"xpcall_handler_loop.lua", {"instruction budget exceeded"}},

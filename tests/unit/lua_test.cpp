@@ -131,8 +131,7 @@ TEST_CASE("lua: small_flow_pm opens the hidden subflow only after the threshold"
     CHECK(s.status().failures == 0);
 }
 
-TEST_CASE("lua: small_flow_pm forgets announcements of unknown connections",
-          "[lua][scripts]") {
+TEST_CASE("lua: small_flow_pm forgets announcements of unknown connections", "[lua][scripts]") {
     FakeBackend be;
     Script s(spec(file("lua/small_flow_pm.lua"), {{"threshold_bytes", 500}}, 100), be);
     AddAddr a;  // token 0: the connection's keys were not seen yet
@@ -155,8 +154,8 @@ TEST_CASE("lua: ecf caps the slow subflow while waiting for the fast one pays of
     c.unsent = 10000;
     be.conns = {c};
     REQUIRE(s.on_tick());
-    CHECK(be.rate_of(1) == 0);       // fastest: uncapped
-    CHECK(be.rate_of(2) == 1);       // slow one held back (the step's minimum window)
+    CHECK(be.rate_of(1) == 0);  // fastest: uncapped
+    CHECK(be.rate_of(2) == 1);  // slow one held back (the step's minimum window)
     // Lots of unsent data: both paths are needed -> s released to max_rate.
     be.conns[0].unsent = 50'000'000;
     REQUIRE(s.on_tick());
@@ -223,14 +222,15 @@ TEST_CASE("lua: events reach their hooks with the documented fields", "[lua][api
     CHECK(s.on_tick());
     INFO(s.status().last_error);
     CHECK(s.status().failures == 0);
-    CHECK(be.writes == std::vector<Write>{{"rate", 7, 1000}, {"backup", 7, 1}, {"add", 42, 1},
+    CHECK(be.writes == std::vector<Write>{{"rate", 7, 1000},
+                                          {"backup", 7, 1},
+                                          {"add", 42, 1},
                                           {"block", 42, 2},
                                           {"policy_backup", 0, 1}});
     CHECK(s.status().writes == 5);
 }
 
-TEST_CASE("lua: a hook's returned table sets its subflow; unknown keys are errors",
-          "[lua][api]") {
+TEST_CASE("lua: a hook's returned table sets its subflow; unknown keys are errors", "[lua][api]") {
     FakeBackend be;
     Connection c;
     c.token = 1;
@@ -251,15 +251,17 @@ TEST_CASE("lua: a hook's returned table sets its subflow; unknown keys are error
     REQUIRE(s.on_subflow(c.subflows[0]));
     CHECK(be.writes == std::vector<Write>{{"rate", 5, 2500000}, {"backup", 5, 0}});
     auto fails_with = [&](const char* mode, const std::string& text) {
-        Script probe(spec(std::string("mode = '") + mode + "'\n" +
-                          "function on_subflow(sf)\n"
-                          "  if mode == 'typo' then return {rat = 1} end\n"
-                          "  if mode == 'string' then return 'fast' end\n"
-                          "  if mode == 'badrate' then return {rate = 'fast'} end\n"
-                          "  if mode == 'api' then mpsteer.set_subflow(sf.id, {rate = 1, colour = 'red'}) end\n"
-                          "  if mode == 'log' then mpsteer.log('loud', 'x') end\n"
-                          "end\n"),
-                     be, small_limits());
+        Script probe(
+            spec(
+                std::string("mode = '") + mode + "'\n" +
+                "function on_subflow(sf)\n"
+                "  if mode == 'typo' then return {rat = 1} end\n"
+                "  if mode == 'string' then return 'fast' end\n"
+                "  if mode == 'badrate' then return {rate = 'fast'} end\n"
+                "  if mode == 'api' then mpsteer.set_subflow(sf.id, {rate = 1, colour = 'red'}) end\n"
+                "  if mode == 'log' then mpsteer.log('loud', 'x') end\n"
+                "end\n"),
+            be, small_limits());
         CHECK_FALSE(probe.on_subflow(c.subflows[0]));
         INFO(probe.status().last_error);
         CHECK(probe.status().last_error.find(text) != std::string::npos);
@@ -358,7 +360,8 @@ TEST_CASE("lua: a memory bomb hits the cap and is contained", "[lua][sandbox]") 
     CHECK_FALSE(s.on_subflow(Subflow{}));  // pcall does not swallow the cap
     CHECK(s.status().last_error.find("memory cap exceeded") != std::string::npos);
     CHECK_FALSE(s.on_subflow_closed(Subflow{}));  // refused before allocating
-    CHECK(s.status().last_error.find("string.rep: result beyond the memory cap") != std::string::npos);
+    CHECK(s.status().last_error.find("string.rep: result beyond the memory cap") !=
+          std::string::npos);
     auto t0 = Clock::now();
     CHECK_FALSE(s.on_connection(Connection{}));  // returns a number: wrong return type, but quick
     CHECK(Clock::now() - t0 < 1s);
@@ -426,14 +429,16 @@ TEST_CASE("lua: configure keeps unchanged scripts, reloads changed ones, drops r
         "function on_apply(i) applied[#applied+1] = i.reloaded\n"
         "  if i.revision == 'r3' then assert(n == 2 and #applied == 3 and applied[1] == true"
         " and applied[2] == false and applied[3] == false) end end\n";
-    auto loaded = set.configure({spec(counter, {}, 100, "a"), spec(counter, {}, 100, "b")}, "r1", 1);
+    auto loaded =
+        set.configure({spec(counter, {}, 100, "a"), spec(counter, {}, 100, "b")}, "r1", 1);
     CHECK(loaded.size() == 2);
     auto t = Clock::now() + 150ms;
     set.tick(t);
     t += 100ms;
     set.tick(t);
     // r2: a unchanged, b's params changed -> b reloaded (fresh state).
-    loaded = set.configure({spec(counter, {}, 100, "a"), spec(counter, {{"x", 1}}, 100, "b")}, "r2", 2);
+    loaded =
+        set.configure({spec(counter, {}, 100, "a"), spec(counter, {{"x", 1}}, 100, "b")}, "r2", 2);
     CHECK(loaded == std::vector<std::string>{"b"});
     // r3: on_apply asserts the kept state of a (two ticks, applied twice: true then false).
     set.configure({spec(counter, {}, 100, "a")}, "r3", 3);
@@ -512,8 +517,7 @@ TEST_CASE("lua: sock_diag finds a local TCP connection under its flow key, eithe
     close(ls);
 }
 
-TEST_CASE("lua: calls leave their garbage; collect_step collects it between events",
-          "[lua][gc]") {
+TEST_CASE("lua: calls leave their garbage; collect_step collects it between events", "[lua][gc]") {
     FakeBackend b;
     HookSet set(b);
     set.configure({{"p", "gc.lua",
@@ -525,14 +529,12 @@ TEST_CASE("lua: calls leave their garbage; collect_step collects it between even
                   "r", 1);
     Script* s = set.find("p");
     REQUIRE(s);
-    while (set.collect_step()) {
-    }
+    while (set.collect_step()) {}
     const size_t base = s->memory_bytes();
     for (int i = 0; i < 5; ++i) CHECK(s->on_tick());
     const size_t peak = s->memory_bytes();
     CHECK(peak > base + (200u << 10));  // no collection inside the calls (beyond Lua's own)
-    while (set.collect_step()) {
-    }
+    while (set.collect_step()) {}
     CHECK(s->memory_bytes() < base + (100u << 10));
     CHECK_FALSE(set.collect_step());  // nothing grew since: no work
     CHECK(set.calls() == 5);

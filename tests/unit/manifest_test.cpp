@@ -32,7 +32,8 @@ std::vector<std::string> lines_with(const Result& r, Severity sev, const fs::pat
         if (d.severity != sev) continue;
         d.pos.file = fs::path(d.pos.file).lexically_relative(dir).string();
         std::string line = d.format(), prefix = dir.string() + "/";
-        for (size_t at; (at = line.find(prefix)) != std::string::npos;) line.erase(at, prefix.size());
+        for (size_t at; (at = line.find(prefix)) != std::string::npos;)
+            line.erase(at, prefix.size());
         out.push_back(line);
     }
     return out;
@@ -122,16 +123,17 @@ TEST_CASE("the shipped policies are valid", "[manifest][policies]") {
     o.known_interfaces = std::set<std::string>{"eth0", "eth1", "eth2"};
     o.repo_root = root.string();
     // Check the Lua scripts when they are present in this tree.
-    o.check_scripts = fs::exists(root / "lua/ecf.lua") && fs::exists(root / "lua/small_flow_pm.lua");
+    o.check_scripts =
+        fs::exists(root / "lua/ecf.lua") && fs::exists(root / "lua/small_flow_pm.lua");
     auto r = load_paths({(root / "policies").string()}, o);
     for (const auto& d : r.diagnostics) INFO(d.format());
     REQUIRE(r.ok());
     CHECK(r.diagnostics.empty());
     std::set<std::string> names;
     for (const auto& p : r.model.policies) names.insert(p.name);
-    for (const char* n : {"small-flow-single-path", "ecf-scheduler", "tenant-a-uplink",
-                          "tenant-b-uplink", "lb-no-subflows-to-vip", "lb-initial-subflow-backup",
-                          "mp-join-only-guard"})
+    for (const char* n :
+         {"small-flow-single-path", "ecf-scheduler", "tenant-a-uplink", "tenant-b-uplink",
+          "lb-no-subflows-to-vip", "lb-initial-subflow-backup", "mp-join-only-guard"})
         CHECK(names.count(n) == 1);
 }
 
@@ -173,7 +175,8 @@ TEST_CASE("YAML scalars are typed with the core schema; quoted ones stay strings
         t.replace(t.find("priority: 1"), 11, "priority:");
         auto r = load_text(t);
         REQUIRE(r.diagnostics.size() == 1);
-        CHECK(r.diagnostics[0].format().ends_with(":6:3: error: /spec/priority: expected integer, got null"));
+        CHECK(r.diagnostics[0].format().ends_with(
+            ":6:3: error: /spec/priority: expected integer, got null"));
     }
     SECTION("an empty file and comment-only documents are no error") {
         CHECK(load_text("").ok());
@@ -190,15 +193,16 @@ TEST_CASE("every error is reported, sorted, across files and documents", "[manif
     auto r = load_sources({{"b.yaml", bad2 + "---\n" + bad1}, {"a.yaml", bad1}}, test_options());
     std::vector<std::string> got;
     for (const auto& d : r.diagnostics) got.push_back(d.format());
-    CHECK(got == std::vector<std::string>{
-                     "a.yaml:6:13: error: /spec/priority: -1 is out of range (0 to 65535)",
-                     "b.yaml:5:20: error: /spec/attach/hooks/0: 'xpd' is not one of: xdp, "
-                     "tc_egress, tc_ingress; did you mean 'xdp'?",
-                     "b.yaml:9:3: error: /spec/bogus: unknown property 'bogus' (expected one of: "
-                     "actions, attach, continue, failure_mode, hooks, priority, select)",
-                     "b.yaml:13:18: error: /metadata/name: policy 'p' is already defined at a.yaml:1:1",
-                     "b.yaml:16:13: error: /spec/priority: -1 is out of range (0 to 65535)",
-                 });
+    CHECK(got ==
+          std::vector<std::string>{
+              "a.yaml:6:13: error: /spec/priority: -1 is out of range (0 to 65535)",
+              "b.yaml:5:20: error: /spec/attach/hooks/0: 'xpd' is not one of: xdp, "
+              "tc_egress, tc_ingress; did you mean 'xdp'?",
+              "b.yaml:9:3: error: /spec/bogus: unknown property 'bogus' (expected one of: "
+              "actions, attach, continue, failure_mode, hooks, priority, select)",
+              "b.yaml:13:18: error: /metadata/name: policy 'p' is already defined at a.yaml:1:1",
+              "b.yaml:16:13: error: /spec/priority: -1 is out of range (0 to 65535)",
+          });
 }
 
 TEST_CASE("unknown interfaces are warnings, not errors", "[manifest]") {
@@ -243,7 +247,8 @@ TEST_CASE("hostile YAML stays cheap", "[manifest]") {
     // Invalid UTF-8 stops at the converter (valijson reads past the end of such strings).
     auto bad = load_text(std::string(kPolicy) + "  x: \"\xff\xfe\"\n");
     REQUIRE_FALSE(bad.ok());
-    CHECK(bad.diagnostics[0].format().ends_with("inline.yaml:9:7: error: invalid UTF-8 (byte 0xff)"));
+    CHECK(
+        bad.diagnostics[0].format().ends_with("inline.yaml:9:7: error: invalid UTF-8 (byte 0xff)"));
     // An escape that decodes to invalid UTF-8 is caught in the scalar.
     auto escaped = load_text(std::string(kPolicy) + "  x: \"\\ud800\"\n");
     REQUIRE_FALSE(escaped.ok());

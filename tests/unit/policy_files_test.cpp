@@ -35,7 +35,8 @@ spec:
 std::string lua_policy(const std::string& script) {
     return "apiVersion: mpsteer.dev/v1\nkind: Policy\nmetadata: {name: scripted}\nspec:\n"
            "  attach: {hooks: [xdp]}\n  priority: 5\n  actions:\n    - record: {}\n"
-           "  hooks: {script: \"" + script + "\"}\n";
+           "  hooks: {script: \"" +
+           script + "\"}\n";
 }
 
 void write(const fs::path& p, const std::string& text) {
@@ -156,7 +157,8 @@ TEST_CASE("a revision over the total byte cap is refused") {
 
 TEST_CASE("more files than the count cap are refused") {
     Sandbox s;
-    for (size_t i = 0; i <= kMaxPolicyFiles; ++i) write(s.root / ("m" + std::to_string(i) + ".yaml"), "");
+    for (size_t i = 0; i <= kMaxPolicyFiles; ++i)
+        write(s.root / ("m" + std::to_string(i) + ".yaml"), "");
     require_refused(s.load(), "policies", "files");
 }
 
@@ -172,8 +174,8 @@ TEST_CASE("an alias bomb spread across the documents of one file stays bounded")
     Sandbox s;
     std::string bomb = "a: &a [x, x, x, x, x, x, x, x, x, x]\n";
     for (char c = 'b'; c <= 'i'; ++c)
-        bomb += std::string(1, c) + ": &" + c + " [*" + char(c - 1) + ", *" + char(c - 1) +
-                ", *" + char(c - 1) + ", *" + char(c - 1) + ", *" + char(c - 1) + "]\n";
+        bomb += std::string(1, c) + ": &" + c + " [*" + char(c - 1) + ", *" + char(c - 1) + ", *" +
+                char(c - 1) + ", *" + char(c - 1) + ", *" + char(c - 1) + "]\n";
     std::string text;
     for (size_t i = 0; i < 4 * kMaxDocumentsPerFile; ++i) text += "---\n" + bomb;
     write(s.root / "bomb.yaml", text);

@@ -25,10 +25,10 @@
 #define MPS_STATE_LAYOUT 1
 
 /* Sizes of the shared maps (the agent creates them; every generation reuses them). */
-#define MPS_FLOWS_MAX 65536
-#define MPS_CONNS_MAX 16384
-#define MPS_EVENTS_BYTES (256 * 1024)
-#define MPS_ANNOUNCES_MAX 4096
+#define MPS_FLOWS_MAX	     65536
+#define MPS_CONNS_MAX	     16384
+#define MPS_EVENTS_BYTES     (256 * 1024)
+#define MPS_ANNOUNCES_MAX    4096
 #define MPS_ADD_REQUESTS_MAX 1024
 
 /* ---- hooks and prog-array slots -----------------------------------------------------------
@@ -67,11 +67,11 @@ enum mps_prog {
 	MPS_ACT_GET_SUBFLOW = 36,
 	MPS_ACT_RATE_LIMIT = 37,
 	/* option-rewriting actors (bpf/rewrite.bpf.h) */
-	MPS_ACT_BLK_SUBFLOW = 38,  /* hide ADD_ADDR, store it per connection */
-	MPS_ACT_ADD_SUBFLOW = 39,  /* re-inject a stored ADD_ADDR on command */
-	MPS_ACT_SET_BACKUP = 40,   /* insert MP_PRIO B=1 / B=0 */
-	MPS_ACT_NO_SUBFLOWS = 41,  /* set the MP_CAPABLE "C" flag on the SYN/ACK */
-	MPS_ACT_REDIRECT = 42,     /* send the packet out of another interface */
+	MPS_ACT_BLK_SUBFLOW = 38, /* hide ADD_ADDR, store it per connection */
+	MPS_ACT_ADD_SUBFLOW = 39, /* re-inject a stored ADD_ADDR on command */
+	MPS_ACT_SET_BACKUP = 40,  /* insert MP_PRIO B=1 / B=0 */
+	MPS_ACT_NO_SUBFLOWS = 41, /* set the MP_CAPABLE "C" flag on the SYN/ACK */
+	MPS_ACT_REDIRECT = 42,	  /* send the packet out of another interface */
 	MPS_PROG_MAX = 64,
 };
 #define MPS_PROG_IS_ACTOR(p) ((p) >= MPS_ACT_PASS)
@@ -80,7 +80,7 @@ enum mps_prog {
  * entry_emitter.cpp) hands what it does not take (another generation, SYNs, IPv6, VLAN, IP
  * options, anything malformed): jmp_*[MPS_JMP_ENTRY + hook] is entry_*,
  * jmp_*[MPS_JMP_PREFLIGHT + hook] preflight_*. */
-#define MPS_JMP_ENTRY 48
+#define MPS_JMP_ENTRY	  48
 #define MPS_JMP_PREFLIGHT 52
 
 /* ---- the per-packet context ---------------------------------------------------------------
@@ -99,8 +99,8 @@ enum mps_kind {
 	MPS_K_MP_FAIL = 1u << 6,
 	MPS_K_FASTCLOSE = 1u << 7,
 	MPS_K_MP_TCPRST = 1u << 8,
-	MPS_K_DATA_ACK = 1u << 9,   /* DSS with the A flag */
-	MPS_K_DATA_FIN = 1u << 10,  /* DSS with the F flag */
+	MPS_K_DATA_ACK = 1u << 9,  /* DSS with the A flag */
+	MPS_K_DATA_FIN = 1u << 10, /* DSS with the F flag */
 	MPS_K_ANY_MPTCP = 1u << 11,
 	MPS_K_PLAIN_TCP = 1u << 12, /* TCP without any MPTCP option */
 	MPS_K_SYN = 1u << 13,
@@ -112,20 +112,20 @@ enum mps_kind {
 };
 
 struct mps_pkt_ctx {
-	__u16 pc;      /* step being executed */
-	__u8 hops;     /* tail calls taken so far */
-	__u8 flags;    /* MPS_CTXF_* */
-	__u8 family;   /* 4 or 6 */
-	__u8 hook;     /* enum mps_hook */
-	__u16 l3_off;  /* from the start of the frame */
+	__u16 pc;     /* step being executed */
+	__u8 hops;    /* tail calls taken so far */
+	__u8 flags;   /* MPS_CTXF_* */
+	__u8 family;  /* 4 or 6 */
+	__u8 hook;    /* enum mps_hook */
+	__u16 l3_off; /* from the start of the frame */
 	__u16 l4_off;
 	__u16 l4_len;  /* TCP header + payload bytes in this packet (from the IP length) */
 	__u32 kinds;   /* MPS_K_*, valid when MPS_CTXF_SCANNED */
 	__u32 scratch; /* free for steps to pass data along the chain */
 };
-#define MPS_CTXF_SCANNED 0x01   /* option walk done, kinds valid, options well-formed */
+#define MPS_CTXF_SCANNED   0x01 /* option walk done, kinds valid, options well-formed */
 #define MPS_CTXF_ACCOUNTED 0x02 /* flow counters already updated for this packet */
-#define MPS_CTXF_SLOT1 0x04     /* the packet runs the generation in table slot 1 */
+#define MPS_CTXF_SLOT1	   0x04 /* the packet runs the generation in table slot 1 */
 
 /* ---- steps --------------------------------------------------------------------------------
  * A chain is a table of steps; AND, OR and NOT are branch targets (on_match / on_miss), so
@@ -133,22 +133,23 @@ struct mps_pkt_ctx {
  * and a pc indexes the table directly. Addresses in network byte order, ports in host order. */
 
 #define MPS_MAX_STEPS 1024 /* steps per table slot (a power of two: pcs are masked) */
-#define MPS_MAX_CHAIN 32   /* steps on any path (the loader checks; the interpreter cuts
-			    * longer inline runs); program steps on a path: at most 16, each
-			    * costs two of the kernel's 33 tail calls */
-#define MPS_PC_END 0xffff  /* "no next step": the chain ends, the packet passes */
+#define MPS_MAX_CHAIN                                                                              \
+	32		  /* steps on any path (the loader checks; the interpreter cuts            \
+			   * longer inline runs); program steps on a path: at most 16, each        \
+			   * costs two of the kernel's 33 tail calls */
+#define MPS_PC_END 0xffff /* "no next step": the chain ends, the packet passes */
 
 /* Which port a port selector looks at (a bit mask: either = both bits). */
 enum mps_dir { MPS_DIR_SRC = 1, MPS_DIR_DST = 2, MPS_DIR_EITHER = 3 };
 
-struct mps_p_cidr {          /* src, dst */
+struct mps_p_cidr { /* src, dst */
 	__u8 family;
 	__u8 prefix;
 	__u8 pad[2];
-	__u32 addr[4];       /* already masked */
+	__u32 addr[4]; /* already masked */
 	__u32 mask[4];
 };
-struct mps_p_pair {          /* subflow (ports set), ip_pair (ports 0): either direction */
+struct mps_p_pair { /* subflow (ports set), ip_pair (ports 0): either direction */
 	__u8 family;
 	__u8 pad;
 	__u16 port_a, port_b; /* subflow: port of a, port of b */
@@ -157,39 +158,39 @@ struct mps_p_pair {          /* subflow (ports set), ip_pair (ports 0): either d
 	__u32 b[4];
 };
 struct mps_p_port {
-	__u8 dir;            /* enum mps_dir */
+	__u8 dir; /* enum mps_dir */
 	__u8 pad;
-	__u16 lo, hi;        /* inclusive */
+	__u16 lo, hi; /* inclusive */
 };
 struct mps_p_kinds {
-	__u32 any_of;        /* matches when kinds & any_of != 0 */
+	__u32 any_of; /* matches when kinds & any_of != 0 */
 };
 struct mps_p_token {
-	__u32 token;         /* as printed by the kernel (host order of the big-endian hash word) */
+	__u32 token; /* as printed by the kernel (host order of the big-endian hash word) */
 };
 enum mps_seq_kind { MPS_SEQ_SUBFLOW = 0, MPS_SEQ_DATA = 1 };
 struct mps_p_seq {
-	__u8 kind;           /* enum mps_seq_kind; relative to the ISN / IDSN */
+	__u8 kind; /* enum mps_seq_kind; relative to the ISN / IDSN */
 	__u8 pad[7];
-	__u64 lo, hi;        /* [lo, hi) */
+	__u64 lo, hi; /* [lo, hi) */
 };
 enum mps_bytes_scope { MPS_BYTES_SUBFLOW = 0, MPS_BYTES_CONN = 1 };
 struct mps_p_bytes {
-	__u8 scope;          /* enum mps_bytes_scope */
+	__u8 scope; /* enum mps_bytes_scope */
 	__u8 pad[7];
-	__u64 lo, hi;        /* [lo, hi) bytes seen before this packet */
+	__u64 lo, hi; /* [lo, hi) bytes seen before this packet */
 };
 struct mps_p_rate {
 	__u64 bytes_per_sec; /* default cap; a per-subflow value in the flow map wins */
-	__u32 rtt_us;        /* used when no RTT sample exists (0: leave the window alone) */
+	__u32 rtt_us;	     /* used when no RTT sample exists (0: leave the window alone) */
 	__u32 min_window;    /* bytes; never advertise less (keeps the flow alive) */
 };
 struct mps_p_backup {
-	__u8 backup;         /* B flag to signal */
-	__u8 every_packet;   /* 0: once per subflow (default), 1: on every selected packet */
+	__u8 backup;	   /* B flag to signal */
+	__u8 every_packet; /* 0: once per subflow (default), 1: on every selected packet */
 };
 struct mps_p_redirect {
-	__u32 ifindex;       /* filled by the loader from the interface name */
+	__u32 ifindex; /* filled by the loader from the interface name */
 };
 
 union mps_param {
@@ -207,33 +208,33 @@ union mps_param {
 };
 
 struct mps_step {
-	__u8 prog;           /* enum mps_prog */
-	__u8 flags;          /* MPS_STEPF_* */
-	__u16 on_match;      /* next pc, MPS_PC_END ends */
-	__u16 on_miss;       /* next pc for selectors, ignored by actors */
-	__u16 policy;        /* index into the generation's policy table (counters) */
+	__u8 prog;	/* enum mps_prog */
+	__u8 flags;	/* MPS_STEPF_* */
+	__u16 on_match; /* next pc, MPS_PC_END ends */
+	__u16 on_miss;	/* next pc for selectors, ignored by actors */
+	__u16 policy;	/* index into the generation's policy table (counters) */
 	union mps_param p;
 };
 #define MPS_STEPF_FAIL_DROP 0x01 /* failure mode: drop instead of pass on a missed tail call */
 /* Set by the loader (never by the compiler): a step with MPS_STEPF_FAIL_DROP is reachable from
  * here, so a packet that cannot be parsed (malformed TCP options, an IP fragment) is dropped
  * rather than passed around the guard. */
-#define MPS_STEPF_GUARDED 0x02
+#define MPS_STEPF_GUARDED   0x02
 
 /* ---- generations: tables and slots --------------------------------------------------------
  * A generation is data, not programs: the contents of one of two table slots. Switching is
  * one store to the live word, so every hook changes at once and a rollback is another store. */
 
-#define MPS_SLOTS 2        /* table slots: the live generation and the one being staged */
+#define MPS_SLOTS 2 /* table slots: the live generation and the one being staged */
 
 /* Where each hook's chain starts. */
 struct mps_entry {
-	__u16 pc;            /* MPS_PC_END: no policy on this hook */
-	__u16 flags;         /* MPS_ENTRYF_PER_IFACE: iface_entries first, pc when absent */
-	__u32 gen;           /* generation number, for events */
+	__u16 pc;    /* MPS_PC_END: no policy on this hook */
+	__u16 flags; /* MPS_ENTRYF_PER_IFACE: iface_entries first, pc when absent */
+	__u32 gen;   /* generation number, for events */
 };
 #define MPS_ENTRYF_PER_IFACE 0x1
-struct mps_iface_key {       /* iface_entries (HASH) -> __u16 pc */
+struct mps_iface_key { /* iface_entries (HASH) -> __u16 pc */
 	__u32 ifindex;
 	__u16 hook;
 	__u16 slot;
@@ -251,7 +252,7 @@ struct mps_table {
 struct mps_slots {
 	__u32 active;
 	__u32 staged;
-	__u32 testing;       /* live word a compiled entry runs under during its pre-flight (0: none) */
+	__u32 testing; /* live word a compiled entry runs under during its pre-flight (0: none) */
 	__u32 pad;
 	struct mps_table tables[MPS_SLOTS];
 };
@@ -262,20 +263,20 @@ struct mps_slots {
 
 /* Per-step counters (PERCPU_ARRAY, MPS_SLOTS * MPS_MAX_STEPS; index slot * MPS_MAX_STEPS + pc). */
 struct mps_step_counters {
-	__u64 runs;          /* packets that executed the step */
-	__u64 matched;       /* selector matched / actor applied */
+	__u64 runs;    /* packets that executed the step */
+	__u64 matched; /* selector matched / actor applied */
 	__u64 drops;
 	__u64 missed_tail_calls; /* the jump out of this step failed */
 };
 /* Per-generation counters (PERCPU_ARRAY, MPS_SLOTS * MPS_GC_MAX; index slot * MPS_GC_MAX + c). */
 enum mps_gen_counter {
-	MPS_GC_PACKETS = 0,      /* entered a hook that has a chain */
+	MPS_GC_PACKETS = 0, /* entered a hook that has a chain */
 	MPS_GC_NOT_TCP = 1,
-	MPS_GC_MALFORMED = 2,    /* passed untouched, or dropped under a guard */
+	MPS_GC_MALFORMED = 2, /* passed untouched, or dropped under a guard */
 	MPS_GC_MISSED_TAIL_CALL = 3,
 	MPS_GC_CHAIN_TOO_LONG = 4,
-	MPS_GC_NO_META = 5,      /* XDP driver without data_meta: chain skipped */
-	MPS_GC_EVENTS_LOST = 6,  /* ring buffer full */
+	MPS_GC_NO_META = 5,	      /* XDP driver without data_meta: chain skipped */
+	MPS_GC_EVENTS_LOST = 6,	      /* ring buffer full */
 	MPS_GC_UNPARSEABLE_DROPS = 7, /* malformed or fragment, dropped: MPS_STEPF_GUARDED */
 	MPS_GC_MAX = 8,
 };
@@ -301,27 +302,27 @@ struct mps_flow_key {
 /* Direction index: 0 = packets from a to b, 1 = from b to a. */
 struct mps_flow_dir {
 	__u64 packets;
-	__u64 bytes;         /* TCP payload bytes */
-	__u32 isn;           /* from this side's SYN */
-	__u32 ts_val;        /* last TSval sent, waiting for its echo */
+	__u64 bytes;  /* TCP payload bytes */
+	__u32 isn;    /* from this side's SYN */
+	__u32 ts_val; /* last TSval sent, waiting for its echo */
 	__u64 ts_sent_ns;
-	__u8 wscale;         /* this side's advertised window shift (from its SYN) */
-	__u8 wscale_known;   /* this side's SYN seen */
-	__u8 wscale_sent;    /* ... and it carried the window scale option */
+	__u8 wscale;	   /* this side's advertised window shift (from its SYN) */
+	__u8 wscale_known; /* this side's SYN seen */
+	__u8 wscale_sent;  /* ... and it carried the window scale option */
 	__u8 pad[5];
 };
 struct mps_flow {
 	struct mps_flow_dir dir[2];
 	__u64 first_ns, last_ns;
-	__u64 key[2];        /* MP_CAPABLE key of side a / b as on the wire (0: unseen) */
-	__u64 idsn[2];       /* IDSN of side a / b, filled by the agent from the keys */
-	__u32 token[2];      /* token of side a / b (0: unknown) */
-	__u32 conn_token;    /* key of the connection entry (the lower token; 0: unknown) */
-	__u32 srtt_us;       /* smoothed RTT from timestamps (0: no sample) */
+	__u64 key[2];	  /* MP_CAPABLE key of side a / b as on the wire (0: unseen) */
+	__u64 idsn[2];	  /* IDSN of side a / b, filled by the agent from the keys */
+	__u32 token[2];	  /* token of side a / b (0: unknown) */
+	__u32 conn_token; /* key of the connection entry (the lower token; 0: unknown) */
+	__u32 srtt_us;	  /* smoothed RTT from timestamps (0: no sample) */
 	__u32 rttvar_us;
 	__u32 pad0;
-	__u64 rate_bps;      /* per-subflow rate_limit override in bytes/s (0: use the step's) */
-	__u8 role;           /* enum mps_role */
+	__u64 rate_bps; /* per-subflow rate_limit override in bytes/s (0: use the step's) */
+	__u8 role;	/* enum mps_role */
 	__u8 backup;
 	__u8 pad[6];
 };
@@ -333,11 +334,11 @@ enum mps_role { MPS_ROLE_UNKNOWN = 0, MPS_ROLE_INITIAL = 1, MPS_ROLE_JOIN = 2 };
 struct mps_conn {
 	__u64 packets, bytes;
 	__u64 first_ns, last_ns;
-	__u32 token[2];      /* both tokens, lower first */
+	__u32 token[2]; /* both tokens, lower first */
 	__u32 subflows;
 	__u32 pad;
 #ifdef MPS_ABI_LAYOUT_PROBE
-	__u32 layout_probe;  /* only in the test that proves abi_check.cpp catches a change */
+	__u32 layout_probe; /* only in the test that proves abi_check.cpp catches a change */
 #endif
 };
 
@@ -345,8 +346,8 @@ struct mps_conn {
  * One RINGBUF shared across generations. State is stored in the maps before an event is
  * reserved, so a full ring loses a notification, never state. */
 enum mps_event_type {
-	MPS_EV_MP_CAPABLE = 1,  /* keys seen: agent derives tokens and fills flows/conns */
-	MPS_EV_MP_JOIN = 2,     /* MP_JOIN SYN: token of the receiver, nonce */
+	MPS_EV_MP_CAPABLE = 1,	/* keys seen: agent derives tokens and fills flows/conns */
+	MPS_EV_MP_JOIN = 2,	/* MP_JOIN SYN: token of the receiver, nonce */
 	MPS_EV_FLOW_CLOSED = 3, /* FIN or RST seen */
 };
 /* An ADD_ADDR was hidden by blk_subflow (first copy only; retransmissions just count).
@@ -360,15 +361,15 @@ struct mps_event {
 	__u32 gen;
 	__u64 ts_ns;
 	struct mps_flow_key flow;
-	__u8 from_a;         /* packet travelled from a to b */
+	__u8 from_a; /* packet travelled from a to b */
 	__u8 hook;
-	__u8 version;        /* MPTCP version (MP_CAPABLE) */
-	__u8 flags;          /* MP_CAPABLE flags byte, MP_JOIN B flag */
+	__u8 version; /* MPTCP version (MP_CAPABLE) */
+	__u8 flags;   /* MP_CAPABLE flags byte, MP_JOIN B flag */
 	__u8 addr_id;
 	__u8 pad[3];
-	__u32 token;         /* MP_JOIN: receiver's token */
+	__u32 token; /* MP_JOIN: receiver's token */
 	__u32 nonce;
-	__u64 key[2];        /* MP_CAPABLE: sender's key, receiver's key (0 if absent) */
+	__u64 key[2]; /* MP_CAPABLE: sender's key, receiver's key (0 if absent) */
 };
 
 /* ---- the option-rewriting actors' state (bpf/rewrite.bpf.h; src/datapath/actors.h) --------
@@ -389,19 +390,19 @@ enum mps_announce_state {
 	MPS_ANN_RELEASED = 3,  /* delivered to the host; later copies pass untouched */
 };
 struct mps_announce {
-	__u64 first_ns, last_ns;  /* first / latest copy hidden */
-	__u64 released_ns;        /* carrier built (0: not yet) */
-	__u32 state;              /* enum mps_announce_state, changed with compare-and-swap */
-	__u32 hidden;             /* copies hidden (the first plus the retransmissions) */
-	__u32 conn_token;         /* the flow's connection (0: unknown when first hidden) */
-	__u8 from_a;              /* the ADD_ADDR travelled from a to b of the flow key */
-	__u8 hook;                /* enum mps_hook where it was hidden */
-	__u8 family;              /* of the announced address: 4 or 6 */
-	__u8 len;                 /* option length: 16/18 (IPv4), 28/30 (IPv6) */
-	__u16 port;               /* host order; 0: no port in the option */
+	__u64 first_ns, last_ns; /* first / latest copy hidden */
+	__u64 released_ns;	 /* carrier built (0: not yet) */
+	__u32 state;		 /* enum mps_announce_state, changed with compare-and-swap */
+	__u32 hidden;		 /* copies hidden (the first plus the retransmissions) */
+	__u32 conn_token;	 /* the flow's connection (0: unknown when first hidden) */
+	__u8 from_a;		 /* the ADD_ADDR travelled from a to b of the flow key */
+	__u8 hook;		 /* enum mps_hook where it was hidden */
+	__u8 family;		 /* of the announced address: 4 or 6 */
+	__u8 len;		 /* option length: 16/18 (IPv4), 28/30 (IPv6) */
+	__u16 port;		 /* host order; 0: no port in the option */
 	__u8 pad[2];
-	__u32 addr[4];            /* network order */
-	__u8 opt[32];             /* the option as it was on the wire, HMAC intact */
+	__u32 addr[4]; /* network order */
+	__u8 opt[32];  /* the option as it was on the wire, HMAC intact */
 	__u8 pad2[4];
 };
 
@@ -410,7 +411,7 @@ struct mps_announce {
 struct mps_add_request {
 	__u8 addr_id;
 	__u8 pad[7];
-	__u64 requested_ns;       /* CLOCK_MONOTONIC (bpf_ktime_get_ns) of the request */
+	__u64 requested_ns; /* CLOCK_MONOTONIC (bpf_ktime_get_ns) of the request */
 };
 
 /* set_backup's one-shot memory: LRU_HASH keyed by the flow key. sent[d] is 0 (nothing sent),
@@ -432,26 +433,26 @@ struct mps_prio_sent {
 #define MPS_PRIO_TMPL_HDR 128
 struct mps_prio_tmpl_key {
 	struct mps_flow_key flow;
-	__u8 dir;                 /* 0: from a to b (as mps_prio_sent.sent[]) */
+	__u8 dir; /* 0: from a to b (as mps_prio_sent.sent[]) */
 	__u8 pad[3];
 };
 struct mps_prio_tmpl {
-	__u64 ns;                 /* bpf_ktime_get_ns() of the packet */
-	__u32 ifindex;            /* where it was seen */
-	__u16 pc;                 /* the set_backup step that saw it */
-	__u8 hook;                /* enum mps_hook */
-	__u8 family;              /* 4 or 6 */
-	__u16 l3_off, l4_off;     /* in hdr */
-	__u16 len;                /* header bytes in hdr: l4_off + TCP header length */
-	__u16 next;               /* TCP payload bytes (+1 for a FIN): next seq = seq + next */
+	__u64 ns;	      /* bpf_ktime_get_ns() of the packet */
+	__u32 ifindex;	      /* where it was seen */
+	__u16 pc;	      /* the set_backup step that saw it */
+	__u8 hook;	      /* enum mps_hook */
+	__u8 family;	      /* 4 or 6 */
+	__u16 l3_off, l4_off; /* in hdr */
+	__u16 len;	      /* header bytes in hdr: l4_off + TCP header length */
+	__u16 next;	      /* TCP payload bytes (+1 for a FIN): next seq = seq + next */
 	__u8 hdr[MPS_PRIO_TMPL_HDR];
 };
 
 /* skb->mark values of add_subflow's own clones (TC only): a copy to be turned into the
  * carrier, then the carrier itself; the low byte is the address id. The datapath restores
  * mark 0 on the carrier before it reaches the stack. */
-#define MPS_MARK_MASK 0xffffff00u
-#define MPS_MARK_COPY 0x6d707300u    /* "mps\0" */
+#define MPS_MARK_MASK	 0xffffff00u
+#define MPS_MARK_COPY	 0x6d707300u /* "mps\0" */
 #define MPS_MARK_CARRIER 0x6d707400u
 
 /* ---- control requests ---------------------------------------------------------------------
@@ -459,16 +460,16 @@ struct mps_prio_tmpl {
  * counters the datapath adds meanwhile); it runs the `ctl_flow_update` program (bpf/ctl.bpf.c)
  * with BPF_PROG_TEST_RUN on this request, which writes just the named fields. */
 enum mps_ctl_set {
-	MPS_CTL_TOKENS = 1 << 0, /* token[i] where non-zero */
-	MPS_CTL_IDSN = 1 << 1,   /* idsn[i] where non-zero */
-	MPS_CTL_CONN = 1 << 2,   /* conn_token */
-	MPS_CTL_RATE = 1 << 3,   /* rate_bps (0 clears the override) */
+	MPS_CTL_TOKENS = 1 << 0,  /* token[i] where non-zero */
+	MPS_CTL_IDSN = 1 << 1,	  /* idsn[i] where non-zero */
+	MPS_CTL_CONN = 1 << 2,	  /* conn_token */
+	MPS_CTL_RATE = 1 << 3,	  /* rate_bps (0 clears the override) */
 	MPS_CTL_SUBFLOW = 1 << 4, /* one more subflow on conns[conn_token] (a join the datapath
 				   * saw before the connection entry existed) */
 };
 struct mps_ctl_flow_req {
 	struct mps_flow_key key;
-	__u32 set;           /* MPS_CTL_* */
+	__u32 set; /* MPS_CTL_* */
 	__u32 conn_token;
 	__u32 token[2];
 	__u64 idsn[2];

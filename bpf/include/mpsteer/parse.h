@@ -18,10 +18,10 @@
 #include "mpsteer/abi.h"
 
 #define ETH_P_8021AD_ 0x88A8
-#define TCPOPT_MPTCP 30
+#define TCPOPT_MPTCP  30
 #define TCPOPT_WSCALE 3
-#define TCPOPT_TS 8
-#define TCP_MAX_OPTS 40
+#define TCPOPT_TS     8
+#define TCP_MAX_OPTS  40
 
 enum parse_result {
 	PARSE_OK = 0,
@@ -57,8 +57,7 @@ static __always_inline int parse_eth(void *data, void *end, __u16 *off, __be16 *
 }
 
 /* IPv4: rejects ihl < 5, lengths beyond the frame; TCP fragments are PARSE_FRAGMENT. */
-static __always_inline int parse_ipv4(void *data, void *end, __u32 pkt_len,
-				      struct mps_pkt_ctx *pc)
+static __always_inline int parse_ipv4(void *data, void *end, __u32 pkt_len, struct mps_pkt_ctx *pc)
 {
 	struct iphdr *ip = data + pc->l3_off;
 	if ((void *)(ip + 1) > end)
@@ -83,8 +82,7 @@ static __always_inline int parse_ipv4(void *data, void *end, __u32 pkt_len,
 
 /* IPv6: walks hop-by-hop, routing and destination options; a fragment header carrying TCP is
  * PARSE_FRAGMENT, other protocols skip. */
-static __always_inline int parse_ipv6(void *data, void *end, __u32 pkt_len,
-				      struct mps_pkt_ctx *pc)
+static __always_inline int parse_ipv6(void *data, void *end, __u32 pkt_len, struct mps_pkt_ctx *pc)
 {
 	struct ipv6hdr *ip6 = data + pc->l3_off;
 	if ((void *)(ip6 + 1) > end)
@@ -162,8 +160,16 @@ static __always_inline int parse_packet(void *data, void *end, __u32 pkt_len,
 
 /* Where the options a step may need start (offset from the TCP header; 0 = absent) and
  * their lengths, first occurrence of each. Index: the MPTCP subtype, or OPT_TS / OPT_WSCALE. */
-enum opt_which { OPT_MPC = 0, OPT_JOIN = 1, OPT_DSS = 2, OPT_ADD = 3, OPT_PRIO = 5,
-		 OPT_TS = 16, OPT_WSCALE = 17, OPT_SLOTS = 18 };
+enum opt_which {
+	OPT_MPC = 0,
+	OPT_JOIN = 1,
+	OPT_DSS = 2,
+	OPT_ADD = 3,
+	OPT_PRIO = 5,
+	OPT_TS = 16,
+	OPT_WSCALE = 17,
+	OPT_SLOTS = 18
+};
 struct opt_locs {
 	__u8 off[OPT_SLOTS];
 	__u8 len[OPT_SLOTS];
