@@ -18,7 +18,7 @@ comment() {  # the line for file $1, or nothing when the file is not covered
         *.lua) echo "-- $SPDX" ;;
         *.8) echo ".\\\" $SPDX" ;;
         *.sh|*.py|*.cmake|*/CMakeLists.txt|CMakeLists.txt|*.yaml|*.yml|*.dict|*.service|*.default|\
-        */Containerfile|packaging/debian/*|.ci/*) echo "# $SPDX" ;;
+        */Containerfile|packaging/debian/*|.ci/*|*.clang-format) echo "# $SPDX" ;;
         *) echo "spdx: no comment syntax known for $1" >&2; echo "?" ;;
     esac
 }
