@@ -6,7 +6,7 @@
 #   /usr/bin/mpsteer                      the binary (BPF skeletons and JSON Schemas embedded)
 #   /usr/share/mpsteer/bpf/*.bpf.o        the same BPF objects, for inspection (bpftool, llvm-objdump)
 #   /usr/share/mpsteer/schemas/*.json     the manifest JSON Schemas (editors, CI linting)
-#   /usr/share/mpsteer/lua/*.lua          hook scripts; policies/ finds them as lua/NAME.lua
+#   /usr/share/mpsteer/policies/lua/*.lua hook scripts, inside the policies (scripts resolve beneath the directory read)
 #   /usr/share/mpsteer/policies/          example policies, one per use case
 #   /usr/share/mpsteer/monitoring/        Prometheus alerting rules, Grafana dashboard
 #   /lib/systemd/system/mpsteer.service   the agent on /etc/mpsteer/policies (not enabled)
@@ -22,7 +22,7 @@ get_property(_mps_bpf_objects GLOBAL PROPERTY MPSTEER_BPF_OBJECTS)
 install(FILES ${_mps_bpf_objects} DESTINATION share/mpsteer/bpf)
 install(DIRECTORY ${CMAKE_SOURCE_DIR}/schemas/ DESTINATION share/mpsteer/schemas
         FILES_MATCHING PATTERN "*.json")
-install(DIRECTORY ${CMAKE_SOURCE_DIR}/lua/ DESTINATION share/mpsteer/lua
+install(DIRECTORY ${CMAKE_SOURCE_DIR}/lua/ DESTINATION share/mpsteer/policies/lua
         FILES_MATCHING PATTERN "*.lua")
 install(DIRECTORY ${CMAKE_SOURCE_DIR}/policies/ DESTINATION share/mpsteer/policies
         FILES_MATCHING PATTERN "*.yaml")

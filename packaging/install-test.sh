@@ -91,7 +91,7 @@ check in_root sh -c 'mpsteer --help && for c in validate plan run status suspend
 desc="man page /usr/share/man/man8/mpsteer.8.gz is gzip'd roff naming the commands"
 check in_root sh -c 'zcat /usr/share/man/man8/mpsteer.8.gz | grep -q "^.SH COMMANDS"'
 for f in /usr/bin/mpsteer /usr/share/mpsteer/bpf/mps_dp.bpf.o /usr/share/mpsteer/bpf/mps_ctl.bpf.o \
-         /usr/share/mpsteer/schemas/policy.schema.json /usr/share/mpsteer/lua/ecf.lua \
+         /usr/share/mpsteer/schemas/policy.schema.json /usr/share/mpsteer/policies/lua/ecf.lua \
          /usr/share/mpsteer/policies/small-flow-pm.yaml /lib/systemd/system/mpsteer.service \
          /etc/default/mpsteer; do
     desc="$f installed"
@@ -121,7 +121,7 @@ check sh -c "grep -q '^ExecStart=/usr/bin/mpsteer run --policies \${MPSTEER_POLI
 # The operator's policy: a shipped one, copied with its script the way an operator would.
 mkdir -p "$ROOT/etc/mpsteer/policies/lua"
 cp "$ROOT/usr/share/mpsteer/policies/small-flow-pm.yaml" "$ROOT/etc/mpsteer/policies/"
-cp "$ROOT/usr/share/mpsteer/lua/small_flow_pm.lua" "$ROOT/etc/mpsteer/policies/lua/"
+cp "$ROOT/usr/share/mpsteer/policies/lua/small_flow_pm.lua" "$ROOT/etc/mpsteer/policies/lua/"
 desc="mpsteer validate /etc/mpsteer/policies (an operator's policy with its Lua script)"
 check in_root mpsteer validate /etc/mpsteer/policies
 
