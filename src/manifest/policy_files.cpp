@@ -11,10 +11,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <stdexcept>
+#include <vector>
 
 namespace fs = std::filesystem;
 
@@ -22,12 +24,84 @@ namespace mpsteer::manifest {
 
 namespace {
 
-// glibc 2.36 has no wrapper.
+struct Fd {
+    int fd;
+    explicit Fd(int f) : fd(f) {}
+    Fd(Fd&& o) noexcept : fd(o.fd) { o.fd = -1; }
+    Fd(const Fd&) = delete;
+    Fd& operator=(const Fd&) = delete;
+    ~Fd() {
+        if (fd >= 0) close(fd);
+    }
+};
+
+int fail(int err) {
+    errno = err;
+    return -1;
+}
+
+// The same resolution in userspace, for where openat2 is missing (qemu-user, kernels before
+// 5.6): one component at a time from dirfd with O_NOFOLLOW, so the kernel never follows a
+// symlink; a symlink is read here and its target walked the same way. An absolute target or a
+// ".." above dirfd is EXDEV, as RESOLVE_BENEATH makes it.
+int open_beneath_walk(int dirfd, const std::string& rel, uint64_t flags, bool follow) {
+    if (!rel.empty() && rel[0] == '/') return fail(EXDEV);
+    std::vector<std::string> todo;  // components still to walk, the next one last
+    auto push_path = [&](const std::string& path) {
+        std::vector<std::string> parts;
+        for (size_t at = 0; at <= path.size();) {
+            size_t slash = std::min(path.find('/', at), path.size());
+            if (slash > at) parts.push_back(path.substr(at, slash - at));
+            at = slash + 1;
+        }
+        todo.insert(todo.end(), parts.rbegin(), parts.rend());
+    };
+    push_path(rel);
+    std::vector<Fd> dirs;  // the directories walked through; empty means dirfd itself
+    auto here = [&] { return dirs.empty() ? dirfd : dirs.back().fd; };
+    int links = 0;
+    while (!todo.empty()) {
+        std::string name = std::move(todo.back());
+        todo.pop_back();
+        if (name == ".") continue;
+        if (name == "..") {
+            if (dirs.empty()) return fail(EXDEV);
+            dirs.pop_back();
+            continue;
+        }
+        Fd f{openat(here(), name.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC)};
+        if (f.fd < 0) return -1;
+        struct stat st;
+        if (fstat(f.fd, &st) != 0) return -1;
+        if (S_ISLNK(st.st_mode)) {
+            if (!follow || ++links > 40) return fail(ELOOP);
+            char target[4096];
+            ssize_t n = readlinkat(f.fd, "", target, sizeof target);
+            if (n < 0) return -1;
+            if (n == 0 || target[0] == '/') return fail(EXDEV);
+            push_path(std::string(target, size_t(n)));
+            continue;
+        }
+        if (todo.empty())  // the last component, opened as asked; O_NOFOLLOW against a swap
+            return openat(here(), name.c_str(), int(flags) | O_NOFOLLOW | O_CLOEXEC);
+        if (!S_ISDIR(st.st_mode)) return fail(ENOTDIR);
+        dirs.push_back(std::move(f));
+    }
+    return openat(here(), ".", int(flags) | O_CLOEXEC);
+}
+
+// glibc 2.36 has no openat2 wrapper.
 int open_beneath(int dirfd, const std::string& rel, uint64_t flags, uint64_t resolve) {
-    open_how how{};
-    how.flags = flags | O_CLOEXEC;
-    how.resolve = resolve;
-    return static_cast<int>(syscall(SYS_openat2, dirfd, rel.c_str(), &how, sizeof how));
+    static std::atomic<bool> have_openat2{true};
+    if (have_openat2.load(std::memory_order_relaxed)) {
+        open_how how{};
+        how.flags = flags | O_CLOEXEC;
+        how.resolve = resolve;
+        int fd = static_cast<int>(syscall(SYS_openat2, dirfd, rel.c_str(), &how, sizeof how));
+        if (fd >= 0 || errno != ENOSYS) return fd;
+        have_openat2 = false;
+    }
+    return open_beneath_walk(dirfd, rel, flags, !(resolve & RESOLVE_NO_SYMLINKS));
 }
 
 constexpr uint64_t kBeneath = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
@@ -43,13 +117,6 @@ std::string open_error(int err) {
     default: return std::string("cannot be opened: ") + std::strerror(err);
     }
 }
-
-struct Fd {
-    int fd;
-    ~Fd() {
-        if (fd >= 0) close(fd);
-    }
-};
 
 std::string file_type(mode_t m) {
     if (S_ISDIR(m)) return "a directory";
