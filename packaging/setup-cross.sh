@@ -20,7 +20,7 @@ cd "$(dirname "$0")/.."
 packaging/setup-deps.sh
 
 FOREIGN="libbpf-dev libelf-dev zlib1g-dev libssl-dev libspdlog-dev libfmt-dev liblua5.4-dev
-libyaml-cpp0.7 libc6-dev"
+libyaml-cpp0.7 libc6-dev libstdc++6 libgcc-s1"
 PKGS="crossbuild-essential-$ARCH $QEMU dpkg-dev"
 for p in $FOREIGN; do PKGS="$PKGS $p:$ARCH"; done
 

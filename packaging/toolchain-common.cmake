@@ -22,9 +22,11 @@ set(CMAKE_FIND_ROOT_PATH_MODE_PACKAGE ONLY)
 set(ENV{PKG_CONFIG_LIBDIR} /usr/lib/${MPS_CROSS_TRIPLET}/pkgconfig:/usr/share/pkgconfig)
 set(ENV{PKG_CONFIG_PATH} "")
 
-# Tests (ctest, catch_discover_tests) run the target's binaries under qemu-user; -L makes the
-# cross loader in /usr/<triplet> the program interpreter, which finds the multiarch libraries.
-set(CMAKE_CROSSCOMPILING_EMULATOR ${MPS_CROSS_QEMU} -L /usr/${MPS_CROSS_TRIPLET})
+# Tests (ctest, catch_discover_tests) run the target's binaries under qemu-user with the
+# multiarch loader and libraries (libc6:<arch>, installed by setup-cross.sh), one glibc build
+# throughout. The cross toolchain's loader in /usr/<triplet> is an older glibc point release:
+# paired with the multiarch libc it hangs the first pthread_create.
+set(CMAKE_CROSSCOMPILING_EMULATOR ${MPS_CROSS_QEMU} -L /)
 
 # packaging/CPack.cmake: the package's architecture (CPack would ask dpkg for the build's).
 set(CPACK_DEBIAN_PACKAGE_ARCHITECTURE ${MPS_CROSS_DEB_ARCH})

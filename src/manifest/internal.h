@@ -27,14 +27,17 @@ struct Doc {
 
 // Limits that keep hostile input (alias bombs, recursive aliases, huge scalars) cheap.
 inline constexpr size_t kMaxDepth = 64;
-inline constexpr size_t kMaxNodes = 100000;
+inline constexpr size_t kMaxNodes = 100000;           // one document, aliases expanded
+inline constexpr size_t kMaxRevisionNodes = 1000000;  // every document of one load
 inline constexpr size_t kMaxScalar = 4096;
 inline constexpr size_t kMaxFileSize = 4 << 20;
 
 // Parses every document of a YAML text; null documents are skipped. Syntax and conversion
-// errors go to diags; documents that could not be converted are not returned.
+// errors go to diags; documents that could not be converted are not returned. node_budget is
+// what is left of kMaxRevisionNodes for this load: the nodes built are taken from it, and a
+// file that needs more than is left gives no documents.
 std::vector<Doc> parse_yaml(const std::string& file, const std::string& text,
-                            std::vector<Diagnostic>& diags);
+                            std::vector<Diagnostic>& diags, size_t& node_budget);
 
 std::string pointer_escape(const std::string& key);
 std::string pointer_join(const std::string& base, const std::string& key);

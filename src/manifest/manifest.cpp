@@ -364,9 +364,11 @@ Result load_sources(const std::vector<std::pair<std::string, std::string>>& sour
     std::stable_sort(sorted.begin(), sorted.end(),
                      [](const auto& a, const auto& b) { return a.first < b.first; });
     size_t documents = 0;
+    size_t node_budget = detail::kMaxRevisionNodes;
     for (const auto& [name, text] : sorted) {
         files.push_back(name);
-        // Each document is bounded (alias expansion included); so is their number.
+        // Each document is bounded (alias expansion included); so are their number and, across
+        // files, the nodes they expand to.
         const size_t n = count_documents(text);
         if (n > kMaxDocumentsPerFile || documents + n > kMaxDocuments) {
             diags.push_back({Severity::error,
@@ -380,7 +382,7 @@ Result load_sources(const std::vector<std::pair<std::string, std::string>>& sour
             continue;
         }
         documents += n;
-        auto d = detail::parse_yaml(name, text, diags);
+        auto d = detail::parse_yaml(name, text, diags, node_budget);
         for (auto& x : d) docs.push_back(std::move(x));
     }
     return detail::load_docs(std::move(docs), std::move(diags), std::move(files), opts);

@@ -208,8 +208,10 @@ struct Builder : YAML::EventHandler {
     bool failed = false, depth_reported = false;
     std::optional<nlohmann::json> root;
 
-    Builder(const std::string& f, const Lines& l, std::vector<Diagnostic>& d)
-        : file(f), lines(l), diags(d) {}
+    size_t& node_budget;  // left for the whole load
+
+    Builder(const std::string& f, const Lines& l, std::vector<Diagnostic>& d, size_t& budget)
+        : file(f), lines(l), diags(d), node_budget(budget) {}
 
     Position pos(const YAML::Mark& m) const {
         if (m.is_null()) return {file, 1, 1};
@@ -387,6 +389,13 @@ struct Builder : YAML::EventHandler {
                       " nodes after alias expansion)");
             throw Stop{};
         }
+        if (count > node_budget) {
+            error(s.pos, s.ptr,
+                  "the policy documents together expand to more than " +
+                      std::to_string(kMaxRevisionNodes) + " nodes (aliases included); not used");
+            throw Stop{};
+        }
+        node_budget -= count;
         if (stack.size() + depth > kMaxDepth) {
             if (!std::exchange(depth_reported, true))
                 error(s.pos, s.ptr, "nesting deeper than " + std::to_string(kMaxDepth) + " levels");
@@ -547,7 +556,7 @@ struct Builder : YAML::EventHandler {
 }  // namespace
 
 std::vector<Doc> parse_yaml(const std::string& file, const std::string& text,
-                            std::vector<Diagnostic>& diags) {
+                            std::vector<Diagnostic>& diags, size_t& node_budget) {
     std::vector<Doc> out;
     if (text.size() > kMaxFileSize) {
         diags.push_back({Severity::error,
@@ -570,7 +579,7 @@ std::vector<Doc> parse_yaml(const std::string& file, const std::string& text,
         out.clear();  // a file with a syntax error gives no documents
     };
     for (;;) {
-        Builder b(file, lines, diags);
+        Builder b(file, lines, diags, node_budget);
         try {
             if (!parser.HandleNextDocument(b)) break;
         } catch (const YAML::Exception& e) {

@@ -184,6 +184,22 @@ TEST_CASE("an alias bomb spread across the documents of one file stays bounded")
     CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
 }
 
+TEST_CASE("alias expansion is bounded across the documents and files of a revision") {
+    Sandbox s;
+    // About 44,000 nodes per document once expanded: under the per-document cap; 16 of them
+    // in one file stay under the revision's budget, the second such file goes over it.
+    std::string doc = "a: &a [x, x, x, x, x, x, x, x, x, x]\n";
+    for (char c = 'b'; c <= 'f'; ++c)
+        doc += std::string(1, c) + ": &" + c + " [*" + char(c - 1) + ", *" + char(c - 1) + ", *" +
+               char(c - 1) + ", *" + char(c - 1) + ", *" + char(c - 1) + "]\n";
+    std::string text;
+    for (size_t i = 0; i < 16; ++i) text += "---\n" + doc;
+    for (int f = 0; f < 4; ++f) write(s.root / ("bomb" + std::to_string(f) + ".yaml"), text);
+    auto start = std::chrono::steady_clock::now();
+    require_refused(s.load(), "bomb1.yaml", "nodes (aliases included)");
+    CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(20));
+}
+
 TEST_CASE("diagnostics are capped") {
     Sandbox s;
     // Every document has at least two errors; the documents stay under their caps.
