@@ -100,12 +100,7 @@ void Agent::configure_hooks(const manifest::Model& model, const std::string& rev
     std::vector<lua::ScriptSpec> specs;
     for (const auto& p : model.policies) {
         if (!p.lua) continue;
-        try {
-            specs.push_back(
-                lua::read_spec(p.name, p.lua->script, p.lua->path, p.lua->every_ms, p.lua->params));
-        } catch (const std::exception& e) {
-            spdlog::error("lua {}: {}", p.name, e.what());
-        }
+        specs.push_back({p.name, p.lua->script, p.lua->source, p.lua->every_ms, p.lua->params});
     }
     auto running = rollout_.running_generation();
     const uint32_t number = running ? running->number : 0;

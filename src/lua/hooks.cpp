@@ -10,8 +10,6 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <fstream>
-#include <sstream>
 
 #include "lua/sandbox.h"
 #include "lua/script_api.h"
@@ -323,21 +321,6 @@ nlohmann::json HookSet::status_json() const {
 Script* HookSet::find(const std::string& policy) {
     auto it = scripts_.find(policy);
     return it == scripts_.end() ? nullptr : it->second.get();
-}
-
-ScriptSpec read_spec(const std::string& policy, const std::string& script_as_written,
-                     const std::string& path, uint32_t every_ms, const nlohmann::json& params) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw std::runtime_error("cannot read Lua script " + path);
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    ScriptSpec s;
-    s.policy = policy;
-    s.name = script_as_written;
-    s.source = ss.str();
-    s.every_ms = every_ms;
-    s.params = params;
-    return s;
 }
 
 }  // namespace mpsteer::lua

@@ -230,8 +230,4 @@ private:
     std::map<std::string, std::unique_ptr<Script>> scripts_;
 };
 
-// Reads the script file named by a manifest's hook into a spec. Throws std::runtime_error.
-ScriptSpec read_spec(const std::string& policy, const std::string& script_as_written,
-                     const std::string& path, uint32_t every_ms, const nlohmann::json& params);
-
 }  // namespace mpsteer::lua

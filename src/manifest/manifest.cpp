@@ -324,11 +324,13 @@ fs::path script_root(const Options& opts, const std::string& manifest, const fs:
     return fs::absolute(given, ec).lexically_normal();
 }
 
-// Scripts are read later (by the Lua host): only from inside the repository, through the
-// same rule as the manifests (policy_files.h).
-void check_scripts(Result& r, const Options& opts,
-                   const std::map<std::string, fs::path>& given_for_file) {
-    for (const auto& p : r.model.policies) {
+// Scripts are read here, with the manifests and through the same rule (policy_files.h): the
+// Lua host runs exactly the bytes validated, never a path that may have changed since. One
+// reader per repository root, so every script counts against the same revision byte cap.
+void read_scripts(Result& r, const Options& opts,
+                  const std::map<std::string, fs::path>& given_for_file) {
+    std::map<std::string, std::unique_ptr<PolicyTree>> trees;
+    for (auto& p : r.model.policies) {
         if (!p.lua || p.lua->path.empty()) continue;
         auto given = given_for_file.find(p.pos.file);
         fs::path root = script_root(
@@ -339,10 +341,17 @@ void check_scripts(Result& r, const Options& opts,
         std::string why = "is outside the repository " + root.string();
         if (!rel.empty() && *rel.begin() != "..") {
             try {
-                PolicyTree tree(root.string());
-                why = tree.check(rel.string());
+                auto& tree = trees[root.string()];
+                if (!tree) tree = std::make_unique<PolicyTree>(root.string());
+                std::vector<Diagnostic> read_diags;
+                if (auto text = tree->read(rel.string(), read_diags)) {
+                    p.lua->source = std::move(*text);
+                    why.clear();
+                } else {
+                    why = read_diags.empty() ? "cannot be read" : read_diags.front().message;
+                }
             } catch (const std::exception& e) {
-                why = "cannot be checked: " + std::string(e.what());
+                why = "cannot be read: " + std::string(e.what());
             }
         }
         if (!why.empty())
@@ -423,7 +432,7 @@ Result load_paths(const std::vector<std::string>& paths, const Options& opts) {
         }
     }
     Result r = load_sources(sources, opts);
-    check_scripts(r, opts, given_for_file);
+    read_scripts(r, opts, given_for_file);
     r.diagnostics.insert(r.diagnostics.end(), diags.begin(), diags.end());
     sort_diagnostics(r.diagnostics);
     cap_diagnostics(r.diagnostics);

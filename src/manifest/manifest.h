@@ -134,6 +134,7 @@ bool applicable(Action::Kind k, HookPoint h);  // h is in allowed_hooks(k)
 struct LuaHook {
     std::string script;     // as written (relative to the repository)
     std::string path;       // the file found on disk
+    std::string source;     // its bytes, read beneath the repository with the manifests
     uint32_t every_ms = 0;  // 0: no on_tick
     nlohmann::json params = nlohmann::json::object();
 };

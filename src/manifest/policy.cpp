@@ -58,7 +58,10 @@ std::optional<std::string> Checker::find_script(const Doc& d, const std::string&
     fs::path stop = opts.repo_root.empty() ? fs::path() : fs::absolute(opts.repo_root, ec);
     for (;;) {
         fs::path candidate = dir / script;
-        if (fs::is_regular_file(candidate, ec)) return candidate.lexically_normal().string();
+        // Anything by that name is the script: reading it later says what is wrong with it
+        // (a FIFO, a dangling link, a link out of the repository).
+        if (fs::exists(fs::symlink_status(candidate, ec)))
+            return candidate.lexically_normal().string();
         bool at_root = (!stop.empty() && dir.lexically_normal() == stop.lexically_normal()) ||
                        (stop.empty() && fs::exists(dir / ".git", ec)) || dir == dir.parent_path();
         if (at_root) return std::nullopt;

@@ -230,6 +230,38 @@ TEST_CASE("script paths with .., absolute or symlinked out stay inside the revis
     require_refused(s.load(), "link.yaml", "outside the policy directory");
 }
 
+TEST_CASE("a script's bytes are read with the manifests; a later swap is never run") {
+    Sandbox s;
+    write(s.root / "lua/hook.lua", "-- validated\n");
+    write(s.root / "scripted.yaml", lua_policy("lua/hook.lua"));
+    auto r = s.load();
+    INFO(all_text(r));
+    REQUIRE(r.ok());
+    // Replaced by a link out of the tree after validation: what the model carries is unchanged.
+    fs::remove(s.root / "lua/hook.lua");
+    fs::create_symlink(s.secret, s.root / "lua/hook.lua");
+    bool found = false;
+    for (const auto& p : r.model.policies)
+        if (p.lua) {
+            found = true;
+            CHECK(p.lua->source == "-- validated\n");
+        }
+    CHECK(found);
+    require_refused(s.load(), "scripted.yaml", "outside the policy directory");
+}
+
+TEST_CASE("a FIFO or an oversized file as a script is refused without blocking") {
+    Sandbox s;
+    fs::create_directories(s.root / "lua");
+    REQUIRE(mkfifo((s.root / "lua/fifo.lua").c_str(), 0600) == 0);
+    write(s.root / "fifo.yaml", lua_policy("lua/fifo.lua"));
+    require_refused(s.load(), "fifo.yaml", "not a regular file");
+    fs::remove(s.root / "fifo.yaml");
+    write(s.root / "lua/big.lua", std::string(kMaxPolicyFileBytes + 1, '-'));
+    write(s.root / "big.yaml", lua_policy("lua/big.lua"));
+    require_refused(s.load(), "big.yaml", "larger than");
+}
+
 TEST_CASE("non-UTF-8 file names and content are reported printably") {
     Sandbox s;
     write(s.root / "bad\xff\xfe.yaml", "apiVersion: \xff\xfe\n");
