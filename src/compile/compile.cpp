@@ -354,6 +354,22 @@ std::vector<manifest::Diagnostic> check_limits(const manifest::Model& model) {
                   "has its own copy of its policies' steps); this policy's steps pass the limit");
         return out;
     }
+    // One entry per hook and interface named: the interface lists multiply.
+    const Policy* widest = nullptr;
+    size_t per_iface = 0;
+    for (size_t e = 0; e < l.entries.size(); ++e) {
+        if (l.entries[e].first.ifname.empty()) continue;
+        ++per_iface;
+        for (const auto& [p, label] : l.chains[e])
+            if (!widest || p->interfaces.size() > widest->interfaces.size()) widest = p;
+    }
+    if (per_iface > datapath::kMaxIfaceEntries && widest)
+        error(widest->attach_pos, "/spec/attach",
+              "the policies need " + std::to_string(per_iface) +
+                  " per-interface entries (one per hook and interface named in attach); the "
+                  "datapath holds at most " +
+                  std::to_string(datapath::kMaxIfaceEntries) +
+                  "; this policy names the most interfaces");
     resolve_targets(b);
     // Programs entered on the longest path from each step; jumps only go forward.
     std::vector<int> programs(b.steps.size() + 1, 0);

@@ -228,6 +228,11 @@ std::vector<std::string> ChainSet::check() const {
     for (const auto& e : entries)
         if (!valid_pc(e.pc))
             problems.push_back("entry " + std::string(to_string(e.hook)) + ": pc out of range");
+    const auto per_iface = std::count_if(entries.begin(), entries.end(),
+                                         [](const EntryPoint& e) { return !e.ifname.empty(); });
+    if (size_t(per_iface) > kMaxIfaceEntries)
+        problems.push_back("too many per-interface entries: " + std::to_string(per_iface) + " > " +
+                           std::to_string(kMaxIfaceEntries));
     if (!problems.empty()) return problems;
 
     // Longest path from each step: steps executed and programs entered (each costs

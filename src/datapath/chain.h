@@ -64,6 +64,10 @@ void mark_guarded(std::vector<mps_step>& steps);
 // Step programs one packet may enter (each costs two tail calls; the kernel allows 33).
 constexpr int kMaxActorsPerPath = 16;
 
+// Per-interface entries (one per hook and interface a policy names) in one generation: the map
+// holds the running generation's and the next one's during a swap.
+constexpr size_t kMaxIfaceEntries = MPS_IFACE_ENTRIES_MAX / 2;
+
 // Step constructors: fill the union correctly so callers never touch raw bytes.
 mps_step make_step(mps_prog prog, uint16_t on_match, uint16_t on_miss = MPS_PC_END,
                    uint16_t policy = 0);
