@@ -177,6 +177,10 @@ Rollout::Outcome Rollout::apply(const Revision& rev) {
     mo.repo_root = rev.root;
     mo.known_interfaces = present_interfaces();
     auto res = manifest::load_paths({rev.root}, mo);
+    if (res.ok()) {  // the datapath's limits at a file and line, as `mpsteer validate` has them
+        auto limits = compile::check_limits(res.model);
+        res.diagnostics.insert(res.diagnostics.end(), limits.begin(), limits.end());
+    }
     for (const auto& d : res.diagnostics) {
         auto text = d.format();
         if (text.rfind(rev.root + "/", 0) == 0) text = text.substr(rev.root.size() + 1);

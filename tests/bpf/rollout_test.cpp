@@ -106,3 +106,28 @@ TEST_CASE(
     CHECK_FALSE(backup_flag(rollout, pc));
     rollout.release_links(true);
 }
+
+TEST_CASE(
+    "rollout: a revision over a datapath limit is refused at the line to edit, before any "
+    "load",
+    "[bpf][rollout]") {
+    test::PinRoot pins;
+    TempDir policies, state;
+    fs::copy_file(
+        fs::path(MPS_SOURCE_DIR) / "tests/unit/manifests/invalid/87-programs-per-path.yaml",
+        policies.path + "/limits.yaml");
+    agent::Config cfg;
+    cfg.policies_dir = policies.path;
+    cfg.state_dir = state.path;
+    cfg.pin_root = pins.path();
+    cfg.interfaces = {"mps-absent0"};
+    auto maps = datapath::StateMaps::open(pins.path());
+    agent::Rollout rollout(cfg, maps);
+    auto outcome = rollout.apply(agent::snapshot(policies.path));
+    INFO(outcome.message);
+    CHECK(outcome.failure == agent::Stall::validation_failed);
+    REQUIRE(outcome.errors.size() == 1);
+    CHECK(outcome.errors.front().rfind("limits.yaml:8:13: error: /spec/priority: on hook 'xdp'",
+                                       0) == 0);
+    CHECK_FALSE(rollout.running_generation());
+}
