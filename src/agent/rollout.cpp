@@ -125,7 +125,9 @@ std::set<Rollout::LinkKey> Rollout::desired_links(const datapath::ChainSet& c,
         if (a.ifname.empty()) {
             for (const auto& i : managed)
                 if (present.count(i)) out.insert({i, a.hook});
-        } else if (present.count(a.ifname)) {
+        } else if (present.count(a.ifname) &&
+                   (cfg_.interfaces.empty() || managed.count(a.ifname))) {
+            // -i bounds what a policy may name: the operator's choice, not the committer's.
             out.insert({a.ifname, a.hook});
         }
     }
@@ -197,6 +199,14 @@ Rollout::Outcome Rollout::apply(const Revision& rev) {
         return failed(Stall::compile_failed, e.what());
     }
     auto present = present_interfaces();
+    for (const auto& a : out.chains.attachments)
+        if (!a.ifname.empty() && !cfg_.interfaces.empty() &&
+            std::find(cfg_.interfaces.begin(), cfg_.interfaces.end(), a.ifname) ==
+                cfg_.interfaces.end())
+            o.warnings.push_back("interface '" + a.ifname + "' (" +
+                                 std::string(datapath::to_string(a.hook)) +
+                                 ") is named by a policy but not managed by this agent "
+                                 "(-i): not attached");
     datapath::ChainSet chains = out.chains;
     std::erase_if(chains.entries,
                   [&](const auto& e) { return !e.ifname.empty() && !present.count(e.ifname); });

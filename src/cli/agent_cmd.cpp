@@ -129,7 +129,8 @@ void add_agent_commands(CLI::App& app) {
     run->add_option("--pin-root", cfg.pin_root, "bpffs directory for mpsteer's pins")
         ->capture_default_str();
     run->add_option("-i,--interface", cfg.interfaces,
-                    "interface for policies that name none (repeatable; default: all but lo)");
+                    "interface the agent manages, for policies that name none; when given, a named "
+                    "interface outside them is not attached (repeatable; default: all but lo)");
     static int debounce_ms = 50;
     run->add_option("--debounce-ms", debounce_ms, "quiet time after a change before applying")
         ->check(CLI::Range(0, 60000))

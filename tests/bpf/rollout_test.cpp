@@ -131,3 +131,28 @@ TEST_CASE(
                                        0) == 0);
     CHECK_FALSE(rollout.running_generation());
 }
+
+TEST_CASE("rollout: a policy naming an interface outside --interfaces attaches nothing there",
+          "[bpf][rollout]") {
+    test::PinRoot pins;
+    TempDir policies, state;
+    std::ofstream(policies.path + "/lo.yaml")
+        << "apiVersion: mpsteer.dev/v1\nkind: Policy\nmetadata: {name: on-lo}\nspec:\n"
+           "  attach: {interfaces: [lo], hooks: [tc_egress]}\n  priority: 100\n"
+           "  actions:\n    - record: {}\n";
+    agent::Config cfg;
+    cfg.policies_dir = policies.path;
+    cfg.state_dir = state.path;
+    cfg.pin_root = pins.path();
+    cfg.interfaces = {"mps-absent0"};  // the operator manages this one only
+    auto maps = datapath::StateMaps::open(pins.path());
+    agent::Rollout rollout(cfg, maps);
+    auto outcome = rollout.apply(agent::snapshot(policies.path));
+    INFO(outcome.message);
+    REQUIRE(outcome.applied());
+    CHECK(rollout.report().links.empty());
+    REQUIRE(outcome.warnings.size() == 1);
+    CHECK(outcome.warnings.front().find("interface 'lo' (tc_egress) is named by a policy but not "
+                                        "managed by this agent") != std::string::npos);
+    rollout.release_links(true);
+}
