@@ -12,11 +12,9 @@ dir=build-$ARCH
 cmake -S . -B "$dir" -G Ninja -DCMAKE_SKIP_INSTALL_ALL_DEPENDENCY=ON -Wno-dev \
       -DCMAKE_TOOLCHAIN_FILE="$PWD/packaging/toolchain-$ARCH.cmake" -DCMAKE_BUILD_TYPE=Release \
       -DCMAKE_C_FLAGS_RELEASE="-O2 -DNDEBUG" -DCMAKE_CXX_FLAGS_RELEASE="-O2 -DNDEBUG" >/dev/null
-# Only the programs the unit label runs, not the bpf/e2e ones: every catch_discover_tests(...)
-# labelled unit, and mpsteer itself (cli_validate).
-targets=$(sed -n 's/^catch_discover_tests(\([A-Za-z0-9_]*\) .*LABELS unit.*/\1/p' tests/*/CMakeLists.txt)
-# shellcheck disable=SC2086
-ninja -C "$dir" -j"${JOBS:-2}" mpsteer $targets
+# Only the programs the unit label runs (tests/CMakeLists.txt: unit_programs), not the
+# bpf/e2e ones.
+ninja -C "$dir" -j"${JOBS:-2}" unit_programs
 readelf -h "$dir/src/cli/mpsteer" | sed -n "s/^ *Machine: */cross: mpsteer built for /p"
 # qemu-user (7.2) emulates netlink only for NETLINK_ROUTE, NETLINK_AUDIT and
 # NETLINK_KOBJECT_UEVENT: a NETLINK_SOCK_DIAG socket fails with EPROTONOSUPPORT under it, so the
