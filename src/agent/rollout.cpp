@@ -178,10 +178,17 @@ Rollout::Outcome Rollout::apply(const Revision& rev) {
     manifest::Options mo;
     mo.repo_root = rev.root;
     mo.known_interfaces = present_interfaces();
-    auto res = manifest::load_paths({rev.root}, mo);
-    if (res.ok()) {  // the datapath's limits at a file and line, as `mpsteer validate` has them
-        auto limits = compile::check_limits(res.model);
-        res.diagnostics.insert(res.diagnostics.end(), limits.begin(), limits.end());
+    manifest::Result res;
+    try {
+        res = manifest::load_paths({rev.root}, mo);
+        if (res.ok()) {  // the datapath's limits at a file and line, as `mpsteer validate` has them
+            auto limits = compile::check_limits(res.model);
+            res.diagnostics.insert(res.diagnostics.end(), limits.begin(), limits.end());
+        }
+    } catch (const std::exception& e) {
+        // A validator bug must cost the revision, never the agent (a crash would loop on it).
+        o.errors.push_back(std::string("the manifest loader failed: ") + e.what());
+        return failed(Stall::validation_failed, o.errors.back());
     }
     for (const auto& d : res.diagnostics) {
         auto text = d.format();

@@ -50,15 +50,21 @@ void check_accepted_parts(Checker& ck, const Doc& d, const std::vector<std::stri
             if (clean(p)) check(p, (*l)[i]);
         }
     };
-    each("/spec/select", [&](const std::string& p, const json& item) {
-        if (item.is_object() && item.size() == 1) ck.selector(d, p, item);
-    });
-    each("/spec/actions", [&](const std::string& p, const json& item) {
-        if (item.is_object() && item.size() == 1) ck.action(d, p, item);
-    });
-    each("/spec/attach/interfaces", [&](const std::string& p, const json& item) {
-        if (item.is_string()) ck.check_interface(d, p, item);
-    });
+    // Only the lists the kind's schema defines: an item under a property the schema refused
+    // (its error is at the parent) was never checked against an item schema.
+    const std::string& kind = d.json["kind"].get_ref<const std::string&>();
+    if (kind != "ActionChain")
+        each("/spec/select", [&](const std::string& p, const json& item) {
+            if (item.is_object() && item.size() == 1) ck.selector(d, p, item);
+        });
+    if (kind != "SelectorSet")
+        each("/spec/actions", [&](const std::string& p, const json& item) {
+            if (item.is_object() && item.size() == 1) ck.action(d, p, item);
+        });
+    if (kind == "Policy")
+        each("/spec/attach/interfaces", [&](const std::string& p, const json& item) {
+            if (item.is_string()) ck.check_interface(d, p, item);
+        });
 }
 
 json canonical(const Policy& p) {

@@ -258,7 +258,12 @@ std::optional<Action> Checker::action(const Doc& d, const std::string& ptr, cons
         {"redirect", Action::Kind::redirect},
         {"action_chain", Action::Kind::ref},
     };
-    a.kind = kinds.at(key);
+    auto kind = kinds.find(key);
+    if (kind == kinds.end()) {  // the schema admits none: only a document it refused gets here
+        error(d, vp, "unknown action '" + key + "'");
+        return std::nullopt;
+    }
+    a.kind = kind->second;
     switch (a.kind) {
     case Action::Kind::record:
         if (v.is_object() && v.contains("metrics"))
