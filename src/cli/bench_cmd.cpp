@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "cli/bench_live.h"
 #include "cli/commands.h"
 #include "datapath/datapath.h"
 #include "datapath/frames.h"
@@ -153,10 +154,16 @@ int run_bench(bool json, uint32_t repeat, int rounds) {
 
 void add_bench_command(CLI::App& app) {
     auto* cmd = app.add_subcommand("bench", "Measure per-packet cost of chains (needs root)");
-    static bool json = false;
+    static bool json = false, live = false;
     static uint32_t repeat = 100000;
-    static int rounds = 31;
+    static int rounds = 31, seconds = 4;
     cmd->add_flag("--json", json, "print one JSON object");
+    cmd->add_flag("--live", live,
+                  "a real MPTCP transfer through the lab instead: no program, a bare XDP_PASS "
+                  "and chains on both hosts, in alternating rounds (default 9 rounds)");
+    cmd->add_option("--seconds", seconds, "--live: length of each transfer")
+        ->check(CLI::Range(1, 60))
+        ->capture_default_str();
     cmd->add_option("--repeat", repeat, "BPF_PROG_TEST_RUN repetitions per sample")
         ->check(CLI::Range(100000u, 100000000u))
         ->capture_default_str();
@@ -165,9 +172,12 @@ void add_bench_command(CLI::App& app) {
            "samples per case, interleaved (medians reported; ratios: median of the per-round ratios)")
         ->check(CLI::Range(1, 100))
         ->capture_default_str();
-    cmd->callback([] {
+    cmd->callback([cmd] {
         try {
-            set_exit_code(run_bench(json, repeat, rounds));
+            if (live)
+                set_exit_code(run_live_bench(json, cmd->count("--rounds") ? rounds : 9, seconds));
+            else
+                set_exit_code(run_bench(json, repeat, rounds));
         } catch (const std::exception& e) {
             spdlog::error("bench: {}", e.what());
             set_exit_code(1);
