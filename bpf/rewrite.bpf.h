@@ -209,8 +209,9 @@ static __always_inline int insert_opt4(void *ctx, bool xdp, struct mps_pkt_ctx *
 
 /* ---- blk_subflow ------------------------------------------------------------------------ */
 
-/* Copies the first ADD_ADDR (v1, not an echo) into a->opt and fills family, address, port.
- * Returns 1, or 0 when there is none (or an echo, or a length v1 does not define). */
+/* Copies the ADD_ADDR the kernel would act on (the last well-formed one: scan()) into a->opt
+ * and fills family, address, port. Returns 1, or 0 when there is none (or it is an echo, or a
+ * length v1 does not define). The ones before it need no hiding: the kernel overwrites them. */
 static __always_inline int read_add_addr(void *ctx, bool xdp, const struct mps_pkt_ctx *pc,
 					 const struct opt_locs *loc, struct mps_announce *a)
 {

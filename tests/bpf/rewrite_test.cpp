@@ -201,6 +201,63 @@ TEST_CASE("rewrite: blk_subflow invalidates the ADD_ADDR HMAC, stores it, hides 
     CHECK(n == std::size(cases) * kHooks.size());
 }
 
+TEST_CASE("rewrite: blk_subflow hides the ADD_ADDR the kernel keeps when a segment has several",
+          "[bpf][rewrite][blk_subflow]") {
+    Env env(chain_of({step(MPS_ACT_BLK_SUBFLOW)}));
+    auto maps = dp::ActorMaps::of(env.generation());
+    const Bytes a1 = announce(false, false, false, kHmac, 1);  // 16 bytes, id 1
+    const Bytes a2 = mptcp::add_addr(ip4("10.4.0.2"), 2, std::nullopt, false, kHmac);  // id 2
+    const Bytes echo = announce(false, false, true, 0, 7);                             // 8 bytes
+    Bytes bad_len = a1;  // a length no ADD_ADDR has: the kernel skips it
+    bad_len.push_back(0);
+    bad_len[1] = uint8_t(bad_len.size());
+    struct Case {
+        const char* name;
+        std::vector<Bytes> options;
+        int hidden;  // index into options of the one the kernel acts on; -1: none
+        uint8_t id;
+    };
+    const Case cases[] = {
+        {"two announcements: the second", {a1, a2}, 1, 2},
+        {"an echo, then two announcements: the last", {echo, a1, a2}, 2, 2},
+        {"an announcement, then an echo: none (the kernel takes the echo)", {a1, echo}, -1, 0},
+        {"an announcement, then one of a bad length: the first", {a1, bad_len}, 0, 1},
+    };
+    uint16_t sport = 2000;
+    for (const auto& c : cases) {
+        for (Hook h : kHooks) {
+            INFO(c.name << " via " << name_of(h));
+            Packet in = from_server(false);
+            in.tcp.sport = sport++;
+            Packet want = in;
+            size_t off = 20;
+            for (size_t i = 0; i < c.options.size(); ++i) {
+                in.option(c.options[i]);
+                if (int(i) == c.hidden) {
+                    Bytes w = c.options[i];
+                    const uint64_t f = flipped(kHmac, off, w.size());
+                    for (int b = 0; b < 8; ++b) w[w.size() - 8 + b] = uint8_t(f >> (56 - 8 * b));
+                    want.option(w);
+                } else {
+                    want.option(c.options[i]);
+                }
+                off += c.options[i].size();
+            }
+            Bytes frame = in.build();
+            REQUIRE(verify_checksums(frame));
+            Run r = env.run(h, frame);
+            CHECK(r.retval == retval_of(Verdict::pass, h));
+            check_frame(r, want.build());
+            mps_announce_key k{};
+            k.flow = flow_key_of(in);
+            for (uint8_t id : {uint8_t(1), uint8_t(2), uint8_t(7)}) {
+                k.addr_id = id;
+                CHECK(maps.find(k).has_value() == (c.hidden >= 0 && id == c.id));
+            }
+        }
+    }
+}
+
 TEST_CASE("rewrite: blk_subflow leaves echoes, other options and released announcements alone",
           "[bpf][rewrite][blk_subflow]") {
     Env env(chain_of({step(MPS_ACT_BLK_SUBFLOW)}));

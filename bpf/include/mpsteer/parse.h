@@ -159,7 +159,8 @@ static __always_inline int parse_packet(void *data, void *end, __u32 pkt_len,
 }
 
 /* Where the options a step may need start (offset from the TCP header; 0 = absent) and
- * their lengths, first occurrence of each. Index: the MPTCP subtype, or OPT_TS / OPT_WSCALE. */
+ * their lengths: the first occurrence of each, but for ADD_ADDR the one the kernel acts on
+ * (add_addr_latest()). Index: the MPTCP subtype, or OPT_TS / OPT_WSCALE. */
 enum opt_which {
 	OPT_MPC = 0,
 	OPT_JOIN = 1,
@@ -209,6 +210,18 @@ static __always_inline __u32 mptcp_well_formed(const struct mptcp_lens *l, __u32
 }
 
 /*
+ * Of several ADD_ADDR options in one segment the kernel acts on the last whose length fits its
+ * echo bit (mptcp_parse_option() overwrites one set of fields per option; an announcement is
+ * 16/18 (IPv4, with a port) or 28/30 (IPv6) bytes, an echo 8/10 or 20/22). 1 when the option at
+ * p of length len (p[2] readable) replaces the one recorded before it.
+ */
+static __always_inline __u32 add_addr_latest(const __u8 *p, __u32 len)
+{
+	__u32 base = (p[2] & 1) ? 8 : 16; /* echo: no HMAC */
+	return len == base || len == base + 2 || len == base + 12 || len == base + 14;
+}
+
+/*
  * Walk the TCP options (at most 40 bytes) of the header at data + l4_off. Any option whose
  * length is < 2 or runs past the header is malformed. Returns the MPS_K_* kinds, or
  * PARSE_MALFORMED, and fills *loc when given. Written for the verifier: the loop is bounded (with
@@ -254,7 +267,7 @@ static __always_inline int scan_options(void *data, void *end, __u32 l4_off, __u
 		__u32 len = p[1];
 		if (len < 2 || off + len > hlen)
 			return PARSE_MALFORMED;
-		__u32 slot = OPT_SLOTS;
+		__u32 slot = OPT_SLOTS, latest = 0;
 		if (kind == TCPOPT_MPTCP) {
 			if (len < 3 || (void *)(p + 3) > end) /* MP_PRIO is the shortest: 3 */
 				return PARSE_MALFORMED;
@@ -263,6 +276,7 @@ static __always_inline int scan_options(void *data, void *end, __u32 l4_off, __u
 				off += len;
 				continue;
 			}
+			latest = slot == OPT_ADD && add_addr_latest(p, len);
 			kinds |= MPS_K_ANY_MPTCP | ((1u << slot) & 0x1ff);
 			if (slot == OPT_DSS) {
 				if (len < 4 || (void *)(p + 4) > end)
@@ -275,7 +289,7 @@ static __always_inline int scan_options(void *data, void *end, __u32 l4_off, __u
 		} else if (kind == TCPOPT_WSCALE && len == 3) {
 			slot = OPT_WSCALE;
 		}
-		if (loc && slot < OPT_SLOTS && !loc->off[slot]) {
+		if (loc && slot < OPT_SLOTS && (!loc->off[slot] || latest)) {
 			loc->off[slot] = off;
 			loc->len[slot] = len;
 		}
