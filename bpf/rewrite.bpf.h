@@ -519,18 +519,12 @@ static __always_inline int make_carrier(struct __sk_buff *skb, struct mps_pkt_ct
 
 	__u32 alen = a->len, base, newh;
 	__u32 al = (alen + 3) & ~3u;
-	__u8 tsb[10];
-	bool have_ts = false;
-	if (locs.off[OPT_TS]) {
-		__u8 *ts = opt_ptr(skb, false, pc, &locs, OPT_TS, 10, &len);
-		if (ts) {
-			__builtin_memcpy(tsb, ts, 10);
-			have_ts = true;
-		}
-	}
-	if (have_ts && al <= 28) {
+	/* Copied straight from the packet: a staging buffer would overrun the stack's budget. */
+	__u8 *ts = al <= 28 && locs.off[OPT_TS] ? opt_ptr(skb, false, pc, &locs, OPT_TS, 10, &len)
+						 : NULL;
+	if (ts) {
 		hdr[20] = hdr[21] = 1;
-		__builtin_memcpy(hdr + 22, tsb, 10);
+		__builtin_memcpy(hdr + 22, ts, 10);
 		__builtin_memcpy(hdr + 32, a->opt, 28);
 		base = 32;
 	} else { /* IPv6 with a port (32 bytes) leaves no room for the timestamps */
