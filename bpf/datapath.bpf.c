@@ -217,6 +217,21 @@ static __always_inline __u32 load_be32_h(const __u8 *p)
 
 /* ---- flow learning and accounting ------------------------------------------------------- */
 
+/* Both sides' SYNs seen (SYN and SYN/ACK). */
+static __always_inline bool handshake_done(const struct mps_flow *f)
+{
+	return f->dir[0].wscale_known && f->dir[1].wscale_known;
+}
+
+/* Whether a SYN may start the 4-tuple afresh: the flow ended, or it holds nothing a completed
+ * handshake or the agent wrote (a SYN retransmitted, an entry made mid-stream). */
+static __always_inline bool flow_restartable(const struct mps_flow *f)
+{
+	if (f->ended & MPS_FLOW_CLOSED)
+		return true;
+	return !handshake_done(f) && !(f->key[0] | f->key[1]) && !f->rate_bps && !f->conn_token;
+}
+
 /*
  * A SYN teaches the flow its ISN, window scale and MPTCP role. Done in the entry program
  * (SYNs are rare) so rate_limit knows the scale whichever steps saw the SYN.
@@ -234,7 +249,11 @@ static __always_inline void learn_syn(void *ctx, bool xdp, struct mps_pkt_ctx *p
 	flow_key(&t, pc->family, &k, &from_a);
 	bool synack = pc->kinds & MPS_K_ACK;
 	struct mps_flow *f = bpf_map_lookup_elem(&flows, &k);
-	if (!f || !synack) {
+	/* One spoofed SYN or SYN/ACK must not rewrite a live flow (its keys, window scales,
+	 * rate): a completed handshake is kept until the flow ends. */
+	if (f && handshake_done(f) && !(f->ended & MPS_FLOW_CLOSED))
+		return;
+	if (!f || (!synack && flow_restartable(f))) {
 		/* A SYN (not SYN/ACK) starts the flow afresh: older state is from a dead flow. */
 		bpf_map_update_elem(&flows, &k, &zero_flow, BPF_ANY);
 		f = bpf_map_lookup_elem(&flows, &k);
@@ -242,6 +261,8 @@ static __always_inline void learn_syn(void *ctx, bool xdp, struct mps_pkt_ctx *p
 			return;
 		f->first_ns = bpf_ktime_get_ns();
 	}
+	if (f->ended & MPS_FLOW_CLOSED) /* a SYN/ACK for a flow no SYN restarted */
+		return;
 	struct tcphdr *tcp = view_tcp(ctx, xdp, pc);
 	if (!tcp)
 		return;
@@ -566,14 +587,25 @@ static __always_inline int act_get_connect(void *ctx, bool xdp, struct mps_pkt_c
 	struct mps_flow_key k;
 	__u8 from_a;
 	flow_key(&t, pc->family, &k, &from_a);
+	/* Only for a flow whose MP_CAPABLE handshake the datapath saw, and only what it did not
+	 * know yet: a packet with made-up keys creates no connection state and no event, and
+	 * cannot replace the keys of a live connection. */
 	struct mps_flow *f = bpf_map_lookup_elem(&flows, &k);
-	if (f) {
-		/* The first key is the sender's; a third ACK also carries the receiver's. */
-		f->key[from_a ? 0 : 1] = k0;
-		if (k1)
-			f->key[from_a ? 1 : 0] = k1;
-		f->role = MPS_ROLE_INITIAL;
+	if (!f || f->role != MPS_ROLE_INITIAL || (f->ended & MPS_FLOW_CLOSED))
+		return 0;
+	/* The first key is the sender's; a third ACK also carries the receiver's. */
+	__u32 mine = from_a ? 0 : 1;
+	bool fresh = false;
+	if (!f->key[mine]) {
+		f->key[mine] = k0;
+		fresh = true;
 	}
+	if (k1 && !f->key[mine ^ 1]) {
+		f->key[mine ^ 1] = k1;
+		fresh = true;
+	}
+	if (!fresh)
+		return 1;
 	struct mps_event *ev = event_new(MPS_EV_MP_CAPABLE, pc, &t);
 	if (!ev)
 		return 1;
@@ -902,6 +934,55 @@ static __always_inline int scan_kinds_ctx(void *ctx, bool xdp, struct mps_pkt_ct
 	return 0;
 }
 
+/*
+ * FIN or RST: a FIN from each side, or a RST, ends the flow: marked closed and reported once
+ * (MPS_EV_FLOW_CLOSED) so the agent forgets it; the entry stays for the LRU or the next SYN.
+ * Flows the datapath holds no entry for are not reported. Done in the entry program (rare
+ * packets; the compiled entries hand them on).
+ */
+static __always_inline void learn_close(void *ctx, bool xdp, struct mps_pkt_ctx *pc, bool rst)
+{
+	struct tuple t;
+	struct mps_flow_key k;
+	__u8 from_a;
+	if (load_tuple(ctx, xdp, pc, &t))
+		return;
+	flow_key(&t, pc->family, &k, &from_a);
+	struct mps_flow *f = bpf_map_lookup_elem(&flows, &k);
+	if (!f || (f->ended & MPS_FLOW_CLOSED))
+		return;
+	__u32 now = rst ? MPS_FLOW_CLOSED : (from_a ? MPS_FLOW_FIN_A : MPS_FLOW_FIN_B);
+	__u32 was = __sync_fetch_and_or(&f->ended, now);
+	__u32 is = was | now;
+	if (!rst && (is & (MPS_FLOW_FIN_A | MPS_FLOW_FIN_B)) == (MPS_FLOW_FIN_A | MPS_FLOW_FIN_B)) {
+		was = __sync_fetch_and_or(&f->ended, MPS_FLOW_CLOSED);
+		is |= MPS_FLOW_CLOSED;
+	}
+	if (!(is & MPS_FLOW_CLOSED) || (was & MPS_FLOW_CLOSED)) /* open, or another CPU reported */
+		return;
+	struct mps_event *ev = event_new(MPS_EV_FLOW_CLOSED, pc, &t);
+	if (!ev)
+		return;
+	ev->flags = rst;
+	bpf_ringbuf_submit(ev, 0);
+}
+
+__noinline int learn_close_xdp(struct xdp_md *ctx, struct mps_pkt_ctx *pc, int rst)
+{
+	if (!pc)
+		return -1;
+	learn_close(ctx, true, pc, rst);
+	return 0;
+}
+
+__noinline int learn_close_tc(struct __sk_buff *ctx, struct mps_pkt_ctx *pc, int rst)
+{
+	if (!pc)
+		return -1;
+	learn_close(ctx, false, pc, rst);
+	return 0;
+}
+
 static __always_inline int run_chain(void *ctx, bool xdp, struct mps_pkt_ctx *pc, bool meta_ready)
 {
 	struct tuple t;
@@ -974,6 +1055,12 @@ static __always_inline int entry(void *ctx, bool xdp, __u8 hook, __u32 ifindex, 
 			gen_count(&pc, MPS_GC_MALFORMED);
 			return unparseable(slot, first, xdp);
 		}
+	} else if (tcp && (tcp->fin || tcp->rst)) {
+		int rst = tcp->rst;
+		if (xdp)
+			learn_close_xdp(ctx, &pc, rst);
+		else
+			learn_close_tc(ctx, &pc, rst);
 	}
 	return run_chain(ctx, xdp, &pc, false);
 }

@@ -171,7 +171,7 @@ MPS_ABI_FIELD(mps_flow, token, 128);
 MPS_ABI_FIELD(mps_flow, conn_token, 136);
 MPS_ABI_FIELD(mps_flow, srtt_us, 140);
 MPS_ABI_FIELD(mps_flow, rttvar_us, 144);
-MPS_ABI_FIELD(mps_flow, pad0, 148);
+MPS_ABI_FIELD(mps_flow, ended, 148);
 MPS_ABI_FIELD(mps_flow, rate_bps, 152);
 MPS_ABI_FIELD(mps_flow, role, 160);
 MPS_ABI_FIELD(mps_flow, backup, 161);

@@ -253,7 +253,8 @@ private:
     }
 
     // The checks of parse_packet() for exactly one shape: Ethernet, IPv4 without options,
-    // TCP, not a fragment, not a SYN, every length consistent. Anything else: not_ours_.
+    // TCP, not a fragment, not a SYN, FIN or RST, every length consistent. Anything else:
+    // not_ours_.
     void parse() {
         if (xdp_) {
             a_.load(BPF_W, kData, kCtx, offsetof(xdp_md, data));
@@ -287,10 +288,11 @@ private:
             a_.alu64(BPF_ADD, R3, ETH_HLEN);
             a_.jmp64(BPF_JGT, R3, R2, not_ours_);
         }
-        // Not a SYN; 20 <= TCP header length <= IP length - 20 (so the IP length >= 40).
+        // Not a SYN, FIN or RST (the entry program learns the flow's start and end from
+        // them); 20 <= TCP header length <= IP length - 20 (so the IP length >= 40).
         a_.load(BPF_H, R2, kData, kDoffFlags);
         a_.be16(R2);
-        a_.jmp32(BPF_JSET, R2, 0x02, not_ours_);
+        a_.jmp32(BPF_JSET, R2, 0x07, not_ours_);
         a_.alu32(BPF_RSH, R2, 10);
         a_.alu32(BPF_AND, R2, 0x3c);
         a_.jmp32(BPF_JLT, R2, 20, not_ours_);
@@ -416,17 +418,11 @@ private:
     // gets (passed, or dropped under a guard). parse() proved 20 <= header length <= TCP length.
     void scan() {
         const int32_t ts_word = wire32(1, 1, 8, 10);  // NOP NOP TS(10): Linux's usual start
-        a_.load(BPF_B, R1, kData,
-                kDoffFlags + 1);  // FIN 0x01, SYN 0x02 (never here), RST 0x04, ACK 0x10
-        a_.alu64(BPF_MOV, kAcc, R1);
-        a_.alu32(BPF_AND, kAcc, 0x01);
-        a_.alu32(BPF_LSH, kAcc, 14);                                            // MPS_K_FIN
-        for (auto [bit, shift] : {std::pair{0x04, 13}, std::pair{0x10, 12}}) {  // RST, ACK
-            a_.alu64(BPF_MOV, R2, R1);
-            a_.alu32(BPF_AND, R2, bit);
-            a_.alu32(BPF_LSH, R2, shift);
-            a_.alu32(BPF_OR, kAcc, R2);
-        }
+        // The flags: only ACK (0x10) can be set here; SYN, FIN and RST went to the entry
+        // program, which learns from them (parse()).
+        a_.load(BPF_B, kAcc, kData, kDoffFlags + 1);
+        a_.alu32(BPF_AND, kAcc, 0x10);
+        a_.alu32(BPF_LSH, kAcc, 12);            // MPS_K_ACK
         a_.load(BPF_B, R3, kData, kDoffFlags);  // R3: header length
         a_.alu32(BPF_RSH, R3, 2);
         a_.alu32(BPF_AND, R3, 0x3c);

@@ -12,7 +12,13 @@ std::string key_bytes(const mps_flow_key& k) {
 
 uint64_t FlowIds::id_of(const mps_flow_key& k) {
     auto [it, fresh] = ids_.try_emplace(key_bytes(k), next_id_);
-    if (fresh) keys_[next_id_++] = k;
+    if (!fresh) return it->second;
+    keys_[next_id_++] = k;
+    if (keys_.size() > capacity_) {
+        auto oldest = keys_.begin();
+        ids_.erase(key_bytes(oldest->second));
+        keys_.erase(oldest);
+    }
     return it->second;
 }
 

@@ -21,7 +21,9 @@ void HookDispatcher::dispatch(HookSet& hooks, const datapath::Event& ev) {
         c.token_b = std::max(ev.token_a, ev.token_b);
         // Once per connection: the SYN/ACK, the third ACK and the first data packet all carry
         // keys (v1), so up to three events follow one another with both tokens known.
-        auto [seen, fresh] = connected_.try_emplace(key_bytes(r.flow), c.token);
+        const uint64_t id = ids_.id_of(r.flow);
+        connected_.erase(connected_.begin(), connected_.lower_bound(ids_.oldest()));
+        auto [seen, fresh] = connected_.try_emplace(id, c.token);
         if (!fresh && seen->second == c.token) return;
         seen->second = c.token;  // the 4-tuple of a new connection (its close went unseen)
         // From the event's own flow entry only (the reader's lookup): no map scan, no sock_diag
@@ -52,8 +54,8 @@ void HookDispatcher::dispatch(HookSet& hooks, const datapath::Event& ev) {
         hooks.on_subflow_closed(s);
         // Forget the handle (the id map would otherwise grow with every flow ever seen); a
         // later packet of the same 4-tuple gets a new id.
+        connected_.erase(s.id);
         ids_.forget(r.flow);
-        connected_.erase(key_bytes(r.flow));
         break;
     }
     case MPS_EV_ADD_ADDR_BLOCKED: {

@@ -9,7 +9,6 @@
 #pragma once
 
 #include <map>
-#include <string>
 
 #include "datapath/datapath.h"
 #include "lua/flows.h"
@@ -21,10 +20,12 @@ class HookDispatcher {
 public:
     explicit HookDispatcher(FlowIds& ids) : ids_(ids) {}
     void dispatch(HookSet& hooks, const datapath::Event& ev);
+    size_t connections_tracked() const { return connected_.size(); }
 
 private:
     FlowIds& ids_;
-    std::map<std::string, uint32_t> connected_;  // flow key bytes -> token on_connection saw
+    // Flow id -> the token on_connection saw; bounded with the ids (an evicted id's entry goes).
+    std::map<uint64_t, uint32_t> connected_;
 };
 
 }  // namespace mpsteer::lua

@@ -243,17 +243,26 @@ TEST_CASE("actor get_connect: MP_CAPABLE keys into the flow and the ring buffer"
             CHECK(conn->token[0] == lo);
             CHECK(conn->token[1] == hi);
 
-            // MP_CAPABLE with data (length 24) and a plain packet
+            // MP_CAPABLE with data (length 24) repeats known keys: nothing new to report
             Bytes data =
                 cli(v6).option(mptcp::capable({1, 0x81, ka, kb, 10, 0xbeef})).payload(10).build();
             expect_untouched(env.run(h, data), data, h);
-            CHECK(env.events().size() == 1);
+            CHECK(env.events().empty());
+            // other keys on the same 4-tuple (spoofed): the connection keeps its keys
+            Bytes forged = cli(v6).option(mptcp::capable_ack(0x77, 0x88)).build();
+            expect_untouched(env.run(h, forged), forged, h);
+            CHECK(env.events().empty());
+            f = env.flow(key);
+            REQUIRE(f);
+            CHECK(f->key[c] == wire64(ka));
+            CHECK(f->key[s] == wire64(kb));
+            CHECK(f->token[c] == token_of(ka));
             Bytes plain = cli(v6).payload(10).build();
             expect_untouched(env.run(h, plain), plain, h);
             CHECK(env.events().empty());
             auto st = env.steps();
-            CHECK(st[0].runs == 5);
-            CHECK(st[0].matched == 3);
+            CHECK(st[0].runs == 6);
+            CHECK(st[0].matched == 4);
             CHECK(env.gen().values[MPS_GC_EVENTS_LOST] == 0);
         }
     }
@@ -282,19 +291,19 @@ TEST_CASE("actor get_connect: a full ring buffer loses the event, not the keys",
     for (Hook h : kHooks) {
         INFO(name_of(h));
         Env env(chain_of({step(MPS_ACT_GET_CONNECT)}));
-        env.run(h, cli(false).flags(tcpf::SYN).option(mptcp::capable_syn()));
-        // 256 KiB of ring buffer holds fewer than 3000 events of this size. One run per
-        // packet: with repeat > 1 an XDP test run keeps its data_meta between runs and the
-        // entry's bpf_xdp_adjust_meta fails from the second run on.
-        Bytes ack = cli(false).option(mptcp::capable_ack(1, 2)).build();
-        for (int i = 0; i < 3000; i++) env.run(h, ack);
+        // 256 KiB of ring buffer holds fewer than 3000 events of this size: 3000 connections,
+        // each reported once. One run per packet: with repeat > 1 an XDP test run keeps its
+        // data_meta between runs and the entry's bpf_xdp_adjust_meta fails from the second run.
+        const uint16_t first = 20000, count = 3000;
+        for (uint16_t i = 0; i < count; i++) {
+            env.run(h, cli(false, uint16_t(first + i)).flags(tcpf::SYN).option(mptcp::capable_syn()));
+            env.run(h, cli(false, uint16_t(first + i)).option(mptcp::capable_ack(0x77 + i, 0x88)));
+        }
         CHECK(env.gen().values[MPS_GC_EVENTS_LOST] > 0);
-        Bytes last = cli(false).option(mptcp::capable_ack(0x77, 0x88)).build();
-        env.run(h, last);
         bool client_is_a = false;
-        auto f = env.flow(flow_key_of(cli(false), &client_is_a));
+        auto f = env.flow(flow_key_of(cli(false, uint16_t(first + count - 1)), &client_is_a));
         REQUIRE(f);
-        CHECK(f->key[client_is_a ? 0 : 1] == wire64(0x77));
+        CHECK(f->key[client_is_a ? 0 : 1] == wire64(0x77 + count - 1));
         CHECK(f->key[client_is_a ? 1 : 0] == wire64(0x88));
     }
 }
@@ -562,5 +571,187 @@ TEST_CASE("actor rate_limit: never touches SYN, RST, non-ACK or unknown flows", 
                 expect_untouched(env.run(h, in), in, h);
             }
         }
+    }
+}
+
+// ---- flow learning under spoofing and at the end of a flow -----------------------------------
+
+namespace {
+
+// A completed MPTCP handshake on cli(v6) / srv(v6): ISNs 100 / 900, window shifts 7 / 9, keys.
+void handshake(Env& env, Hook h, bool v6, uint64_t ka = 0x1111, uint64_t kb = 0x2222) {
+    env.run(h, cli(v6).flags(tcpf::SYN).seq(100).option(opt::wscale(7)).option(mptcp::capable_syn()));
+    env.run(h, srv(v6)
+                   .flags(tcpf::SYN | tcpf::ACK)
+                   .seq(900)
+                   .ack(101)
+                   .option(opt::wscale(9))
+                   .option(mptcp::capable_synack(kb, 0x81)));
+    env.run(h, cli(v6).seq(101).ack(901).option(mptcp::capable_ack(ka, kb)));
+}
+
+// What a spoofed packet must not change in a flow entry (counters and clocks may move).
+void check_same_state(const mps_flow& was, const mps_flow& is) {
+    for (int d = 0; d < 2; d++) {
+        INFO("side " << d);
+        CHECK(is.dir[d].isn == was.dir[d].isn);
+        CHECK(is.dir[d].wscale == was.dir[d].wscale);
+        CHECK(is.dir[d].wscale_known == was.dir[d].wscale_known);
+        CHECK(is.key[d] == was.key[d]);
+        CHECK(is.token[d] == was.token[d]);
+        CHECK(is.idsn[d] == was.idsn[d]);
+    }
+    CHECK(is.conn_token == was.conn_token);
+    CHECK(is.rate_bps == was.rate_bps);
+    CHECK(is.role == was.role);
+    CHECK(is.backup == was.backup);
+    CHECK(is.ended == was.ended);
+}
+
+std::vector<dp::Event> of_type(const std::vector<dp::Event>& evs, uint8_t type) {
+    std::vector<dp::Event> out;
+    for (const auto& e : evs)
+        if (e.raw.type == type) out.push_back(e);
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("flow learning: a spoofed SYN, SYN/ACK or MP_CAPABLE cannot rewrite a live flow",
+          "[bpf][actor][state]") {
+    for (bool v6 : {false, true}) {
+        for (Hook h : kHooks) {
+            INFO((v6 ? "v6 " : "v4 ") << name_of(h));
+            Env env(chain_of({step(MPS_ACT_GET_CONNECT)}));
+            handshake(env, h, v6);
+            CHECK(of_type(env.events(), MPS_EV_MP_CAPABLE).size() == 2);
+            auto key = flow_key_of(cli(v6));
+            auto was = env.flow(key);
+            REQUIRE(was);
+            REQUIRE(was->key[0] != 0);
+            REQUIRE(was->key[1] != 0);
+            was->rate_bps = 12345;  // as a hook's set_subflow would
+            env.put_flow(key, *was);
+
+            const Packet forged[] = {
+                cli(v6).flags(tcpf::SYN).seq(5555).option(opt::wscale(1)).option(mptcp::capable_syn()),
+                cli(v6).flags(tcpf::SYN).seq(5555).option(mptcp::capable({0, 0x81, 0x99, {}, {}, {}})),
+                srv(v6).flags(tcpf::SYN | tcpf::ACK).seq(7777).option(opt::wscale(0))
+                    .option(mptcp::capable_synack(0x99, 0x81)),
+                srv(v6).flags(tcpf::SYN | tcpf::ACK).seq(7777).option(mptcp::join_synack(9, 9, 1)),
+                cli(v6).option(mptcp::capable_ack(0x99, 0x98)),
+                srv(v6).option(mptcp::capable_ack(0x99, 0x98)),
+            };
+            for (const auto& p : forged) {
+                Bytes b = p.build();
+                expect_untouched(env.run(h, b), b, h);
+                auto is = env.flow(key);
+                REQUIRE(is);
+                check_same_state(*was, *is);
+                CHECK(env.events().empty());
+            }
+        }
+    }
+}
+
+TEST_CASE("flow learning: MP_CAPABLE keys without a handshake the datapath saw create nothing",
+          "[bpf][actor][state]") {
+    for (Hook h : kHooks) {
+        INFO(name_of(h));
+        Env env(chain_of({step(MPS_ACT_RECORD, 1, 1), step(MPS_ACT_GET_CONNECT)}));
+        // mid-stream: the flow entry exists (record made it) but no SYN was seen
+        env.run(h, cli(false).payload(10));
+        REQUIRE(env.flow(cli(false)));
+        Bytes ack = cli(false).option(mptcp::capable_ack(0x1111, 0x2222)).build();
+        expect_untouched(env.run(h, ack), ack, h);
+        CHECK(env.events().empty());
+        auto f = env.flow(cli(false));
+        REQUIRE(f);
+        CHECK(f->key[0] == 0);
+        CHECK(f->key[1] == 0);
+        CHECK(f->conn_token == 0);
+        CHECK_FALSE(env.conn(std::min(token_of(0x1111), token_of(0x2222))));
+        // and on a 4-tuple the datapath has never seen
+        Bytes other = cli(false, 41234).option(mptcp::capable_ack(0x3333, 0x4444)).build();
+        expect_untouched(env.run(h, other), other, h);
+        CHECK(env.events().empty());
+        CHECK_FALSE(env.conn(std::min(token_of(0x3333), token_of(0x4444))));
+        CHECK(env.steps()[1].runs == 3);
+        CHECK(env.steps()[1].matched == 0);
+    }
+}
+
+TEST_CASE("flow learning: a FIN from each side or a RST closes the flow, reported once",
+          "[bpf][actor][state]") {
+    for (bool v6 : {false, true}) {
+        for (Hook h : kHooks) {
+          for (bool by_rst : {false, true}) {
+            INFO((v6 ? "v6 " : "v4 ") << name_of(h) << (by_rst ? " RST" : " FIN"));
+            Env env(chain_of({step(MPS_ACT_GET_CONNECT)}));
+            handshake(env, h, v6);
+            env.events();
+            auto key = flow_key_of(cli(v6));
+
+            if (!by_rst) {
+                Bytes fin_c = cli(v6).flags(tcpf::FIN | tcpf::ACK).seq(200).build();
+                expect_untouched(env.run(h, fin_c), fin_c, h);
+                expect_untouched(env.run(h, fin_c), fin_c, h);  // retransmitted
+                CHECK(env.events().empty());
+                CHECK_FALSE(env.flow(key)->ended & MPS_FLOW_CLOSED);
+                Bytes fin_s = srv(v6).flags(tcpf::FIN | tcpf::ACK).seq(950).build();
+                expect_untouched(env.run(h, fin_s), fin_s, h);
+                auto ev = env.events();
+                REQUIRE(ev.size() == 1);
+                CHECK(ev[0].raw.type == MPS_EV_FLOW_CLOSED);
+                CHECK(ev[0].raw.flags == 0);
+                CHECK(std::memcmp(&ev[0].raw.flow, &key, sizeof key) == 0);
+                expect_untouched(env.run(h, fin_s), fin_s, h);
+                env.run(h, cli(v6).flags(tcpf::RST).seq(201));
+                CHECK(env.events().empty());
+            } else {
+                Bytes rst = srv(v6).flags(tcpf::RST).seq(950).build();
+                expect_untouched(env.run(h, rst), rst, h);
+                auto ev = env.events();
+                REQUIRE(ev.size() == 1);
+                CHECK(ev[0].raw.type == MPS_EV_FLOW_CLOSED);
+                CHECK(ev[0].raw.flags == 1);
+                env.run(h, rst);
+                env.run(h, cli(v6).flags(tcpf::FIN | tcpf::ACK).seq(200));
+                CHECK(env.events().empty());
+                // a SYN/ACK alone does not revive a closed flow
+                env.run(h, srv(v6).flags(tcpf::SYN | tcpf::ACK).seq(7777).option(opt::wscale(0)));
+                auto f = env.flow(key);
+                REQUIRE(f);
+                CHECK(f->dir[f->dir[0].isn == 900 ? 0 : 1].isn == 900);
+                CHECK(f->ended & MPS_FLOW_CLOSED);
+            }
+            // a new connection on the same 4-tuple starts afresh and can be closed again
+            handshake(env, h, v6, 0x5555, 0x6666);
+            auto f = env.flow(key);
+            REQUIRE(f);
+            CHECK(f->ended == 0);
+            bool client_is_a = false;
+            flow_key_of(cli(v6), &client_is_a);
+            CHECK(f->key[client_is_a ? 0 : 1] == wire64(0x5555));
+            CHECK(of_type(env.events(), MPS_EV_MP_CAPABLE).size() == 2);
+            env.run(h, cli(v6).flags(tcpf::RST).seq(300));
+            CHECK(of_type(env.events(), MPS_EV_FLOW_CLOSED).size() == 1);
+          }
+        }
+    }
+}
+
+TEST_CASE("flow learning: FIN and RST of flows the datapath never saw are not reported",
+          "[bpf][actor][state]") {
+    for (Hook h : kHooks) {
+        INFO(name_of(h));
+        Env env(chain_of({step(MPS_ACT_PASS)}));
+        for (uint16_t port = 30000; port < 30100; port++) {
+            env.run(h, cli(false, port).flags(tcpf::RST).seq(port));
+            env.run(h, cli(false, port).flags(tcpf::FIN | tcpf::ACK));
+            env.run(h, srv(false, port).flags(tcpf::FIN | tcpf::ACK));
+        }
+        CHECK(env.events().empty());
+        CHECK_FALSE(env.flow(cli(false, 30000)));
     }
 }

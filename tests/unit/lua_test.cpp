@@ -563,3 +563,75 @@ TEST_CASE("lua: --events modes by name", "[lua][events]") {
         CHECK(poll_mode_from_string(to_string(m)) == m);
     CHECK_FALSE(poll_mode_from_string("busy"));
 }
+
+// ---- what calls the scripts, under a connection flood ----------------------------------------
+
+#include "lua/hook_dispatcher.h"
+
+namespace {
+mps_flow_key flow_of(uint32_t n) {
+    mps_flow_key k{};
+    k.family = 4;
+    k.a[0] = htonl(0x0a000001);
+    k.b[0] = htonl(0x0a000002 + (n >> 16));
+    k.port_a = uint16_t(n);
+    k.port_b = 80;
+    return k;
+}
+mpsteer::datapath::Event event_of(uint8_t type, uint32_t n, uint32_t token) {
+    mpsteer::datapath::Event ev;
+    ev.raw.type = type;
+    ev.raw.flow = flow_of(n);
+    ev.token_a = token;
+    ev.token_b = token + 1;
+    ev.have_flow = true;
+    ev.flow.conn_token = token;
+    return ev;
+}
+}  // namespace
+
+TEST_CASE("lua: flow ids are bounded; the oldest goes first", "[lua][set]") {
+    FlowIds ids(3);
+    const uint64_t a = ids.id_of(flow_of(1)), b = ids.id_of(flow_of(2)), c = ids.id_of(flow_of(3));
+    CHECK(ids.id_of(flow_of(1)) == a);  // stable while it lives
+    const uint64_t d = ids.id_of(flow_of(4));
+    CHECK(ids.size() == 3);
+    CHECK_FALSE(ids.key_of(a));
+    CHECK(ids.key_of(b));
+    CHECK(ids.key_of(c));
+    CHECK(ids.key_of(d));
+    CHECK(ids.oldest() == b);
+    CHECK(ids.id_of(flow_of(1)) > d);  // came back: a new id
+    ids.forget(flow_of(3));
+    CHECK_FALSE(ids.key_of(c));
+}
+
+TEST_CASE("lua: connections that never close cannot grow the agent; each is announced once",
+          "[lua][set]") {
+    FakeBackend be;
+    HookSet set(be);
+    set.configure({spec("function on_connection(c) end\n"
+                        "function on_subflow_closed(sf) end\n",
+                        {}, 0, "count")},
+                  "r1", 1);
+    const size_t cap = 1000;
+    FlowIds ids(cap);
+    HookDispatcher dispatcher(ids);
+    // 100 times the table: a remote host opening connections and never closing them
+    for (uint32_t i = 0; i < 100 * cap; i++) {
+        dispatcher.dispatch(set, event_of(MPS_EV_MP_CAPABLE, i, 1000 + i));
+        dispatcher.dispatch(set, event_of(MPS_EV_MP_CAPABLE, i, 1000 + i));  // the keys again
+    }
+    CHECK(ids.size() == cap);
+    CHECK(dispatcher.connections_tracked() <= cap);
+    // closes of the live ones free their places; an unknown close costs nothing kept
+    for (uint32_t i = 100 * cap - 10; i < 100 * cap; i++)
+        dispatcher.dispatch(set, event_of(MPS_EV_FLOW_CLOSED, i, 0));
+    dispatcher.dispatch(set, event_of(MPS_EV_FLOW_CLOSED, 7, 0));
+    CHECK(ids.size() == cap - 10);
+    CHECK(dispatcher.connections_tracked() == cap - 10);
+    auto st = set.status();
+    REQUIRE(st.size() == 1);
+    CHECK(st[0].calls == 100 * cap + 11);  // each connection once, every close
+    CHECK(st[0].failures == 0);
+}

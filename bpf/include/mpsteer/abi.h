@@ -320,13 +320,18 @@ struct mps_flow {
 	__u32 conn_token; /* key of the connection entry (the lower token; 0: unknown) */
 	__u32 srtt_us;	  /* smoothed RTT from timestamps (0: no sample) */
 	__u32 rttvar_us;
-	__u32 pad0;
+	__u32 ended;	/* MPS_FLOW_FIN_A | MPS_FLOW_FIN_B | MPS_FLOW_CLOSED (atomic: 32 bits) */
 	__u64 rate_bps; /* per-subflow rate_limit override in bytes/s (0: use the step's) */
 	__u8 role;	/* enum mps_role */
 	__u8 backup;
 	__u8 pad[6];
 };
 enum mps_role { MPS_ROLE_UNKNOWN = 0, MPS_ROLE_INITIAL = 1, MPS_ROLE_JOIN = 2 };
+/* How a flow ended: a FIN from each side, or a RST, closes it (MPS_EV_FLOW_CLOSED, once). A
+ * closed flow keeps its entry until the LRU needs the room or a SYN starts the 4-tuple again. */
+#define MPS_FLOW_FIN_A	0x01
+#define MPS_FLOW_FIN_B	0x02
+#define MPS_FLOW_CLOSED 0x04
 
 /* Connection state, created by the agent when it derives the tokens from the keys. The entry
  * under the lower token holds the counters; the one under the higher token is an alias (its
@@ -348,7 +353,7 @@ struct mps_conn {
 enum mps_event_type {
 	MPS_EV_MP_CAPABLE = 1,	/* keys seen: agent derives tokens and fills flows/conns */
 	MPS_EV_MP_JOIN = 2,	/* MP_JOIN SYN: token of the receiver, nonce */
-	MPS_EV_FLOW_CLOSED = 3, /* FIN or RST seen */
+	MPS_EV_FLOW_CLOSED = 3, /* FIN from both sides or a RST: flags = 1 for a RST */
 };
 /* An ADD_ADDR was hidden by blk_subflow (first copy only; retransmissions just count).
  * addr_id and the announced address travel in the event: flags = address family (4 or 6),
