@@ -34,7 +34,7 @@
  * <pin root>/dp/<object id>/, they survive generations and agent restarts. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, MPS_FLOWS_MAX);
+	__uint(max_entries, MPS_TABLE_PLACEHOLDER);
 	__type(key, struct mps_prio_tmpl_key);
 	__type(value, struct mps_prio_tmpl);
 } prio_tmpl SEC(".maps");

@@ -12,7 +12,7 @@
 /* Flow state, both directions of a subflow in one entry. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, MPS_FLOWS_MAX);
+	__uint(max_entries, MPS_TABLE_PLACEHOLDER);
 	__type(key, struct mps_flow_key);
 	__type(value, struct mps_flow);
 } flows SEC(".maps");
@@ -20,7 +20,7 @@ struct {
 /* Connection state under the lower token (and an alias under the higher one). */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, MPS_CONNS_MAX);
+	__uint(max_entries, MPS_TABLE_PLACEHOLDER);
 	__type(key, __u32);
 	__type(value, struct mps_conn);
 } conns SEC(".maps");
@@ -35,21 +35,21 @@ struct {
  * add_subflow requests from userspace, what set_backup signalled per subflow. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, MPS_ANNOUNCES_MAX);
+	__uint(max_entries, MPS_TABLE_PLACEHOLDER);
 	__type(key, struct mps_announce_key);
 	__type(value, struct mps_announce);
 } announces SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, MPS_ADD_REQUESTS_MAX);
+	__uint(max_entries, MPS_TABLE_PLACEHOLDER);
 	__type(key, struct mps_flow_key);
 	__type(value, struct mps_add_request);
 } add_requests SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, MPS_FLOWS_MAX);
+	__uint(max_entries, MPS_TABLE_PLACEHOLDER);
 	__type(key, struct mps_flow_key);
 	__type(value, struct mps_prio_sent);
 } prio_sent SEC(".maps");

@@ -58,7 +58,9 @@ sigset_t agent_signals() {
 class Agent {
 public:
     explicit Agent(const Config& cfg)
-        : cfg_(cfg), state_(datapath::StateMaps::open(cfg.pin_root)), rollout_(cfg, state_) {}
+        : cfg_(cfg),
+          state_(datapath::StateMaps::open(cfg.pin_root, cfg.tables)),
+          rollout_(cfg, state_) {}
     int run();
 
 private:
@@ -87,7 +89,7 @@ private:
     // only by event_thread_ (EventThread::call() from here), which goes first when the agent is
     // destroyed. Their step writes come back through step_writes_.
     lua::StepWriteQueue step_writes_;
-    lua::FlowIds flow_ids_;
+    lua::FlowIds flow_ids_{state_.sizes().flows};
     lua::DatapathBackend lua_backend_{state_, flow_ids_, step_writes_};
     lua::HookSet hooks_{lua_backend_};
     lua::HookDispatcher dispatcher_{flow_ids_};

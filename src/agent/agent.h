@@ -12,6 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "datapath/datapath.h"
+
 namespace mpsteer::agent {
 
 struct Config {
@@ -35,6 +37,7 @@ struct Config {
     std::chrono::microseconds events_spin{1000};
     int events_rt_priority = 0;  // SCHED_FIFO priority of the event thread; 0: SCHED_OTHER
     int events_cpu = -1;         // pin the event thread to this CPU; -1: any
+    datapath::TableSizes tables;  // state table sizes when this agent creates them
 };
 
 // What a directory holds right now. `id` names it for people (a commit hash from a git-sync

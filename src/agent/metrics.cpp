@@ -215,6 +215,15 @@ std::string to_prometheus(const nlohmann::json& s) {
            "Packets seen by the active generation's entry programs, by outcome");
     for (const auto& [k, v] : s["datapath"].items())
         out += "mpsteer_datapath_packets_total{outcome=\"" + k + "\"} " + num(v) + "\n";
+    if (s.contains("tables") && s["tables"].is_object()) {
+        metric("mpsteer_table_capacity", "gauge", "Entries a state table holds before evicting");
+        for (const auto& [k, v] : s["tables"].items())
+            out += "mpsteer_table_capacity{table=\"" + esc(k) + "\"} " + num(v["capacity"]) + "\n";
+        metric("mpsteer_table_memory_bytes", "gauge", "Kernel memory a state table takes");
+        for (const auto& [k, v] : s["tables"].items())
+            out += "mpsteer_table_memory_bytes{table=\"" + esc(k) + "\"} " +
+                   num(v["memory_bytes"]) + "\n";
+    }
     metric("mpsteer_applies_total", "counter", "Revisions applied, by result");
     out += "mpsteer_applies_total{result=\"success\"} " + num(s["applies"]["succeeded"]) + "\n";
     out += "mpsteer_applies_total{result=\"failure\"} " + num(s["applies"]["failed"]) + "\n";

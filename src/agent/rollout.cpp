@@ -437,6 +437,7 @@ DatapathStatus Rollout::report() const {
     }
     for (const auto& [k, l] : links_)
         r.links.push_back({k.ifname, std::string(datapath::to_string(k.hook)), l->mode()});
+    r.tables = tables_;
     return r;
 }
 

@@ -102,6 +102,7 @@ private:
 
     Config cfg_;
     const datapath::StateMaps& state_;
+    const std::vector<datapath::TableInfo> tables_ = state_.tables();  // fixed once created
     const std::thread::id owner_ = std::this_thread::get_id();
     std::shared_ptr<datapath::Datapath> dp_;  // loaded (or adopted) once per process
     std::unique_ptr<datapath::Generation> current_, previous_;

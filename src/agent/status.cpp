@@ -271,6 +271,9 @@ nlohmann::json render_status(const AgentStatus& a, const DatapathStatus& dp,
     nlohmann::json links = nlohmann::json::array();
     for (const auto& l : dp.links)
         links.push_back({{"interface", l.interface}, {"hook", l.hook}, {"mode", l.mode}});
+    nlohmann::json tables = nlohmann::json::object();
+    for (const auto& t : dp.tables)
+        tables[t.name] = {{"capacity", t.capacity}, {"memory_bytes", t.memory_bytes}};
     return {{"ready", ready},
             {"suspended", a.suspended},
             {"pending", a.pending},
@@ -281,6 +284,7 @@ nlohmann::json render_status(const AgentStatus& a, const DatapathStatus& dp,
             {"policies", policies},
             {"attachments", links},
             {"datapath", gen_counters},
+            {"tables", tables},
             {"errors", a.errors},
             {"warnings", a.warnings},
             {"applies",

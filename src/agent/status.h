@@ -64,6 +64,7 @@ struct DatapathStatus {
         std::string interface, hook, mode;
     };
     std::vector<Link> links;
+    std::vector<datapath::TableInfo> tables;  // the state tables' sizes and memory
 };
 
 // The Lua hooks, read on the event thread.

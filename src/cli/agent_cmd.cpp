@@ -164,6 +164,12 @@ void add_agent_commands(CLI::App& app) {
     run->add_option("--events-cpu", cfg.events_cpu, "pin the event thread to this CPU (-1: any)")
         ->check(CLI::Range(-1, 4095))
         ->capture_default_str();
+    run->add_option("--flows", cfg.tables.flows,
+                    "subflows the state tables hold (connections, announcements and set_backup "
+                    "templates follow from it); applies when the tables are created: after "
+                    "`mpsteer reset` or on a fresh boot. 16384 suits a Raspberry Pi")
+        ->check(CLI::Range(datapath::TableSizes::kMinFlows, datapath::TableSizes::kMaxFlows))
+        ->capture_default_str();
     run->callback([] {
         cfg.state_dir = g_state_dir;
         cfg.events_spin = std::chrono::microseconds(spin_us);

@@ -60,6 +60,9 @@ std::shared_ptr<Datapath> Datapath::load(const StateMaps& state,
     auto* s = dp->skel_;
     // Shared state first, so every datapath sees the same flows.
     detail::reuse_state_maps(s->obj, state);
+    // set_backup's templates: one per subflow direction it signalled, like prio_sent.
+    if (int err = bpf_map__set_max_entries(s->maps.prio_tmpl, state.sizes().prio_sent()))
+        fail("sizing prio_tmpl", err);
     if (!only.empty()) {
         std::set<std::string> wanted(only.begin(), only.end());
         wanted.insert(std::begin(kAlwaysLoaded), std::end(kAlwaysLoaded));

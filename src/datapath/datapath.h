@@ -7,6 +7,7 @@
 // hook_link.cpp (HookLink), test_run.cpp (test_run), events.cpp (EventReader).
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -49,12 +50,35 @@ private:
     int fd_ = -1;
 };
 
+// How many entries the state tables hold, chosen when the agent creates them (`mpsteer run
+// --flows N`; bpf/README.md, "Table sizes"). Everything follows from the subflows tracked: a
+// connection has at least one subflow, an announcement or a set_backup template belongs to one.
+struct TableSizes {
+    static constexpr uint32_t kMinFlows = 1024;
+    static constexpr uint32_t kDefaultFlows = 262144;  // a busy server: ~100 MiB in all
+    static constexpr uint32_t kSmallFlows = 16384;     // a Raspberry Pi or a test
+    static constexpr uint32_t kMaxFlows = 2097152;     // 1 M subflows with room to spare
+    uint32_t flows = kDefaultFlows;
+    uint32_t conns() const { return std::max(flows / 4, kMinFlows); }
+    uint32_t announces() const { return std::max(flows / 16, 256u); }
+    uint32_t add_requests() const { return 1024; }
+    uint32_t prio_sent() const { return conns(); }  // and set_backup's templates
+};
+
+// What one state table is: its entries and the kernel's memory for it (fdinfo memlock).
+struct TableInfo {
+    std::string name;
+    uint32_t capacity = 0;
+    uint64_t memory_bytes = 0;
+};
+
 // Maps shared by every generation (flow and connection state, events), pinned under
 // <pin_root>/maps with the layout version in their names so a layout change never reuses a
-// map it cannot read. Created on first use, adopted afterwards.
+// map it cannot read. Created on first use with `sizes`, adopted afterwards at whatever size
+// they were made (their entries are live flows; `mpsteer reset` and a restart resize them).
 class StateMaps {
 public:
-    static StateMaps open(const std::string& pin_root);  // create or adopt
+    static StateMaps open(const std::string& pin_root, const TableSizes& sizes = {});
     int flows() const { return flows_.get(); }
     int conns() const { return conns_.get(); }
     int events() const { return events_.get(); }
@@ -64,6 +88,9 @@ public:
     int add_requests() const { return add_requests_.get(); }
     int prio_sent() const { return prio_sent_.get(); }
     const std::string& pin_root() const { return root_; }
+    // The sizes in force (those of adopted maps where they differ from the ones asked for).
+    const TableSizes& sizes() const { return sizes_; }
+    std::vector<TableInfo> tables() const;
     // Writes the fields `req.set` names into a flow entry, field by field, so counters the
     // datapath adds meanwhile are kept. False when the flow is not in the map.
     bool update_flow(const mps_ctl_flow_req& req) const;
@@ -73,6 +100,7 @@ private:
         void operator()(struct mps_ctl* c) const;
     };
     std::string root_;
+    TableSizes sizes_;
     Fd flows_, conns_, events_, announces_, add_requests_, prio_sent_;
     std::unique_ptr<struct mps_ctl, CtlDeleter> ctl_;  // bpf/ctl.bpf.c
 };

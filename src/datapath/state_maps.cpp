@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "mps_ctl.skel.h"
 
@@ -42,20 +43,42 @@ int libbpf_print(enum libbpf_print_level level, const char* fmt, va_list args) {
     return n;
 }
 
+uint32_t max_entries_of(int fd) {
+    bpf_map_info info{};
+    uint32_t len = sizeof info;
+    if (bpf_obj_get_info_by_fd(fd, &info, &len)) fail("reading a state map's size", errno);
+    return info.max_entries;
+}
+
+// The pinned map at `path`, or a new one of `max_entries` pinned there. An adopted map keeps
+// its size: a different one asked for is reported, not applied (its entries are live flows).
 Fd create_or_adopt(const std::string& path, bpf_map_type type, uint32_t key, uint32_t value,
                    uint32_t max_entries, const char* name) {
     int fd = bpf_obj_get(path.c_str());
-    if (fd >= 0) return Fd(fd);
-    fd = bpf_map_create(type, name, key, value, max_entries, nullptr);
-    if (fd < 0) fail(std::string("creating map ") + name, errno);
-    if (bpf_obj_pin(fd, path.c_str())) {
-        int err = errno;
-        close(fd);
-        // Someone else pinned it first: use theirs.
-        if (err == EEXIST && (fd = bpf_obj_get(path.c_str())) >= 0) return Fd(fd);
-        fail("pinning " + path, err);
+    if (fd < 0) {
+        fd = bpf_map_create(type, name, key, value, max_entries, nullptr);
+        if (fd < 0) fail(std::string("creating map ") + name, errno);
+        if (bpf_obj_pin(fd, path.c_str())) {
+            int err = errno;
+            close(fd);
+            // Someone else pinned it first: use theirs.
+            if (err != EEXIST || (fd = bpf_obj_get(path.c_str())) < 0) fail("pinning " + path, err);
+        }
     }
-    return Fd(fd);
+    Fd map(fd);
+    if (uint32_t have = max_entries_of(fd); have != max_entries)
+        spdlog::warn("state table {} was made with {} entries and is kept at that size (it holds "
+                     "live state); `mpsteer reset` before a start applies {}",
+                     name, have, max_entries);
+    return map;
+}
+
+uint64_t memlock_of(int fd) {
+    std::ifstream in("/proc/self/fdinfo/" + std::to_string(fd));
+    std::string line;
+    while (std::getline(in, line))
+        if (line.rfind("memlock:", 0) == 0) return std::stoull(line.substr(8));
+    return 0;
 }
 }  // namespace
 
@@ -142,7 +165,11 @@ void ensure_bpffs(const std::string& pin_root) {
     if (ec) throw Error("creating " + pin_root + ": " + ec.message());
 }
 
-StateMaps StateMaps::open(const std::string& pin_root) {
+StateMaps StateMaps::open(const std::string& pin_root, const TableSizes& sizes) {
+    if (sizes.flows < TableSizes::kMinFlows || sizes.flows > TableSizes::kMaxFlows)
+        throw Error("flow table size " + std::to_string(sizes.flows) + " outside " +
+                    std::to_string(TableSizes::kMinFlows) + ".." +
+                    std::to_string(TableSizes::kMaxFlows));
     ensure_bpffs(pin_root);
     const std::string dir = pin_root + "/maps";
     std::error_code ec;
@@ -152,25 +179,36 @@ StateMaps StateMaps::open(const std::string& pin_root) {
     StateMaps m;
     m.root_ = pin_root;
     m.flows_ = create_or_adopt(dir + "/flows" + v, BPF_MAP_TYPE_LRU_HASH, sizeof(mps_flow_key),
-                               sizeof(mps_flow), MPS_FLOWS_MAX, "flows");
+                               sizeof(mps_flow), sizes.flows, "flows");
     m.conns_ = create_or_adopt(dir + "/conns" + v, BPF_MAP_TYPE_LRU_HASH, sizeof(__u32),
-                               sizeof(mps_conn), MPS_CONNS_MAX, "conns");
+                               sizeof(mps_conn), sizes.conns(), "conns");
     m.events_ = create_or_adopt(dir + "/events" + v, BPF_MAP_TYPE_RINGBUF, 0, 0, MPS_EVENTS_BYTES,
                                 "events");
     m.announces_ =
         create_or_adopt(dir + "/announces" + v, BPF_MAP_TYPE_LRU_HASH, sizeof(mps_announce_key),
-                        sizeof(mps_announce), MPS_ANNOUNCES_MAX, "announces");
+                        sizeof(mps_announce), sizes.announces(), "announces");
     m.add_requests_ =
         create_or_adopt(dir + "/add_requests" + v, BPF_MAP_TYPE_HASH, sizeof(mps_flow_key),
-                        sizeof(mps_add_request), MPS_ADD_REQUESTS_MAX, "add_requests");
+                        sizeof(mps_add_request), sizes.add_requests(), "add_requests");
     m.prio_sent_ =
         create_or_adopt(dir + "/prio_sent" + v, BPF_MAP_TYPE_LRU_HASH, sizeof(mps_flow_key),
-                        sizeof(mps_prio_sent), MPS_FLOWS_MAX, "prio_sent");
+                        sizeof(mps_prio_sent), sizes.prio_sent(), "prio_sent");
+    // The flow table decides the rest (an adopted one may differ from what was asked).
+    m.sizes_.flows = max_entries_of(m.flows_.get());
     m.ctl_.reset(mps_ctl__open());
     if (!m.ctl_) fail("opening the control programs", errno);
     detail::reuse_state_maps(m.ctl_->obj, m);
     if (int err = mps_ctl__load(m.ctl_.get())) fail("loading the control programs", err);
     return m;
+}
+
+std::vector<TableInfo> StateMaps::tables() const {
+    std::vector<TableInfo> out;
+    for (auto [name, fd] : {std::pair{"flows", flows()}, {"conns", conns()}, {"events", events()},
+                            {"announces", announces()}, {"add_requests", add_requests()},
+                            {"prio_sent", prio_sent()}})
+        out.push_back({name, max_entries_of(fd), memlock_of(fd)});
+    return out;
 }
 
 void StateMaps::CtlDeleter::operator()(mps_ctl* c) const {

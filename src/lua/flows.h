@@ -20,7 +20,8 @@ namespace mpsteer::lua {
 // opening connections it never closes cannot grow the agent.
 class FlowIds {
 public:
-    explicit FlowIds(size_t capacity = MPS_FLOWS_MAX) : capacity_(capacity ? capacity : 1) {}
+    explicit FlowIds(size_t capacity = datapath::TableSizes::kDefaultFlows)
+        : capacity_(capacity ? capacity : 1) {}
     uint64_t id_of(const mps_flow_key& k);
     std::optional<mps_flow_key> key_of(uint64_t id) const;
     void forget(const mps_flow_key& k);

@@ -156,3 +156,50 @@ TEST_CASE("rollout: a policy naming an interface outside --interfaces attaches n
                                         "managed by this agent") != std::string::npos);
     rollout.release_links(true);
 }
+
+TEST_CASE("state tables: sized when created, kept at their size when adopted, memory reported",
+          "[bpf][rollout]") {
+    test::PinRoot pins;
+    datapath::TableSizes small;
+    small.flows = 4096;
+    std::map<std::string, datapath::TableInfo> first;
+    {
+        auto maps = datapath::StateMaps::open(pins.path(), small);
+        for (const auto& t : maps.tables()) first[t.name] = t;
+        CHECK(maps.sizes().flows == 4096);
+    }
+    CHECK(first.at("flows").capacity == 4096);
+    CHECK(first.at("conns").capacity == small.conns());
+    CHECK(first.at("announces").capacity == small.announces());
+    CHECK(first.at("prio_sent").capacity == small.prio_sent());
+    CHECK(first.at("events").capacity == MPS_EVENTS_BYTES);
+    // at least the entries themselves (key + value per entry)
+    CHECK(first.at("flows").memory_bytes >= 4096ull * (sizeof(mps_flow_key) + sizeof(mps_flow)));
+    CHECK(first.at("conns").memory_bytes > 0);
+
+    // A restart asking for more keeps the live tables (and their flows) at their size.
+    datapath::TableSizes big;
+    big.flows = 65536;
+    auto maps = datapath::StateMaps::open(pins.path(), big);
+    CHECK(maps.sizes().flows == 4096);
+    for (const auto& t : maps.tables()) CHECK(t.capacity == first.at(t.name).capacity);
+    // The datapath loads against them, and the rollout's status reports them.
+    TempDir policies, state;
+    agent::Config cfg;
+    cfg.policies_dir = policies.path;
+    cfg.state_dir = state.path;
+    cfg.pin_root = pins.path();
+    agent::Rollout rollout(cfg, maps);
+    const auto report = rollout.report();
+    REQUIRE(report.tables.size() == first.size());
+    for (const auto& t : report.tables) CHECK(t.memory_bytes == first.at(t.name).memory_bytes);
+
+    datapath::TableSizes wrong;
+    wrong.flows = datapath::TableSizes::kMaxFlows + 1;
+    test::PinRoot other;
+    CHECK_THROWS_WITH(datapath::StateMaps::open(other.path(), wrong),
+                      Catch::Contains("flow table size 2097153 outside 1024..2097152"));
+    wrong.flows = 10;
+    CHECK_THROWS_WITH(datapath::StateMaps::open(other.path(), wrong),
+                      Catch::Contains("outside 1024.."));
+}

@@ -59,7 +59,7 @@ TEST_CASE("agent process: SIGTERM with the metrics server on stops cleanly", "[a
     Lab lab(config("sig"));
     AgentHarness h(lab, "sigterm");
     h.metrics_port = 19477;
-    h.extra_args = {"--detach-on-exit"};
+    h.extra_args = {"--detach-on-exit", "--flows", "4096"};
     PolicyGen gen(lab, 1);
     h.publish(gen.valid(1).files);
     const pid_t pid = h.start();
@@ -68,6 +68,13 @@ TEST_CASE("agent process: SIGTERM with the metrics server on stops cleanly", "[a
     auto m = run_in(lab.server_ns(), {"curl", "-sf", "http://127.0.0.1:19477/metrics"});
     INFO(m.out);
     CHECK(m.out.find("mpsteer_ready 1") != std::string::npos);
+    // The state tables have the size asked for, and say what they take.
+    CHECK(m.out.find("mpsteer_table_capacity{table=\"flows\"} 4096\n") != std::string::npos);
+    CHECK(m.out.find("mpsteer_table_capacity{table=\"conns\"} 1024\n") != std::string::npos);
+    const json tables = h.status()["tables"];
+    INFO(tables.dump());
+    CHECK(tables["flows"].value("capacity", 0) == 4096);
+    CHECK(tables["flows"].value("memory_bytes", uint64_t(0)) > 4096u * 200);
 
     const int64_t signalled = unix_ms_now();
     const int st = h.stop();

@@ -24,12 +24,10 @@
 /* Bumped whenever a shared (cross-generation) map changes layout; pinned names carry it. */
 #define MPS_STATE_LAYOUT 1
 
-/* Sizes of the shared maps (the agent creates them; every generation reuses them). */
-#define MPS_FLOWS_MAX	     65536
-#define MPS_CONNS_MAX	     16384
-#define MPS_EVENTS_BYTES     (256 * 1024)
-#define MPS_ANNOUNCES_MAX    4096
-#define MPS_ADD_REQUESTS_MAX 1024
+/* The shared hash maps are sized by the agent when it creates them (TableSizes in
+ * src/datapath/datapath.h); every load reuses them, so the objects' own sizes are placeholders. */
+#define MPS_TABLE_PLACEHOLDER 1024
+#define MPS_EVENTS_BYTES      (256 * 1024)
 
 /* ---- hooks and prog-array slots -----------------------------------------------------------
  * A step names its program by enum value, and that value is its slot in the prog arrays
