@@ -748,7 +748,13 @@ static __always_inline int act_redirect_body(void *ctx, bool xdp)
 	__u32 ifindex = st->p.redirect.ifindex;
 	if (ifindex) {
 		if (!xdp) {
+			struct __sk_buff *skb = ctx;
 			step_count(&pc, at, true, false);
+			/* Already leaving by the target (a packet this or another policy redirected
+			 * here meets the target's egress chain): sending it there again would loop
+			 * until the kernel's recursion limit drops it. */
+			if (pc.hook == MPS_HOOK_TC_EGRESS && skb->ifindex == ifindex)
+				return TC_ACT_OK;
 			return bpf_redirect_neigh(ifindex, NULL, 0, 0);
 		}
 		if (xdp_prepare_redirect(ctx, &pc, ifindex)) {

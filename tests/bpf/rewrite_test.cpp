@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <bpf/bpf.h>
+#include <net/if.h>
 #include <sched.h>
 
 #include <cerrno>
@@ -658,14 +659,30 @@ TEST_CASE(
     Env env(chain_of({rd, step(MPS_ACT_DROP)}));
     for (bool v6 : {false, true}) {
         Bytes f = from_server(v6).option(ts_opt()).payload(10).build();
-        Run r = env.run(Hook::tc_egress, f);
-        CHECK(r.retval == uint32_t(TC_ACT_REDIRECT));
-        CHECK(r.out == f);
+        // leaving by another interface than the target (a veth in a namespace of its own)
+        in_private_netns([&] {
+            if (std::system("ip link add mps-rd type veth peer name mps-rd-p") != 0)
+                throw std::runtime_error("creating the veth pair failed");
+            auto tr = dp::test_run(env.generation().entry_fd(Hook::tc_egress), f, false, 1,
+                                   if_nametoindex("mps-rd"));
+            CHECK(tr.retval == uint32_t(TC_ACT_REDIRECT));
+            CHECK(tr.out == f);
+        });
         // XDP: no route to 10.1.0.1 / 2001:db8:1::1 through lo: not redirected, the chain
         // goes on (here to drop, which shows it).
-        r = env.run(Hook::xdp, f);
+        Run r = env.run(Hook::xdp, f);
         CHECK(r.retval == XDP_DROP_);
         CHECK(r.out == f);
+    }
+    // At TC egress of the target itself (what a redirected packet meets there): it is
+    // already leaving by the target, so it passes instead of looping; the step counts it.
+    for (bool v6 : {false, true}) {
+        Bytes f = from_server(v6).option(ts_opt()).payload(10).build();
+        const auto before = env.steps()[0].matched;
+        auto r = dp::test_run(env.generation().entry_fd(Hook::tc_egress), f, false, 1, 1);
+        CHECK(r.retval == uint32_t(TC_ACT_OK));
+        CHECK(r.out == f);
+        CHECK(env.steps()[0].matched == before + 1);
     }
     // No interface (ifindex 0): the chain goes on.
     rd.p.redirect.ifindex = 0;

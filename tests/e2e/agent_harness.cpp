@@ -197,7 +197,14 @@ RevisionSpec PolicyGen::invalid(int seq) {
 
 AgentHarness::AgentHarness(const lab::Lab& lab, const std::string& what, int debounce_ms,
                            bool client_side)
-    : lab_(lab), debounce_ms_(debounce_ms), client_side_(client_side) {
+    : AgentHarness(client_side ? lab.client_ns() : lab.server_ns(),
+                   client_side ? std::vector{lab.client_if(1), lab.client_if(2)}
+                               : std::vector{lab.server_if(1), lab.server_if(2)},
+                   what, debounce_ms) {}
+
+AgentHarness::AgentHarness(std::string netns, std::vector<std::string> interfaces,
+                           const std::string& what, int debounce_ms)
+    : netns_(std::move(netns)), interfaces_(std::move(interfaces)), debounce_ms_(debounce_ms) {
     dir_ = "/tmp/mpsteer-" + what + "-" + std::to_string(getpid());
     state_ = dir_ + "/state";
     pins_ = lab::Steering::pin_root_for(what);  // also removes stale roots of dead runs
@@ -232,15 +239,12 @@ pid_t AgentHarness::start() {
                                      "--pin-root",
                                      pins_,
                                      "--netns",
-                                     client_side_ ? lab_.client_ns() : lab_.server_ns(),
-                                     "-i",
-                                     client_side_ ? lab_.client_if(1) : lab_.server_if(1),
-                                     "-i",
-                                     client_side_ ? lab_.client_if(2) : lab_.server_if(2),
+                                     netns_,
                                      "--metrics-port",
                                      std::to_string(metrics_port),
                                      "--debounce-ms",
                                      std::to_string(debounce_ms_)};
+    for (const auto& i : interfaces_) args.insert(args.end(), {"-i", i});
     args.insert(args.end(), extra_args.begin(), extra_args.end());
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());

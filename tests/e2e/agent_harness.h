@@ -62,6 +62,9 @@ public:
     // client's (policies that act on what the client receives, e.g. the small-flow manager).
     AgentHarness(const lab::Lab& lab, const std::string& what, int debounce_ms = 10,
                  bool client_side = false);
+    // In any namespace, on these interfaces (none: every one but loopback, as `-i` absent).
+    AgentHarness(std::string netns, std::vector<std::string> interfaces, const std::string& what,
+                 int debounce_ms = 10);
     // Stops the agent (SIGTERM, then SIGKILL), `mpsteer reset`, removes the directories.
     ~AgentHarness();
     AgentHarness(const AgentHarness&) = delete;
@@ -101,10 +104,10 @@ public:
     const std::string& pin_root() const { return pins_; }
 
 private:
-    const lab::Lab& lab_;
+    std::string netns_;
+    std::vector<std::string> interfaces_;
     std::string dir_, state_, pins_;
     int debounce_ms_;
-    bool client_side_ = false;
     pid_t pid_ = -1;
     int starts_ = 0;
     uint64_t rev_counter_ = 0;
