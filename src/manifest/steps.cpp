@@ -5,13 +5,15 @@
 #include <map>
 
 #include "manifest/checker.h"
+#include "mpsteer/abi.h"
 
 namespace mpsteer::manifest::detail {
 
 using nlohmann::json;
 
 namespace {
-constexpr uint64_t kMinRate = 125, kMaxRate = 50'000'000'000;  // 1kbit .. 400Gbit, in B/s
+// 1kbit .. 400Gbit in B/s: the range the datapath clamps hooks' rates to as well.
+constexpr uint64_t kMinRate = MPS_RATE_MIN, kMaxRate = MPS_RATE_MAX;
 constexpr uint64_t kMaxRtt = 10'000'000;                       // 10 s
 constexpr uint64_t kMaxWindow = 1u << 30;                      // TCP's largest window
 }  // namespace

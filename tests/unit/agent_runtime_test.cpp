@@ -275,3 +275,21 @@ TEST_CASE("the event log rotates at its size cap, keeping one previous file") {
     }
     CHECK(fs::file_size(path) <= 1000);
 }
+
+TEST_CASE("status and metrics carry guard drops and the state tables", "[agent][status]") {
+    TempDir dir;
+    EventLog events(dir.path + "/events.jsonl");
+    AgentStatus a;
+    DatapathStatus dp;
+    dp.totals.values[MPS_GC_UNPARSEABLE_DROPS] = 17;
+    dp.tables = {{"flows", 4096, 1234567}, {"conns", 1024, 76543}};
+    auto s = render_status(a, dp, HookStatus{}, events, dir.path);
+    CHECK(s["datapath"]["unparseable_drops"] == 17);
+    CHECK(s["tables"]["flows"]["capacity"] == 4096);
+    CHECK(s["tables"]["conns"]["memory_bytes"] == 76543);
+    const std::string m = to_prometheus(s);
+    CHECK(m.find("mpsteer_datapath_packets_total{outcome=\"unparseable_drops\"} 17\n") !=
+          std::string::npos);
+    CHECK(m.find("mpsteer_table_capacity{table=\"flows\"} 4096\n") != std::string::npos);
+    CHECK(m.find("mpsteer_table_memory_bytes{table=\"conns\"} 76543\n") != std::string::npos);
+}
