@@ -41,6 +41,8 @@ install(FILES ${CMAKE_SOURCE_DIR}/packaging/debian/lintian-overrides
 # Absolute destinations: outside CPACK_PACKAGING_INSTALL_PREFIX (/usr).
 install(FILES ${CMAKE_SOURCE_DIR}/packaging/debian/mpsteer.service
         DESTINATION /lib/systemd/system)
+install(FILES ${CMAKE_SOURCE_DIR}/packaging/debian/mpsteer.sysusers
+        DESTINATION /usr/lib/sysusers.d RENAME mpsteer.conf)
 install(FILES ${CMAKE_SOURCE_DIR}/packaging/debian/mpsteer.default
         DESTINATION /etc/default RENAME mpsteer)
 install(DIRECTORY DESTINATION /etc/mpsteer/policies)

@@ -93,6 +93,7 @@ check in_root sh -c 'zcat /usr/share/man/man8/mpsteer.8.gz | grep -q "^.SH COMMA
 for f in /usr/bin/mpsteer /usr/share/mpsteer/bpf/mps_dp.bpf.o /usr/share/mpsteer/bpf/mps_ctl.bpf.o \
          /usr/share/mpsteer/schemas/policy.schema.json /usr/share/mpsteer/policies/lua/ecf.lua \
          /usr/share/mpsteer/policies/small-flow-pm.yaml /lib/systemd/system/mpsteer.service \
+         /usr/lib/sysusers.d/mpsteer.conf \
          /etc/default/mpsteer; do
     desc="$f installed"
     check test -f "$ROOT$f"

@@ -13,7 +13,9 @@
 #      (a worktree per commit, the `current` symlink flipped);
 #   3. Ready (the readiness probe, `mpsteer status`, exits 0), XDP attached to the node's veth;
 #      a new commit is applied; `podman restart` keeps the datapath attached, and the new
-#      container adopts it: same generation, same XDP program, no apply.
+#      container adopts it: same generation, same XDP program, no apply;
+#   4. the liveness probe (`mpsteer status --alive`) fails on a frozen (SIGSTOPped) agent and
+#      passes again once it runs.
 # Usage: packaging/kubernetes/container-test.sh [DEB]   (ctest: package_container_image)
 set -eu
 cd "$(dirname "$0")/../.."
@@ -124,6 +126,23 @@ adopted() {  # the new agent's own report: same generation and program, no apply
 }
 desc="datapath adopted: generation $gen and XDP program $prog kept, no apply by the new agent"
 check wait_for adopted
+
+# The liveness probe on a frozen agent: stopped (SIGSTOP from the node), it stops writing its
+# status and `mpsteer status --alive` fails after 10 s; continued, it is alive again.
+alive() { podman exec "$CT" /usr/bin/mpsteer status --alive; }
+desc="liveness probe (mpsteer status --alive) passes on the running agent"
+check alive
+agent_pid=$(podman inspect -f '{{.State.Pid}}' "$CT")
+kill -STOP "$agent_pid"
+desc="liveness probe fails on the frozen agent (status older than 10 s)"
+frozen() {
+    sleep 12
+    ! out=$(alive) && case $out in "not alive: the agent last wrote its status"*) ;; *) false ;; esac
+}
+check frozen
+kill -CONT "$agent_pid"
+desc="liveness probe passes again once it runs"
+check wait_for alive
 [ "$fail" = 0 ] || podman logs "$CT" 2>&1 | tail -20 | sed 's/^/      agent: /'
 
 podman stop -t 30 "$CT" >/dev/null

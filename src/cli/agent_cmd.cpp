@@ -27,6 +27,28 @@ void add_state_dir(CLI::App* cmd) {
 
 int print_status_text(nlohmann::json s);
 
+// For a liveness probe: exit 0 while an agent runs and keeps writing its status, ready or
+// not (a bad revision is the operator's to fix; a restart would not help it). A frozen or
+// absent agent exits 1.
+int print_alive() {
+    try {
+        nlohmann::json s = agent::read_status(g_state_dir);
+        for (const auto& c : s["conditions"]) {
+            const std::string type = c.value("type", "");
+            if ((type == "AgentRunning" || type == "Fresh") && !c.value("status", false)) {
+                std::cout << "not alive: " << c.value("message", "") << '\n';
+                return 1;
+            }
+        }
+        std::cout << "alive: pid " << s.value("pid", 0) << ", status written "
+                  << s.value("age_seconds", 0.0) << " s ago\n";
+        return 0;
+    } catch (const std::exception& e) {
+        std::cout << "not alive: " << e.what() << '\n';
+        return 1;
+    }
+}
+
 // Exit status 0 only when ready; a status that cannot be read or makes no sense is reported,
 // never fatal.
 int print_status(bool json) {
@@ -184,8 +206,13 @@ void add_agent_commands(CLI::App& app) {
     status->add_option("--output", output, "text or json")
         ->check(CLI::IsMember({"text", "json"}))
         ->capture_default_str();
+    static bool alive = false;
+    status->add_flag("--alive", alive,
+                     "exit 0 while an agent runs and writes its status, ready or not; 1 when "
+                     "none runs or it stopped writing (a liveness probe)");
     add_state_dir(status);
-    status->callback([] { set_exit_code(print_status(output == "json")); });
+    status->callback(
+        [] { set_exit_code(alive ? print_alive() : print_status(output == "json")); });
 
     auto* suspend =
         app.add_subcommand("suspend", "Stop applying new revisions (the datapath keeps running)");

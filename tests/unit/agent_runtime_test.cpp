@@ -198,6 +198,27 @@ TEST_CASE("a status the running agent stopped writing is not ready") {
     INFO(r.out);
     CHECK(r.status == 1);
     CHECK(r.out.find("StatusStale") != std::string::npos);
+    // --alive (the liveness probe): a frozen agent is not alive ...
+    r = mpsteer_status(d.path, "--alive");
+    INFO(r.out);
+    CHECK(r.status == 1);
+    CHECK(r.out.find("not alive: the agent last wrote its status") != std::string::npos);
+    // ... one that writes is, ready or not (a bad revision is not cured by a restart) ...
+    s["updated_unix_ms"] = unix_ms_now();
+    s["ready"] = false;
+    s["conditions"] = {{{"type", "Degraded"}, {"status", true}, {"reason", "ApplyFailed"}}};
+    write_atomic(status_path(d.path), json_text(s, 1));
+    CHECK(mpsteer_status(d.path).status == 1);
+    r = mpsteer_status(d.path, "--alive");
+    INFO(r.out);
+    CHECK(r.status == 0);
+    CHECK(r.out.find("alive: pid ") == 0);
+    // ... and without an agent nothing is.
+    lock.reset();
+    r = mpsteer_status(d.path, "--alive");
+    INFO(r.out);
+    CHECK(r.status == 1);
+    CHECK(r.out.find("not alive: no agent runs") != std::string::npos);
 }
 
 TEST_CASE("the status carries its write time and dumps non-UTF-8 strings") {
