@@ -8,7 +8,7 @@
 #   2. systemctl reload re-reads the policy directory (SIGHUP);
 #   3. systemctl stop ends it cleanly (exit 0) and the datapath stays attached;
 #   4. systemctl start adopts the running datapath;
-#   5. kill -9 of the agent: systemd restarts it, the datapath's pins and links stay meanwhile;
+#   5. kill -9 of the agent: systemd restarts it, the datapath's pins, links and XDP program stay;
 #   6. status.json is root's and the mpsteer group's only (0640).
 # Needs root, the .deb (default: build/packages/mpsteer_*_amd64.deb) and the install test's
 # cached Debian root (packaging/install-test.sh makes it). `systemd-analyze security` of the
@@ -136,6 +136,8 @@ check sh -c "$(command -v nsenter) -t $leader -a -- sh -c 'for i in \$(seq 60); 
 
 restarts=$(prop NRestarts)
 pid=$(prop MainPID)
+xdp_prog() { in_ct ip -d link show host0 | sed -n 's/.*prog\/xdp id \([0-9]*\).*/\1/p' | head -n 1; }
+prog=$(xdp_prog)
 in_ct sh -c "kill -9 $pid"
 desc="the datapath's links stay pinned right after kill -9"
 check pins_linked
@@ -143,6 +145,8 @@ desc="kill -9: systemd restarts the agent (a new main PID, NRestarts + 1) and it
 check eventually 30 sh -c "[ \"\$(nsenter -t $leader -a -- systemctl show -p NRestarts --value mpsteer.service)\" -gt $restarts ] &&
                            [ \"\$(nsenter -t $leader -a -- systemctl show -p MainPID --value mpsteer.service)\" != $pid ] &&
                            nsenter -t $leader -a -- mpsteer status"
+desc="the datapath ran on throughout: the same XDP program (${prog:-none}) before kill -9 and after the restart"
+check test -n "$prog" -a "$(xdp_prog)" = "$prog"
 
 echo "systemd-test: systemd-analyze security of the shipped unit:"
 systemd-analyze security --offline=yes "$ROOT/lib/systemd/system/mpsteer.service" 2>/dev/null |
