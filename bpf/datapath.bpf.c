@@ -255,7 +255,8 @@ static __always_inline void learn_syn(void *ctx, bool xdp, struct mps_pkt_ctx *p
 		return;
 	if (!f || (!synack && flow_restartable(f))) {
 		/* A SYN (not SYN/ACK) starts the flow afresh: older state is from a dead flow. */
-		bpf_map_update_elem(&flows, &k, &zero_flow, BPF_ANY);
+		if (bpf_map_update_elem(&flows, &k, &zero_flow, BPF_ANY) == 0 && !f)
+			count_insert(MPS_TI_FLOWS);
 		f = bpf_map_lookup_elem(&flows, &k);
 		if (!f)
 			return;
@@ -336,7 +337,8 @@ static __always_inline struct mps_flow *account(void *ctx, bool xdp, struct mps_
 
 	__u64 now = bpf_ktime_get_ns();
 	if (!f) {
-		bpf_map_update_elem(&flows, &k, &zero_flow, BPF_NOEXIST);
+		if (bpf_map_update_elem(&flows, &k, &zero_flow, BPF_NOEXIST) == 0)
+			count_insert(MPS_TI_FLOWS);
 		f = bpf_map_lookup_elem(&flows, &k);
 		if (!f)
 			return NULL;

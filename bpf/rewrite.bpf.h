@@ -298,7 +298,8 @@ static __always_inline int act_blk_subflow(void *ctx, bool xdp, struct mps_pkt_c
 		struct mps_flow *f = bpf_map_lookup_elem(&flows, &k.flow);
 		a.conn_token = f ? f->conn_token : 0;
 		/* The map keeps the announcement whatever happens to the event below. */
-		bpf_map_update_elem(&announces, &k, &a, BPF_ANY);
+		if (bpf_map_update_elem(&announces, &k, &a, BPF_NOEXIST) == 0)
+			count_insert(MPS_TI_ANNOUNCES);
 		struct mps_event *ev = event_new(MPS_EV_ADD_ADDR_BLOCKED, pc, &t);
 		if (ev) {
 			ev->addr_id = k.addr_id;

@@ -54,4 +54,19 @@ struct {
 	__type(value, struct mps_prio_sent);
 } prio_sent SEC(".maps");
 
+/* Entries the datapath added to the LRU tables (enum mps_table_counter): evictions for the
+ * agent's metrics. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, MPS_TI_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} table_inserts SEC(".maps");
+
+static __always_inline void count_insert(__u32 table)
+{
+	__u64 *n = bpf_map_lookup_elem(&table_inserts, &table);
+	if (n) /* per CPU: no other writer */
+		*n += 1;
+}
 #endif

@@ -223,6 +223,18 @@ std::string to_prometheus(const nlohmann::json& s) {
         for (const auto& [k, v] : s["tables"].items())
             out += "mpsteer_table_memory_bytes{table=\"" + esc(k) + "\"} " +
                    num(v["memory_bytes"]) + "\n";
+        metric("mpsteer_table_entries", "gauge",
+               "Entries in a state table (counted every 10 s)");
+        for (const auto& [k, v] : s["tables"].items())
+            if (v.contains("entries"))
+                out += "mpsteer_table_entries{table=\"" + esc(k) + "\"} " + num(v["entries"]) +
+                       "\n";
+        metric("mpsteer_table_evictions_total", "counter",
+               "Entries a full table dropped to make room for new ones (a SYN flood shows here)");
+        for (const auto& [k, v] : s["tables"].items())
+            if (v.contains("evictions"))
+                out += "mpsteer_table_evictions_total{table=\"" + esc(k) + "\"} " +
+                       num(v["evictions"]) + "\n";
     }
     metric("mpsteer_applies_total", "counter", "Revisions applied, by result");
     out += "mpsteer_applies_total{result=\"success\"} " + num(s["applies"]["succeeded"]) + "\n";

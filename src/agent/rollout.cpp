@@ -437,6 +437,21 @@ DatapathStatus Rollout::report() const {
     }
     for (const auto& [k, l] : links_)
         r.links.push_back({k.ifname, std::string(datapath::to_string(k.hook)), l->mode()});
+    const auto now = std::chrono::steady_clock::now();
+    if (tables_.empty() || now - tables_counted_ >= kTableCountPeriod) {
+        tables_counted_ = now;
+        try {
+            auto counted = state_.tables(true);
+            // Evictions never go backwards (an insert made during a walk may be read late).
+            for (auto& t : counted)
+                for (const auto& was : tables_)
+                    if (was.name == t.name && was.evictions && t.evictions)
+                        t.evictions = std::max(*t.evictions, *was.evictions);
+            tables_ = std::move(counted);
+        } catch (const std::exception& e) {
+            spdlog::warn("counting the state tables: {}", e.what());
+        }
+    }
     r.tables = tables_;
     return r;
 }

@@ -102,7 +102,11 @@ private:
 
     Config cfg_;
     const datapath::StateMaps& state_;
-    const std::vector<datapath::TableInfo> tables_ = state_.tables();  // fixed once created
+    // The state tables as last counted: a count walks every table, so report() recounts at
+    // most every kTableCountPeriod.
+    static constexpr std::chrono::seconds kTableCountPeriod{10};
+    mutable std::vector<datapath::TableInfo> tables_;
+    mutable std::chrono::steady_clock::time_point tables_counted_{};
     const std::thread::id owner_ = std::this_thread::get_id();
     std::shared_ptr<datapath::Datapath> dp_;  // loaded (or adopted) once per process
     std::unique_ptr<datapath::Generation> current_, previous_;

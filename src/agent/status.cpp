@@ -273,8 +273,11 @@ nlohmann::json render_status(const AgentStatus& a, const DatapathStatus& dp,
     for (const auto& l : dp.links)
         links.push_back({{"interface", l.interface}, {"hook", l.hook}, {"mode", l.mode}});
     nlohmann::json tables = nlohmann::json::object();
-    for (const auto& t : dp.tables)
-        tables[t.name] = {{"capacity", t.capacity}, {"memory_bytes", t.memory_bytes}};
+    for (const auto& t : dp.tables) {
+        auto& j = tables[t.name] = {{"capacity", t.capacity}, {"memory_bytes", t.memory_bytes}};
+        if (t.entries) j["entries"] = *t.entries;
+        if (t.evictions) j["evictions"] = *t.evictions;
+    }
     return {{"ready", ready},
             {"suspended", a.suspended},
             {"pending", a.pending},

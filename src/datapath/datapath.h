@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -65,11 +66,15 @@ struct TableSizes {
     uint32_t prio_sent() const { return conns(); }  // and set_backup's templates
 };
 
-// What one state table is: its entries and the kernel's memory for it (fdinfo memlock).
+// What one state table is: its capacity and the kernel's memory for it (fdinfo memlock);
+// when counted, the entries it holds and, for the LRU tables packets fill (flows,
+// announcements), how many entries were evicted to make room.
 struct TableInfo {
     std::string name;
     uint32_t capacity = 0;
     uint64_t memory_bytes = 0;
+    std::optional<uint64_t> entries;
+    std::optional<uint64_t> evictions;
 };
 
 // Maps shared by every generation (flow and connection state, events), pinned under
@@ -90,7 +95,11 @@ public:
     const std::string& pin_root() const { return root_; }
     // The sizes in force (those of adopted maps where they differ from the ones asked for).
     const TableSizes& sizes() const { return sizes_; }
-    std::vector<TableInfo> tables() const;
+    // Capacity and memory; with `count`, also entries and evictions (a walk of every table:
+    // ~20 ms for a full default flow table, so not per packet or per second).
+    std::vector<TableInfo> tables(bool count = false) const;
+    // Entries the datapath added, per table (enum mps_table_counter).
+    int table_inserts() const { return table_inserts_.get(); }
     // Writes the fields `req.set` names into a flow entry, field by field, so counters the
     // datapath adds meanwhile are kept. False when the flow is not in the map.
     bool update_flow(const mps_ctl_flow_req& req) const;
@@ -101,7 +110,7 @@ private:
     };
     std::string root_;
     TableSizes sizes_;
-    Fd flows_, conns_, events_, announces_, add_requests_, prio_sent_;
+    Fd flows_, conns_, events_, announces_, add_requests_, prio_sent_, table_inserts_;
     std::unique_ptr<struct mps_ctl, CtlDeleter> ctl_;  // bpf/ctl.bpf.c
 };
 

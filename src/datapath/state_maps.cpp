@@ -73,6 +73,24 @@ Fd create_or_adopt(const std::string& path, bpf_map_type type, uint32_t key, uin
     return map;
 }
 
+// Entries in a hash table, read in batches (one system call per 4096 entries).
+uint64_t count_entries(int fd) {
+    bpf_map_info info{};
+    uint32_t len = sizeof info;
+    if (bpf_obj_get_info_by_fd(fd, &info, &len)) fail("reading a state map's info", errno);
+    constexpr uint32_t kBatch = 4096;
+    std::vector<uint8_t> keys(size_t(kBatch) * info.key_size), values(size_t(kBatch) * info.value_size);
+    uint64_t total = 0, token = 0;  // the kernel's cursor: a bucket index for hash tables
+    for (bool first = true;; first = false) {
+        uint32_t n = kBatch;
+        int r = bpf_map_lookup_batch(fd, first ? nullptr : &token, &token, keys.data(),
+                                     values.data(), &n, nullptr);
+        total += n;
+        if (r && errno == ENOENT) return total;  // the last batch
+        if (r) fail("counting a state table's entries", errno);
+    }
+}
+
 uint64_t memlock_of(int fd) {
     std::ifstream in("/proc/self/fdinfo/" + std::to_string(fd));
     std::string line;
@@ -117,6 +135,7 @@ constexpr StateMapRef kStateMaps[] = {
     {"announces", &StateMaps::announces},
     {"add_requests", &StateMaps::add_requests},
     {"prio_sent", &StateMaps::prio_sent},
+    {"table_inserts", &StateMaps::table_inserts},
 };
 }  // namespace
 
@@ -193,6 +212,8 @@ StateMaps StateMaps::open(const std::string& pin_root, const TableSizes& sizes) 
     m.prio_sent_ =
         create_or_adopt(dir + "/prio_sent" + v, BPF_MAP_TYPE_LRU_HASH, sizeof(mps_flow_key),
                         sizeof(mps_prio_sent), sizes.prio_sent(), "prio_sent");
+    m.table_inserts_ = create_or_adopt(dir + "/table_inserts" + v, BPF_MAP_TYPE_PERCPU_ARRAY,
+                                       sizeof(__u32), sizeof(__u64), MPS_TI_MAX, "table_inserts");
     // The flow table decides the rest (an adopted one may differ from what was asked).
     m.sizes_.flows = max_entries_of(m.flows_.get());
     m.ctl_.reset(mps_ctl__open());
@@ -202,12 +223,33 @@ StateMaps StateMaps::open(const std::string& pin_root, const TableSizes& sizes) 
     return m;
 }
 
-std::vector<TableInfo> StateMaps::tables() const {
+std::vector<TableInfo> StateMaps::tables(bool count) const {
+    struct Table {
+        const char* name;
+        int fd;
+        int inserts;  // enum mps_table_counter, or -1: no evictions counted
+    };
+    const Table all[] = {{"flows", flows(), MPS_TI_FLOWS},
+                         {"conns", conns(), -1},
+                         {"events", events(), -1},
+                         {"announces", announces(), MPS_TI_ANNOUNCES},
+                         {"add_requests", add_requests(), -1},
+                         {"prio_sent", prio_sent(), -1}};
     std::vector<TableInfo> out;
-    for (auto [name, fd] : {std::pair{"flows", flows()}, {"conns", conns()}, {"events", events()},
-                            {"announces", announces()}, {"add_requests", add_requests()},
-                            {"prio_sent", prio_sent()}})
-        out.push_back({name, max_entries_of(fd), memlock_of(fd)});
+    for (const auto& t : all) {
+        TableInfo info{t.name, max_entries_of(t.fd), memlock_of(t.fd), {}, {}};
+        if (count && t.fd != events()) {
+            // Inserts first: one made during the walk then counts as an entry, never as an
+            // eviction.
+            uint64_t inserts = 0;
+            if (t.inserts >= 0)
+                for (uint64_t n : detail::read_percpu<uint64_t>(table_inserts(), t.inserts))
+                    inserts += n;
+            info.entries = count_entries(t.fd);
+            if (t.inserts >= 0) info.evictions = inserts > *info.entries ? inserts - *info.entries : 0;
+        }
+        out.push_back(std::move(info));
+    }
     return out;
 }
 

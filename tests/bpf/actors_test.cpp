@@ -755,3 +755,46 @@ TEST_CASE("flow learning: FIN and RST of flows the datapath never saw are not re
         CHECK_FALSE(env.flow(cli(false, 30000)));
     }
 }
+
+TEST_CASE("state tables: a SYN flood's evictions are counted, established flows among them",
+          "[bpf][actor][state]") {
+    dp::TableSizes sizes;
+    sizes.flows = dp::TableSizes::kMinFlows;
+    const Hook h = Hook::xdp;
+    Env env(chain_of({step(MPS_ACT_PASS)}), sizes);
+    auto table = [&](const std::string& name) {
+        for (auto& t : env.state().tables(true))
+            if (t.name == name) return t;
+        FAIL("no table " << name);
+        return dp::TableInfo{};
+    };
+    handshake(env, h, false);
+    for (uint16_t port = 20000; port < 20100; port++)
+        env.run(h, cli(false, port).flags(tcpf::SYN).seq(port));
+    auto flows = table("flows");
+    REQUIRE(flows.entries);
+    REQUIRE(flows.evictions);
+    CHECK(*flows.entries == 101);
+    CHECK(*flows.evictions == 0);
+    // Every count is of flows: a second walk finds the same, and SYNs of known flows add none.
+    env.run(h, cli(false, 20000).flags(tcpf::SYN).seq(1));
+    CHECK(*table("flows").entries == 101);
+    CHECK(*table("flows").evictions == 0);
+
+    // Four times the table in new SYNs (spoofed sources cost an attacker nothing).
+    const uint32_t flood = 4 * sizes.flows;
+    for (uint32_t i = 0; i < flood; i++)
+        env.run(h, cli(false, uint16_t(30000 + i)).flags(tcpf::SYN).seq(i));
+    flows = table("flows");
+    INFO("entries " << *flows.entries << ", evictions " << *flows.evictions);
+    CHECK(*flows.entries <= sizes.flows);
+    CHECK(*flows.entries > sizes.flows / 2);
+    CHECK(*flows.evictions == 101 + flood - *flows.entries);
+    CHECK_FALSE(env.flow(cli(false)));  // the established flow was pushed out, and counted
+
+    auto announces = table("announces");
+    CHECK(announces.entries == 0u);
+    CHECK(announces.evictions == 0u);
+    CHECK_FALSE(table("conns").evictions);  // filled by the agent, not counted
+    CHECK_FALSE(table("events").entries);   // a ring, not a table
+}

@@ -246,8 +246,8 @@ CpuPin::~CpuPin() {
     if (restored_) sched_setaffinity(0, old_.size(), reinterpret_cast<cpu_set_t*>(old_.data()));
 }
 
-Env::Env(const dp::ChainSet& chains)
-    : state_(dp::StateMaps::open(root_.path())), gen_(dp::Generation::build(chains, 1, state_)) {
+Env::Env(const dp::ChainSet& chains, const dp::TableSizes& sizes)
+    : state_(dp::StateMaps::open(root_.path(), sizes)), gen_(dp::Generation::build(chains, 1, state_)) {
     reader_ = std::make_unique<dp::EventReader>(
         state_, [this](const dp::Event& e) { pending_.push_back(e); });
 }

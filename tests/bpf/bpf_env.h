@@ -104,7 +104,7 @@ Run raw_run(int prog_fd, const Bytes& frame, bool xdp, uint32_t repeat = 1);
 
 class Env {
 public:
-    explicit Env(const dp::ChainSet& chains);
+    explicit Env(const dp::ChainSet& chains, const dp::TableSizes& sizes = {});
     ~Env();
     Run run(Hook h, const Bytes& frame, uint32_t repeat = 1);
     Run run(Hook h, const Packet& p) { return run(h, p.build()); }

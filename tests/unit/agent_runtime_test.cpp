@@ -303,7 +303,8 @@ TEST_CASE("status and metrics carry guard drops and the state tables", "[agent][
     AgentStatus a;
     DatapathStatus dp;
     dp.totals.values[MPS_GC_UNPARSEABLE_DROPS] = 17;
-    dp.tables = {{"flows", 4096, 1234567}, {"conns", 1024, 76543}};
+    dp.tables = {{"flows", 4096, 1234567, 4000, 912}, {"conns", 1024, 76543, 0, {}},
+                 {"events", 65536, 70000, {}, {}}};
     auto s = render_status(a, dp, HookStatus{}, events, dir.path);
     CHECK(s["datapath"]["unparseable_drops"] == 17);
     CHECK(s["tables"]["flows"]["capacity"] == 4096);
@@ -313,4 +314,12 @@ TEST_CASE("status and metrics carry guard drops and the state tables", "[agent][
           std::string::npos);
     CHECK(m.find("mpsteer_table_capacity{table=\"flows\"} 4096\n") != std::string::npos);
     CHECK(m.find("mpsteer_table_memory_bytes{table=\"conns\"} 76543\n") != std::string::npos);
+    CHECK(m.find("mpsteer_table_entries{table=\"flows\"} 4000\n") != std::string::npos);
+    CHECK(m.find("mpsteer_table_entries{table=\"conns\"} 0\n") != std::string::npos);
+    CHECK(m.find("mpsteer_table_evictions_total{table=\"flows\"} 912\n") != std::string::npos);
+    // Only what was counted: no evictions for conns, no entries for the event ring.
+    CHECK(m.find("mpsteer_table_evictions_total{table=\"conns\"}") == std::string::npos);
+    CHECK(m.find("mpsteer_table_entries{table=\"events\"}") == std::string::npos);
+    CHECK(s["tables"]["flows"]["evictions"] == 912);
+    CHECK_FALSE(s["tables"]["events"].contains("entries"));
 }
