@@ -49,7 +49,8 @@ promtool check metrics <"$TMP/metrics" || fail=1
 for family in mpsteer_ready mpsteer_generation mpsteer_revision_info mpsteer_errors \
               mpsteer_applies_total mpsteer_last_apply_duration_seconds \
               mpsteer_policy_missed_tail_calls_total mpsteer_datapath_packets_total \
-              mpsteer_lua_hook_disabled mpsteer_lua_hook_calls_total; do
+              mpsteer_lua_hook_disabled mpsteer_lua_hook_calls_total \
+              mpsteer_table_entries mpsteer_table_evictions_total; do
     grep -q "^# TYPE $family " "$TMP/metrics" || { echo "check-metrics: no $family"; fail=1; }
 done
 [ "$fail" = 0 ] && echo "check-metrics: promtool check metrics passes on the agent's /metrics"

@@ -163,7 +163,7 @@ void Rollout::preflight(const Generation& g) {
     k.b[0] = htonl(spec.daddr);
     k.port_a = spec.sport;
     k.port_b = spec.dport;
-    bpf_map_delete_elem(state_.flows(), &k);
+    state_.remove_flow(k);
 }
 
 Rollout::Outcome Rollout::apply(const Revision& rev) {

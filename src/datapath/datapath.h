@@ -100,6 +100,9 @@ public:
     std::vector<TableInfo> tables(bool count = false) const;
     // Entries the datapath added, per table (enum mps_table_counter).
     int table_inserts() const { return table_inserts_.get(); }
+    // Removes a flow the agent made itself (a pre-flight packet's), counted so that it is
+    // not taken for an eviction.
+    void remove_flow(const mps_flow_key& k) const;
     // Writes the fields `req.set` names into a flow entry, field by field, so counters the
     // datapath adds meanwhile are kept. False when the flow is not in the map.
     bool update_flow(const mps_ctl_flow_req& req) const;

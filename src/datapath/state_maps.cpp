@@ -229,6 +229,10 @@ std::vector<TableInfo> StateMaps::tables(bool count) const {
         int fd;
         int inserts;  // enum mps_table_counter, or -1: no evictions counted
     };
+    uint64_t flows_removed = 0;
+    if (count)
+        for (uint64_t n : detail::read_percpu<uint64_t>(table_inserts(), MPS_TI_FLOWS_REMOVED))
+            flows_removed += n;
     const Table all[] = {{"flows", flows(), MPS_TI_FLOWS},
                          {"conns", conns(), -1},
                          {"events", events(), -1},
@@ -245,12 +249,23 @@ std::vector<TableInfo> StateMaps::tables(bool count) const {
             if (t.inserts >= 0)
                 for (uint64_t n : detail::read_percpu<uint64_t>(table_inserts(), t.inserts))
                     inserts += n;
+            if (t.inserts == MPS_TI_FLOWS) inserts -= std::min(inserts, flows_removed);
             info.entries = count_entries(t.fd);
             if (t.inserts >= 0) info.evictions = inserts > *info.entries ? inserts - *info.entries : 0;
         }
         out.push_back(std::move(info));
     }
     return out;
+}
+
+void StateMaps::remove_flow(const mps_flow_key& k) const {
+    if (bpf_map_delete_elem(flows(), &k)) return;  // not there: nothing to count
+    // Only the agent writes this counter (one agent per pin root): CPU 0's value carries it.
+    auto removed = detail::read_percpu<uint64_t>(table_inserts(), MPS_TI_FLOWS_REMOVED);
+    removed[0] += 1;
+    const uint32_t key = MPS_TI_FLOWS_REMOVED;
+    if (bpf_map_update_elem(table_inserts(), &key, removed.data(), BPF_ANY))
+        fail("counting a removed flow", errno);
 }
 
 void StateMaps::CtlDeleter::operator()(mps_ctl* c) const {

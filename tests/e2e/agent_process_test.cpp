@@ -75,6 +75,10 @@ TEST_CASE("agent process: SIGTERM with the metrics server on stops cleanly", "[a
     INFO(tables.dump());
     CHECK(tables["flows"].value("capacity", 0) == 4096);
     CHECK(tables["flows"].value("memory_bytes", uint64_t(0)) > 4096u * 200);
+    // Counted: entries (at most the capacity) and evictions (none in an idle lab).
+    CHECK(tables["flows"].value("entries", uint64_t(99999)) <= 4096u);
+    CHECK(tables["flows"].value("evictions", uint64_t(99999)) == 0u);
+    CHECK(m.out.find("mpsteer_table_evictions_total{table=\"flows\"} 0\n") != std::string::npos);
 
     const int64_t signalled = unix_ms_now();
     const int st = h.stop();

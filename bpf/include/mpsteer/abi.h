@@ -288,13 +288,15 @@ enum mps_gen_counter {
  * LRU_HASH maps shared across generations (pinned by the agent as "<name>_v<MPS_STATE_LAYOUT>",
  * defined once for both BPF objects in bpf/state_maps.bpf.h). */
 
-/* Entries the datapath added to a state table (PERCPU_ARRAY "table_inserts", __u64 per CPU).
- * Nothing deletes from these LRU tables, so the agent derives evictions as inserts minus the
- * entries present. */
+/* Entries the datapath added to a state table (PERCPU_ARRAY "table_inserts", __u64 per CPU),
+ * and the flows the agent removed itself (its pre-flight packet's; written by the agent only).
+ * Nothing else deletes from these LRU tables, so the agent derives evictions as inserts minus
+ * removals minus the entries present. */
 enum mps_table_counter {
 	MPS_TI_FLOWS = 0,
 	MPS_TI_ANNOUNCES = 1,
-	MPS_TI_MAX = 2,
+	MPS_TI_FLOWS_REMOVED = 2,
+	MPS_TI_MAX = 3,
 };
 
 /* Flow state, keyed by the subflow 4-tuple with the lower (address, port) first so both
