@@ -985,6 +985,16 @@ __noinline int learn_close_tc(struct __sk_buff *ctx, struct mps_pkt_ctx *pc, int
 	return 0;
 }
 
+/* The end of a chain that handed the packet over: the context goes with the packet no further.
+ * Left as XDP metadata it would ride on the skb, where GRO merges only segments whose
+ * metadata is byte for byte the same. */
+static __always_inline int chain_done(void *ctx, bool xdp, bool meta_ready)
+{
+	if (xdp && meta_ready)
+		bpf_xdp_adjust_meta(ctx, (int)sizeof(struct mps_pkt_ctx));
+	return PASS(xdp);
+}
+
 static __always_inline int run_chain(void *ctx, bool xdp, struct mps_pkt_ctx *pc, bool meta_ready)
 {
 	struct tuple t;
@@ -1004,7 +1014,7 @@ static __always_inline int run_chain(void *ctx, bool xdp, struct mps_pkt_ctx *pc
 		gen_count(pc, MPS_GC_MALFORMED);
 		return unparseable(ctx_slot(pc), pc->pc, xdp);
 	default:
-		return PASS(xdp);
+		return chain_done(ctx, xdp, meta_ready);
 	}
 }
 
@@ -1142,7 +1152,7 @@ int interp_tc(struct __sk_buff *ctx)
 		__u32 at = pc.pc;                                                                  \
 		pc.pc = m ? st->on_match : st->on_miss;                                            \
 		if (pc.pc == MPS_PC_END)                                                           \
-			return PASS(xdp);                                                          \
+			return chain_done(ctx, xdp, true);                                         \
 		if (pctx_store(ctx, xdp, &pc))                                                     \
 			return PASS(xdp);                                                          \
 		TAIL(ctx, xdp, MPS_PROG_NONE);                                                     \
@@ -1177,7 +1187,7 @@ SELECTOR(sel_flow_bytes, sel_flow_bytes(ctx, xdp, &pc, st))
 		__u32 at = pc.pc;                                                                  \
 		pc.pc = st->on_match;                                                              \
 		if (pc.pc == MPS_PC_END)                                                           \
-			return PASS(xdp);                                                          \
+			return chain_done(ctx, xdp, true);                                         \
 		if (pctx_store(ctx, xdp, &pc))                                                     \
 			return PASS(xdp);                                                          \
 		TAIL(ctx, xdp, MPS_PROG_NONE);                                                     \

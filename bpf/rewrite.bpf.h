@@ -658,7 +658,7 @@ static __always_inline int act_add_subflow_body(void *ctx, bool xdp)
 	step_count(&pc, at, r > 0, false); /* applied: this packet triggered the carrier */
 	pc.pc = st->on_match;
 	if (pc.pc == MPS_PC_END)
-		return PASS(xdp);
+		return chain_done(ctx, xdp, true);
 	if (pctx_store(ctx, xdp, &pc))
 		return PASS(xdp);
 	TAIL(ctx, xdp, MPS_PROG_NONE);
@@ -766,7 +766,7 @@ static __always_inline int act_redirect_body(void *ctx, bool xdp)
 	step_count(&pc, at, false, false);
 	pc.pc = st->on_match;
 	if (pc.pc == MPS_PC_END)
-		return PASS(xdp);
+		return chain_done(ctx, xdp, true);
 	if (pctx_store(ctx, xdp, &pc))
 		return PASS(xdp);
 	TAIL(ctx, xdp, MPS_PROG_NONE);

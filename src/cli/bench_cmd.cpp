@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "cli/agent_process.h"
 #include "cli/bench_live.h"
 #include "cli/commands.h"
 #include "datapath/datapath.h"
@@ -242,9 +243,22 @@ void add_bench_command(CLI::App& app) {
     cmd->add_flag("--json", json, "print one JSON object");
     cmd->add_flag("--live", live,
                   "a real MPTCP transfer through the lab instead: no program, a bare XDP_PASS "
-                  "and chains on both hosts, in alternating rounds (default 9 rounds)");
+                  "and chains on both hosts, the agent with the shipped policies, in "
+                  "alternating rounds (default 9 rounds)");
     cmd->add_option("--seconds", seconds, "--live: length of each transfer")
         ->check(CLI::Range(1, 60))
+        ->capture_default_str();
+    static std::string share = default_share();
+    static std::vector<std::string> cases = {live_bench_cases().begin(),
+                                             live_bench_cases().begin() + 3};
+    cmd->add_option("--cases", cases,
+                    "--live: the cases beside none and bare_xdp (also: selectors_only, "
+                    "record_only, chain4_xdp_only, chain4_tc_only: where a chain's cost goes)")
+        ->check(CLI::IsMember(live_bench_cases()))
+        ->delimiter(',')
+        ->capture_default_str();
+    cmd->add_option("--share", share, "--live: where the shipped policies/ and lua/ are")
+        ->check(CLI::ExistingDirectory)
         ->capture_default_str();
     cmd->add_option("--repeat", repeat, "BPF_PROG_TEST_RUN repetitions per sample")
         ->check(CLI::Range(100000u, 100000000u))
@@ -257,7 +271,7 @@ void add_bench_command(CLI::App& app) {
     cmd->callback([cmd] {
         try {
             if (live)
-                set_exit_code(run_live_bench(json, cmd->count("--rounds") ? rounds : 9, seconds));
+                set_exit_code(run_live_bench(json, cmd->count("--rounds") ? rounds : 9, seconds, share, cases));
             else
                 set_exit_code(run_bench(json, repeat, rounds));
         } catch (const std::exception& e) {

@@ -2,8 +2,16 @@
 // mpsteer bench --live (bench_live.cpp): chains on a real MPTCP transfer through the lab.
 #pragma once
 
+#include <string>
+#include <vector>
+
 namespace mpsteer::cli {
+// The cases beside "none" and "bare_xdp" (always run): the first three are the default.
+const std::vector<std::string>& live_bench_cases();
+
 // Runs `rounds` rounds of `seconds`-long transfers per case and prints the figures (JSON with
-// json, else indented JSON and the targets). Needs root. Returns the exit code.
-int run_live_bench(bool json, int rounds, int seconds);
+// json, else indented JSON and the targets). `share` holds the shipped policies/ and lua/.
+// Needs root. Returns the exit code.
+int run_live_bench(bool json, int rounds, int seconds, const std::string& share,
+                   const std::vector<std::string>& cases);
 }  // namespace mpsteer::cli

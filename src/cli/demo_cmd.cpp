@@ -24,6 +24,7 @@
 #include <thread>
 
 #include "agent/agent.h"
+#include "cli/agent_process.h"
 #include "cli/commands.h"
 #include "datapath/datapath.h"
 #include "lab/lab.h"
@@ -237,115 +238,18 @@ private:
 
 // ---- the agent demo --------------------------------------------------------------------------
 
-// Where the shipped policies/ and lua/ are: the source tree the binary was built in, or where
-// the package installs them.
-std::string default_share() {
-    std::error_code ec;
-    auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
-    for (auto d = self.parent_path(); !ec && d.has_relative_path(); d = d.parent_path())
-        if (std::filesystem::exists(d / "policies") && std::filesystem::exists(d / "lua"))
-            return d.string();
-    return "/usr/share/mpsteer";
-}
-
-// `mpsteer run` as a child process: the real agent, logging to a file.
-class AgentProcess {
-public:
-    AgentProcess(const std::vector<std::string>& args, const std::string& log) {
-        pid_ = fork();
-        if (pid_ < 0) throw Error("fork failed");
-        if (pid_ == 0) {
-            int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-            if (fd >= 0) {
-                dup2(fd, 1);
-                dup2(fd, 2);
-            }
-            std::vector<char*> argv;
-            std::string self = "/proc/self/exe";
-            argv.push_back(self.data());
-            for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-            argv.push_back(nullptr);
-            execv(argv[0], argv.data());
-            _exit(127);
-        }
-    }
-    ~AgentProcess() { stop(); }
-    bool alive() { return pid_ > 0 && waitpid(pid_, nullptr, WNOHANG) == 0; }
-    void stop() {
-        if (pid_ <= 0) return;
-        kill(pid_, SIGTERM);
-        for (int i = 0; i < 100 && alive(); ++i) std::this_thread::sleep_for(50ms);
-        if (alive()) kill(pid_, SIGKILL);
-        waitpid(pid_, nullptr, 0);
-        pid_ = -1;
-    }
-
-private:
-    pid_t pid_ = -1;
-};
-
 int agent_demo(const std::string& share, int seconds) {
     const LabConfig cfg = lab_config("a");
     Lab lab(cfg);
     print_lab(lab);
     std::printf("\n");
 
-    const std::string state = "/run/mpsteer-demo-" + cfg.tag;
-    const std::string pins = "/sys/fs/bpf/mpsteer-demo-" + cfg.tag;
-    struct Cleanup {
-        std::string pins, state;
-        ~Cleanup() {
-            try {
-                agent::reset(pins, state);
-            } catch (const std::exception& e) {
-                spdlog::warn("demo cleanup: {}", e.what());
-            }
-            std::error_code ec;
-            std::filesystem::remove_all(state, ec);
-        }
-    } cleanup{pins, state};
-    // The policy repository the agent watches, as git-sync would publish it: the manifests and
-    // the Lua scripts they name (paths relative to the repository root).
-    const std::string policies = state + "/repo";
-    std::filesystem::create_directories(policies);
-    for (const char* d : {"policies", "lua"})
-        std::filesystem::copy(share + "/" + d, policies + "/" + d,
-                              std::filesystem::copy_options::recursive);
-    const std::string log = state + "/agent.log";
-    const std::vector<std::string> args = {"run",
-                                           "--policies",
-                                           policies,
-                                           "--netns",
-                                           lab.client_ns(),
-                                           "--state-dir",
-                                           state,
-                                           "--pin-root",
-                                           pins,
-                                           "--metrics-port",
-                                           "0"};
+    ShippedAgent agent(share, lab.client_ns(), "demo-" + cfg.tag);
     std::printf("starting the agent on the client:\n  mpsteer");
-    for (const auto& a : args) std::printf(" %s", a.c_str());
-    std::printf("\n  (its log: %s)\n", log.c_str());
+    for (const auto& a : agent.args()) std::printf(" %s", a.c_str());
+    std::printf("\n  (its log: %s)\n", agent.log().c_str());
     const auto t0 = std::chrono::steady_clock::now();
-    AgentProcess agent(args, log);
-    auto status = [&] {
-        try {
-            return agent::read_status(state);
-        } catch (const std::exception&) {
-            return nlohmann::json::object();
-        }
-    };
-    nlohmann::json st;
-    for (;;) {
-        st = status();
-        if (st.value("ready", false)) break;
-        if (!agent.alive() || !st.value("errors", nlohmann::json::array()).empty() ||
-            std::chrono::steady_clock::now() - t0 > 60s) {
-            std::system(("tail -n 20 " + log + " >&2").c_str());
-            throw Error("the agent did not become Ready (its log is above)");
-        }
-        std::this_thread::sleep_for(50ms);
-    }
+    const nlohmann::json st = agent.wait_ready(60s);
     std::printf("  Ready after %.1f s: generation %d, revision %s, %zu policies, %zu hooks\n\n",
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
                 st.value("generation", 0), st.value("applied_revision", "").c_str(),
@@ -397,18 +301,18 @@ int agent_demo(const std::string& share, int seconds) {
             .c_str(),
         SendOptions::of_time(std::chrono::seconds(seconds), &g_stop), port + 1);
 
-    std::printf("mpsteer status --state-dir %s\n", state.c_str());
+    std::printf("mpsteer status --state-dir %s\n", agent.state_dir().c_str());
     std::fflush(stdout);
     std::system(
-        (std::filesystem::read_symlink("/proc/self/exe").string() + " status --state-dir " + state)
+        (std::filesystem::read_symlink("/proc/self/exe").string() + " status --state-dir " + agent.state_dir())
             .c_str());
     agent.stop();
     const bool ok = small_ok && large_ok && small_joins == 0 && large_joins >= 1;
     std::printf(
         "\nsummary   small download on one subflow: %s; large download got its second "
         "subflow: %s\n          cleanup: stopping the agent, removing %s, %s and the lab\n",
-        small_joins == 0 ? "yes" : "NO", large_joins >= 1 ? "yes" : "NO", pins.c_str(),
-        state.c_str());
+        small_joins == 0 ? "yes" : "NO", large_joins >= 1 ? "yes" : "NO", agent.pin_root().c_str(),
+        agent.state_dir().c_str());
     return ok ? 0 : 1;
 }
 

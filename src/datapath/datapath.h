@@ -180,6 +180,7 @@ struct RunResult {
     uint32_t retval = 0;
     std::vector<uint8_t> out;
     uint32_t duration_ns = 0;  // mean per run, from the kernel
+    uint32_t meta_len = 0;     // XDP metadata the program left in front of the frame (not in out)
 };
 // For TC programs, `ifindex` becomes skb->ifindex (0 leaves the kernel's default).
 RunResult test_run(int prog_fd, std::span<const uint8_t> frame, bool xdp, uint32_t repeat = 1,

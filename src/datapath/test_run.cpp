@@ -38,8 +38,10 @@ RunResult test_run(int prog_fd, std::span<const uint8_t> frame, bool xdp, uint32
     r.retval = opts.retval;
     r.duration_ns = opts.duration;
     r.out.resize(opts.data_size_out);
-    if (xdp && xdp_out.data > 0 && xdp_out.data <= r.out.size())
+    if (xdp && xdp_out.data > 0 && xdp_out.data <= r.out.size()) {
+        r.meta_len = xdp_out.data;
         r.out.erase(r.out.begin(), r.out.begin() + xdp_out.data);
+    }
     return r;
 }
 

@@ -2,8 +2,12 @@
 // The agent as a process the way systemd runs it: SIGTERM with the metrics server on stops it
 // cleanly (exit 0, the final status and --detach-on-exit done), SIGHUP re-reads the policy
 // directory, a second agent on the same pin root is refused, and the runtime files get their
-// modes and never follow a link planted beside them.
+// modes and never follow a link planted beside them; only the hooks and interfaces policies
+// name carry a program, whatever the revision before.
 #include <catch2/catch.hpp>
+#include <bpf/bpf.h>
+#include <bpf/libbpf.h>
+#include <net/if.h>
 
 #include <grp.h>
 #include <signal.h>
@@ -53,7 +57,70 @@ std::string slurp(const std::string& path) {
     return s.str();
 }
 
+// One policy: `record` on the hooks and interfaces given.
+std::string record_policy(const std::string& hooks, const std::string& interfaces) {
+    return "apiVersion: mpsteer.dev/v1\nkind: Policy\nmetadata:\n  name: counted\nspec:\n"
+           "  attach: {hooks: [" + hooks + "], interfaces: [" + interfaces + "]}\n"
+           "  priority: 100\n  select:\n    - port: {either: 5201}\n"
+           "  actions:\n    - record: {}\n";
+}
+
+// The hooks of an interface that hold a BPF program, as the kernel reports them (XDP in any
+// mode, TCX ingress and egress, a clsact filter), e.g. "xdp tc_ingress".
+std::string programs_on(const std::string& netns, const std::string& ifname) {
+    NetnsGuard in(netns);
+    const int ifindex = static_cast<int>(if_nametoindex(ifname.c_str()));
+    if (ifindex == 0) throw Error("no interface " + ifname + " in " + netns);
+    std::string out;
+    uint32_t xdp = 0;
+    if (bpf_xdp_query_id(ifindex, 0, &xdp) == 0 && xdp) out += " xdp";
+    // TCX attach types (Linux 6.6; not in Debian 12's UAPI headers, as in hook_link.cpp).
+    for (auto [type, name] : {std::pair{46, "tc_ingress"}, std::pair{47, "tc_egress"}}) {
+        uint32_t ids[8], count = 8;
+        if (bpf_prog_query(ifindex, static_cast<bpf_attach_type>(type), 0, nullptr, ids, &count) ==
+                0 &&
+            count)
+            out += std::string(" ") + name;
+    }
+    const std::string tc = must_in(netns, {"tc", "filter", "show", "dev", ifname, "ingress"}) +
+                           must_in(netns, {"tc", "filter", "show", "dev", ifname, "egress"});
+    if (tc.find("bpf") != std::string::npos) out += " clsact";
+    return out.empty() ? "" : out.substr(1);
+}
+
 }  // namespace
+
+TEST_CASE("agent process: only the hooks and interfaces a policy names get a program",
+          "[agent]") {
+    Lab lab(config("only"));
+    AgentHarness h(lab, "only");
+    const std::string s1 = lab.server_if(1), s2 = lab.server_if(2), ns = lab.server_ns();
+    auto state = [&] {
+        return "s1[" + programs_on(ns, s1) + "] s2[" + programs_on(ns, s2) + "] lo[" +
+               programs_on(ns, "lo") + "]";
+    };
+    auto applied = [&](const std::string& id) {
+        return h.wait_status(
+            [&](const json& s) {
+                return s.value("ready", false) && s.value("applied_revision", "") == id;
+            },
+            60s);
+    };
+    auto rev = h.publish({{"policies/p.yaml", record_policy("tc_ingress", s2)}});
+    h.start();
+    INFO("agent log:\n" << h.log_tail());
+    REQUIRE(applied(rev));
+    CHECK(state() == "s1[] s2[tc_ingress] lo[]");
+    // Moved: the old hook's program goes, the new one comes, nothing else.
+    rev = h.publish({{"policies/p.yaml", record_policy("xdp, tc_egress", s1)}});
+    REQUIRE(applied(rev));
+    CHECK(state() == "s1[xdp tc_egress] s2[] lo[]");
+    // No policy at all: no program anywhere.
+    rev = h.publish({{"README.md", "nothing enforced\n"}});
+    REQUIRE(applied(rev));
+    CHECK(state() == "s1[] s2[] lo[]");
+    CHECK(h.status()["attachments"].empty());
+}
 
 TEST_CASE("agent process: SIGTERM with the metrics server on stops cleanly", "[agent][signals]") {
     Lab lab(config("sig"));
