@@ -260,7 +260,7 @@ static __always_inline void learn_syn(void *ctx, bool xdp, struct mps_pkt_ctx *p
 		f = bpf_map_lookup_elem(&flows, &k);
 		if (!f)
 			return;
-		f->first_ns = bpf_ktime_get_ns();
+		f->first_ns = bpf_ktime_get_coarse_ns();
 	}
 	if (f->ended & MPS_FLOW_CLOSED) /* a SYN/ACK for a flow no SYN restarted */
 		return;
@@ -314,9 +314,77 @@ __noinline int learn_syn_tc(struct __sk_buff *ctx, struct mps_pkt_ctx *pc)
 	return !(pc->flags & MPS_CTXF_SCANNED);
 }
 
+/* TSval and TSecr of a segment, or nonzero when it has none (or malformed options). Linux
+ * and most stacks put the option first, after two NOPs, on every segment past the handshake:
+ * read there without the option walk; any other layout takes the walk. */
+static __always_inline int load_timestamps(void *ctx, bool xdp, struct mps_pkt_ctx *pc,
+					   __u32 *tsval, __u32 *tsecr)
+{
+	struct tcphdr *tcp = view_tcp(ctx, xdp, pc);
+	if (!tcp)
+		return -1;
+	__u8 *o = (__u8 *)(tcp + 1);
+	if (tcp->doff >= 8 && (void *)(o + 12) <= ctx_end(ctx, xdp) && o[0] == 1 && o[1] == 1 &&
+	    o[2] == 8 && o[3] == 10) {
+		*tsval = load_be32_h(o + 4);
+		*tsecr = load_be32_h(o + 8);
+		return 0;
+	}
+	struct opt_locs locs, *loc = &locs;
+	__u32 len;
+	if (scan(ctx, xdp, pc, loc) || !(pc->kinds & MPS_K_TIMESTAMP))
+		return -1;
+	o = opt_ptr(ctx, xdp, pc, loc, OPT_TS, 10, &len);
+	if (!o)
+		return -1;
+	*tsval = load_be32_h(o + 2);
+	*tsecr = load_be32_h(o + 6);
+	return 0;
+}
+
+/* RTT from timestamps: one TSval per direction is remembered when it leaves; the first echo of
+ * it (or of a later one) coming back closes the sample. Only a TSval sent at egress echoed back
+ * at ingress measures this host's path RTT; the other way round it measures the local stack's
+ * turnaround (which mixed in, once put srtt at 8 ms on a 20 ms path). A packet with no sample
+ * to open or close reads no option. */
+static __always_inline void sample_rtt(void *ctx, bool xdp, struct mps_pkt_ctx *pc,
+				       struct mps_flow *f, __u32 d)
+{
+	__u32 od = d ^ 1, tsval, tsecr;
+	bool egress = pc->hook == MPS_HOOK_TC_EGRESS;
+	if (egress ? f->dir[d].ts_sent_ns != 0 : f->dir[od].ts_sent_ns == 0)
+		return;
+	if (load_timestamps(ctx, xdp, pc, &tsval, &tsecr))
+		return;
+	__u64 now = bpf_ktime_get_ns();
+	if (egress) {
+		f->dir[d].ts_val = tsval;
+		f->dir[d].ts_sent_ns = now;
+		return;
+	}
+	if ((__s32)(tsecr - f->dir[od].ts_val) < 0)
+		return;
+	__u64 sample = (now - f->dir[od].ts_sent_ns) / 1000;
+	f->dir[od].ts_sent_ns = 0;
+	if (sample == 0 || sample >= 60000000)
+		return;
+	__u32 srtt = f->srtt_us;
+	if (!srtt) {
+		f->srtt_us = sample;
+		f->rttvar_us = sample / 2;
+		return;
+	}
+	__s64 diff = (__s64)sample - srtt;
+	if (diff < 0)
+		diff = -diff;
+	f->rttvar_us = (3 * (__u64)f->rttvar_us + diff) / 4;
+	f->srtt_us = (7 * (__u64)srtt + sample) / 8;
+}
+
 /*
  * Per-packet accounting (record, flow_bytes): packets, payload bytes, timestamps-based RTT.
- * Runs once per packet however many steps ask. Returns the flow (or NULL).
+ * Runs once per packet however many steps ask. Returns the flow (or NULL). The times are to
+ * the clock tick: the coarse clock costs a memory read, the precise one a TSC read.
  */
 static __always_inline struct mps_flow *account(void *ctx, bool xdp, struct mps_pkt_ctx *pc,
 						__u8 *from_a_out)
@@ -324,7 +392,6 @@ static __always_inline struct mps_flow *account(void *ctx, bool xdp, struct mps_
 	struct tuple t;
 	struct mps_flow_key k;
 	__u8 from_a;
-	__u32 len;
 
 	if (load_tuple(ctx, xdp, pc, &t))
 		return NULL;
@@ -335,7 +402,7 @@ static __always_inline struct mps_flow *account(void *ctx, bool xdp, struct mps_
 		return f;
 	pc->flags |= MPS_CTXF_ACCOUNTED;
 
-	__u64 now = bpf_ktime_get_ns();
+	__u64 now = bpf_ktime_get_coarse_ns();
 	if (!f) {
 		if (bpf_map_update_elem(&flows, &k, &zero_flow, BPF_NOEXIST) == 0)
 			count_insert(MPS_TI_FLOWS);
@@ -351,7 +418,8 @@ static __always_inline struct mps_flow *account(void *ctx, bool xdp, struct mps_
 	__u32 payload = pc->l4_len - tcp->doff * 4;
 	__sync_fetch_and_add(&f->dir[d].packets, 1);
 	__sync_fetch_and_add(&f->dir[d].bytes, payload);
-	f->last_ns = now;
+	if (f->last_ns != now)
+		f->last_ns = now;
 
 	if (f->conn_token) {
 		__u32 tok = f->conn_token;
@@ -359,45 +427,11 @@ static __always_inline struct mps_flow *account(void *ctx, bool xdp, struct mps_
 		if (c) {
 			__sync_fetch_and_add(&c->packets, 1);
 			__sync_fetch_and_add(&c->bytes, payload);
-			c->last_ns = now;
+			if (c->last_ns != now)
+				c->last_ns = now;
 		}
 	}
-
-	/* RTT: remember one TSval per direction; the first echo of it (or a later one)
-	 * coming back the other way closes the sample. */
-	struct opt_locs locs, *loc = &locs;
-	if (scan(ctx, xdp, pc, loc) || !(pc->kinds & MPS_K_TIMESTAMP))
-		return f;
-	__u8 *o = opt_ptr(ctx, xdp, pc, loc, OPT_TS, 10, &len);
-	if (!o)
-		return f;
-	__u32 tsval = load_be32_h(o + 2), tsecr = load_be32_h(o + 6);
-	__u32 od = d ^ 1;
-	/* Only a TSval sent at egress echoed back at ingress measures this host's path RTT; the
-	 * other way round it measures the local stack's turnaround (which mixed in, once put
-	 * srtt at 8 ms on a 20 ms path). */
-	bool egress = pc->hook == MPS_HOOK_TC_EGRESS;
-	if (!egress && f->dir[od].ts_sent_ns && (__s32)(tsecr - f->dir[od].ts_val) >= 0) {
-		__u64 sample = (now - f->dir[od].ts_sent_ns) / 1000;
-		f->dir[od].ts_sent_ns = 0;
-		if (sample > 0 && sample < 60000000) {
-			__u32 srtt = f->srtt_us;
-			if (!srtt) {
-				f->srtt_us = sample;
-				f->rttvar_us = sample / 2;
-			} else {
-				__s64 diff = (__s64)sample - srtt;
-				if (diff < 0)
-					diff = -diff;
-				f->rttvar_us = (3 * (__u64)f->rttvar_us + diff) / 4;
-				f->srtt_us = (7 * (__u64)srtt + sample) / 8;
-			}
-		}
-	}
-	if (egress && !f->dir[d].ts_sent_ns) {
-		f->dir[d].ts_val = tsval;
-		f->dir[d].ts_sent_ns = now;
-	}
+	sample_rtt(ctx, xdp, pc, f, d);
 	return f;
 }
 
@@ -660,14 +694,17 @@ static __always_inline void csum_replace2(__sum16 *sum, __be16 old, __be16 new)
 /*
  * Lower the advertised receive window so the peer sends at most rate x RTT per RTT.
  * The window field is scaled by the shift its sender announced in its SYN; without having
- * seen that SYN the actor does nothing. Never raises a window, never touches a SYN.
+ * seen that SYN the actor does nothing. Never raises a window, never touches a SYN. The
+ * options are walked (a malformed packet is never modified) only when a window is to be
+ * lowered: most ACKs of a flow under its cap leave after the flags and one lookup.
  */
 static __always_inline int act_rate_limit(void *ctx, bool xdp, struct mps_pkt_ctx *pc,
 					  const struct mps_step *st)
 {
-	if (ensure_scanned(ctx, xdp, pc))
+	struct tcphdr *tcp = view_tcp(ctx, xdp, pc);
+	if (!tcp)
 		return -1;
-	if (pc->kinds & (MPS_K_SYN | MPS_K_RST) || !(pc->kinds & MPS_K_ACK))
+	if (tcp->syn || tcp->rst || !tcp->ack)
 		return 0;
 	__u8 from_a;
 	struct mps_flow *f = lookup_flow(ctx, xdp, pc, &from_a);
@@ -697,12 +734,14 @@ static __always_inline int act_rate_limit(void *ctx, bool xdp, struct mps_pkt_ct
 	win >>= shift & 15;
 	if (win == 0)
 		win = 1;
-	struct tcphdr *tcp = view_tcp(ctx, xdp, pc);
-	if (!tcp)
-		return -1;
 	__u16 old = bpf_ntohs(tcp->window);
 	if (win >= old)
 		return 0;
+	if (ensure_scanned(ctx, xdp, pc))
+		return -1;
+	tcp = view_tcp(ctx, xdp, pc); /* the walk's call leaves packet pointers unknown */
+	if (!tcp)
+		return -1;
 	__be16 oldn = tcp->window, newn = bpf_htons((__u16)win);
 	if (xdp) {
 		tcp->window = newn;

@@ -322,7 +322,7 @@ struct mps_flow_dir {
 };
 struct mps_flow {
 	struct mps_flow_dir dir[2];
-	__u64 first_ns, last_ns;
+	__u64 first_ns, last_ns; /* to the clock tick (the coarse clock) */
 	__u64 key[2];	  /* MP_CAPABLE key of side a / b as on the wire (0: unseen) */
 	__u64 idsn[2];	  /* IDSN of side a / b, filled by the agent from the keys */
 	__u32 token[2];	  /* token of side a / b (0: unknown) */
@@ -347,7 +347,7 @@ enum mps_role { MPS_ROLE_UNKNOWN = 0, MPS_ROLE_INITIAL = 1, MPS_ROLE_JOIN = 2 };
  * key differs from token[0]) so either token finds it. */
 struct mps_conn {
 	__u64 packets, bytes;
-	__u64 first_ns, last_ns;
+	__u64 first_ns, last_ns; /* to the clock tick (the coarse clock) */
 	__u32 token[2]; /* both tokens, lower first */
 	__u32 subflows;
 	__u32 pad;
