@@ -9,6 +9,7 @@
 #include "agent/agent.h"
 
 #include <fcntl.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -324,6 +325,9 @@ int Agent::run() {
         if (now >= compile_due_ && due == Clock::time_point::max()) {
             compile_due_ = Clock::time_point::max();
             rollout_.compile_entries();
+            // Loading parsed objects, the kernel's BTF and verifier logs; the agent then idles
+            // for hours: give the freed heap back rather than keep it resident.
+            malloc_trim(0);
         }
         if (now >= next_status) {
             next_status = now + 1s;

@@ -172,6 +172,7 @@ struct Case {
 
 struct Sample {
     double gbps = 0, cpu_s_per_gb = 0;
+    int subflows = 0;  // the receiver's, at the end of the transfer
 };
 
 // Frames the interfaces of a host received: what its XDP programs ran on, one by one.
@@ -198,6 +199,7 @@ Sample transfer(const Lab& lab, std::chrono::seconds length) {
     Sample s;
     s.gbps = double(got.bytes) * 8 / secs / 1e9;
     s.cpu_s_per_gb = got.bytes ? cpu / (double(got.bytes) / 1e9) : 0;
+    s.subflows = got.subflows;
     return s;
 }
 
@@ -305,7 +307,16 @@ int run_live_bench(bool json, int rounds, int seconds, const std::string& share,
             auto agent_packets = [&] {
                 return agent->status()["datapath"].value("packets", uint64_t(0));
             };
+            // What the shipped policies did to the transfer (windows lowered, subflows
+            // blocked or added): their cost is more than the chains' when they act.
+            auto agent_applied = [&] {
+                std::map<std::string, uint64_t> m;
+                for (const auto& p : agent->status()["policies"])
+                    m[p.value("name", "")] = p.value("applied", uint64_t(0));
+                return m;
+            };
             const uint64_t agent0 = agent ? agent_packets() : 0;
+            const auto applied0 = agent ? agent_applied() : std::map<std::string, uint64_t>{};
             const uint64_t rx_cli0 = rx_frames(lab.client_ns(), client_ifs),
                            rx_srv0 = rx_frames(lab.server_ns(), server_ifs);
             Sample s = transfer(lab, std::chrono::seconds(seconds));
@@ -324,12 +335,18 @@ int run_live_bench(bool json, int rounds, int seconds, const std::string& share,
             if (agent) {
                 agent->wait_status_update(3s);
                 c.counts["client_chain_packets"].push_back(double(agent_packets() - agent0));
+                for (const auto& [name, n] : agent_applied()) {
+                    const auto was = applied0.count(name) ? applied0.at(name) : 0;
+                    c.counts["applied_" + name].push_back(double(n - was));
+                }
             }
+            c.counts["subflows"].push_back(s.subflows);
             c.gbps.push_back(s.gbps);
             c.cpu_s_per_gb.push_back(s.cpu_s_per_gb);
             if (!json)
                 std::cerr << "round " << round + 1 << "/" << rounds << " " << c.key << ": "
-                          << s.gbps << " Gbit/s, " << s.cpu_s_per_gb << " CPU s/GB\n";
+                          << s.gbps << " Gbit/s, " << s.cpu_s_per_gb << " CPU s/GB, "
+                          << s.subflows << " subflows\n";
         }
     }
 
@@ -358,7 +375,9 @@ int run_live_bench(bool json, int rounds, int seconds, const std::string& share,
         nlohmann::ordered_json j;
         j["gbit_per_s"] = median(c.gbps);
         j["cpu_s_per_gb"] = median(c.cpu_s_per_gb);
-        for (const auto& [what, v] : c.counts) j[what] = median(v);
+        for (const auto& [what, v] : c.counts)
+            if (what.rfind("applied_", 0) != 0 || *std::max_element(v.begin(), v.end()) > 0)
+                j[what] = median(v);  // policies that did something
         if (&c != &bare) {
             auto t = ratios(c.gbps, bare.gbps), u = ratios(c.cpu_s_per_gb, bare.cpu_s_per_gb);
             j["throughput_vs_bare_xdp"] = median(t);
