@@ -78,7 +78,8 @@ void ShippedAgent::stop() {
     kill(pid_, SIGTERM);
     for (int i = 0; i < 100 && alive(); ++i) std::this_thread::sleep_for(50ms);
     if (alive()) kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
+    // alive() may have reaped it already: waitpid(-1) would wait for any other child.
+    if (pid_ > 0) waitpid(pid_, nullptr, 0);
     pid_ = -1;
 }
 

@@ -16,11 +16,12 @@ void add_validate_command(CLI::App&);
 void add_plan_command(CLI::App&);
 void add_demo_command(CLI::App&);
 void add_agent_commands(CLI::App&);
+void add_usecases_command(CLI::App&);
 
 std::vector<AddCommand> all_commands() {
     return {
         add_bench_command, add_validate_command, add_plan_command,
-        add_demo_command,  add_agent_commands,
+        add_demo_command,  add_agent_commands,  add_usecases_command,
     };
 }
 }  // namespace mpsteer::cli

@@ -158,18 +158,27 @@ Lab::Lab(LabConfig cfg) : cfg_(std::move(cfg)) {
         throw Error("lab tag too long for interface names: " + cfg_.tag);
     cleanup_stale();
     cleanup(prefix_ + "-");
-    // Who owns the prefix, written before anything exists, so cleanup_stale() in another
-    // process never takes a lab under construction for a leftover.
-    std::filesystem::create_directories(kPidDir);
-    std::ofstream(pid_file(prefix_)) << getpid() << "\n";
+    claim(prefix_);
     try {
         build();
     } catch (...) {
         for (auto& d : delay_) d.reset();
         cleanup(prefix_ + "-");
-        std::filesystem::remove(pid_file(prefix_));
+        release(prefix_);
         throw;
     }
+}
+
+void Lab::claim(const std::string& prefix) {
+    // Written before anything exists, so cleanup_stale() in another process never takes a
+    // lab under construction for a leftover.
+    std::filesystem::create_directories(kPidDir);
+    std::ofstream(pid_file(prefix)) << getpid() << "\n";
+}
+
+void Lab::release(const std::string& prefix) {
+    std::error_code ec;
+    std::filesystem::remove(pid_file(prefix), ec);
 }
 
 Lab::~Lab() {
@@ -179,8 +188,7 @@ Lab::~Lab() {
     } catch (const std::exception& e) {
         spdlog::error("lab: cleanup of {} failed: {}", prefix_, e.what());
     }
-    std::error_code ec;
-    std::filesystem::remove(pid_file(prefix_), ec);
+    release(prefix_);
 }
 
 void Lab::build() {
@@ -337,6 +345,26 @@ LinkCounters link_counters(const std::string& netns, const std::string& ifname) 
         return LinkCounters{v[0], v[1], v[8], v[9]};
     }
     throw Error("lab: no interface " + ifname + " in " + netns);
+}
+
+std::map<std::string, uint64_t> mptcp_counters(const std::string& netns) {
+    NetnsGuard in(netns);
+    // Two lines per group: "MPTcpExt: Name1 Name2 ..." then "MPTcpExt: 1 2 ...".
+    std::ifstream f("/proc/thread-self/net/netstat");
+    std::vector<std::string> names;
+    for (std::string line; std::getline(f, line);) {
+        if (line.rfind("MPTcpExt:", 0) != 0) continue;
+        std::istringstream words(line.substr(9));
+        if (names.empty()) {
+            for (std::string w; words >> w;) names.push_back(w);
+            continue;
+        }
+        std::map<std::string, uint64_t> out;
+        uint64_t v = 0;
+        for (size_t i = 0; i < names.size() && words >> v; i++) out[names[i]] = v;
+        return out;
+    }
+    throw Error("lab: no MPTcpExt counters in " + netns + " (kernel without MPTCP?)");
 }
 
 }  // namespace mpsteer::lab

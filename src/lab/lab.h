@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // The namespace test bed: a client and a server network namespace joined by two veth pairs,
 // kernel MPTCP between them, a small MPTCP sender/sink, and the kernel's own view of the
-// connections (MPTCP netlink events, MPTCP_INFO). Used by the e2e tests and `mpsteer demo`.
+// connections (MPTCP netlink events, MPTCP_INFO). Used by the e2e tests and `mpsteer demo`;
+// LoadBalancerLab (below) is the load-balanced service `mpsteer usecases` runs.
 //
 // Layout of a Lab with prefix P = "mps-<tag>" (path n = 1, 2):
 //   namespaces  P-cli, P-srv
@@ -21,6 +22,7 @@
 #include <atomic>
 #include <functional>
 #include <chrono>
+#include <map>
 #include <memory>
 #include <optional>
 #include <cstdint>
@@ -117,6 +119,10 @@ public:
     // /run/mpsteer-lab/<prefix>). Labs of running processes, and namespaces no Lab made,
     // are left alone.
     static int cleanup_stale();
+    // Records this process as the owner of `prefix` (what cleanup_stale() reads), before
+    // anything with that prefix exists; release() forgets it. Other test beds use these too.
+    static void claim(const std::string& prefix);
+    static void release(const std::string& prefix);
 
     const std::string& prefix() const { return prefix_; }
     std::string client_ns() const { return prefix_ + "-cli"; }
@@ -147,6 +153,49 @@ struct LinkCounters {
     uint64_t rx_bytes = 0, rx_packets = 0, tx_bytes = 0, tx_packets = 0;
 };
 LinkCounters link_counters(const std::string& netns, const std::string& ifname);
+
+// The kernel's MPTCP MIB counters inside a namespace (the MPTcpExt line of
+// /proc/net/netstat, as `nstat` shows them without the prefix: "MPJoinSynRx", ...).
+std::map<std::string, uint64_t> mptcp_counters(const std::string& netns);
+
+// ---- a load-balanced service ---------------------------------------------------------------
+
+// Servers behind a stateless load balancer (Duchene & Bonaventure, ICNP 2017): a router
+// spreads a virtual address (VIP) over two backends by an L4 hash, each backend holds the VIP
+// and a unique address it announces (ADD_ADDR), and a client with two paths opens MPTCP
+// connections to the VIP; its in-kernel path manager adds a subflow from its second address.
+// The VIP and backend 1's unique address are those the shipped load-balancer policies name.
+// Layout with prefix P = "mps-<tag>" (client path n = 1, 2; backend b = 1, 2):
+//   P-cli  P-c<n> 10.0.<n>.1/24, fd00:0:<n>::1/64; default route via path 1, traffic from
+//          the path-2 address leaves by P-c2 (source routing); endpoint path-2 address subflow;
+//          limits subflow 2, add_addr_accepted 2
+//   P-lb   P-r<n> 10.0.<n>.2/24, fd00:0:<n>::2/64; P-l<b> 10.1.<b>.1/24, fd00:1:<b>::1/64;
+//          forwarding; VIP via both backends (ECMP, fib_multipath_hash_policy 1: the 5-tuple),
+//          unique address b via backend b
+//   P-b<b> P-v<b> 10.1.<b>.2/24, fd00:1:<b>::2/64, default via P-l<b>; VIP and unique address
+//          on lo; endpoint unique address signal; limits subflow 2
+// Removed like a Lab: by prefix on destruction, and by Lab::cleanup_stale after a crash.
+class LoadBalancerLab {
+public:
+    static constexpr int kBackends = 2;
+
+    explicit LoadBalancerLab(const std::string& tag);  // tag at most 10 characters
+    ~LoadBalancerLab();
+    LoadBalancerLab(const LoadBalancerLab&) = delete;
+    LoadBalancerLab& operator=(const LoadBalancerLab&) = delete;
+
+    std::string client_ns() const { return prefix_ + "-cli"; }
+    std::string router_ns() const { return prefix_ + "-lb"; }
+    std::string backend_ns(int backend) const { return prefix_ + "-b" + std::to_string(backend); }
+    // family 4 or 6
+    static std::string vip(int family);                          // 203.0.113.10, 2001:db8:113::10
+    static std::string unique_addr(int backend, int family);     // 198.51.100.2<b-1>, 2001:db8:100::2<b-1>
+    static std::string client_addr(int path, int family);
+
+private:
+    void build();
+    std::string prefix_;
+};
 
 // ---- the kernel's view: MPTCP netlink events -----------------------------------------------
 
@@ -257,6 +306,50 @@ TrafficStats receive_stream(const std::string& netns, const std::string& addr, u
                             std::chrono::milliseconds timeout,
                             const std::function<void(uint64_t)>& progress = {});
 
+// Many connections at once. A listener inside `netns` (any address; with ipv6 both
+// families) that accepts every MPTCP connection and reads each to its end, discarding it,
+// until destroyed.
+class Discard {
+public:
+    Discard(const std::string& netns, uint16_t port, bool ipv6);
+    ~Discard();
+    Discard(const Discard&) = delete;
+    Discard& operator=(const Discard&) = delete;
+    unsigned accepted() const { return accepted_.load(); }
+
+private:
+    void serve();
+    int listen_fd_ = -1;
+    std::atomic<unsigned> accepted_{0};
+    std::atomic<bool> stop_{false};
+    std::thread thread_;
+};
+
+// `count` MPTCP connections from `netns` to addr:port, held open until destroyed.
+class ConnectionSet {
+public:
+    ConnectionSet(const std::string& netns, const std::string& addr, uint16_t port,
+                  unsigned count);  // throws Error when a connect fails
+    ~ConnectionSet();
+    ConnectionSet(const ConnectionSet&) = delete;
+    ConnectionSet& operator=(const ConnectionSet&) = delete;
+
+    // Writes up to `bytes` on every connection that has not failed, without blocking.
+    void send_each(size_t bytes);
+    struct State {
+        uint16_t local_port = 0;
+        unsigned subflows = 0;  // additional subflows (MPTCP_INFO)
+        bool fallback = false;  // fell back to TCP
+        int error = 0;          // 0, or the errno that ended it (ECONNRESET, ...)
+        bool closed = false;    // the peer closed or reset it
+    };
+    std::vector<State> states();
+
+private:
+    std::vector<int> fds_;
+    std::vector<int> errors_;
+};
+
 // ---- the datapath in the lab ---------------------------------------------------------------
 
 // Kernel per-subflow counters (`ss -tni` inside a namespace): payload bytes the sender got
@@ -264,6 +357,9 @@ TrafficStats receive_stream(const std::string& netns, const std::string& addr, u
 struct SubflowInfo {
     std::string local, remote;  // "addr:port"
     uint64_t bytes_acked = 0, bytes_received = 0;
+    // MPTCP subflow flags as ss prints them ("Mec", "Jjecv", ...; B: the peer marked the
+    // subflow backup with MP_PRIO); empty for plain TCP.
+    std::string mptcp_flags;
 };
 std::vector<SubflowInfo> tcp_subflows(const std::string& netns);
 

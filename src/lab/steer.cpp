@@ -38,12 +38,15 @@ std::vector<SubflowInfo> tcp_subflows(const std::string& netns) {
             continue;
         }
         if (out.empty()) continue;
-        for (std::string w; f >> w;) {
+        std::string prev;
+        for (std::string w; f >> w; prev = w) {
             auto num = [&](const char* key, uint64_t& v) {
                 if (w.rfind(key, 0) == 0) v = std::stoull(w.substr(std::strlen(key)));
             };
             num("bytes_acked:", out.back().bytes_acked);
             num("bytes_received:", out.back().bytes_received);
+            if (prev == "tcp-ulp-mptcp" && w.rfind("flags:", 0) == 0)
+                out.back().mptcp_flags = w.substr(6);
         }
     }
     return out;

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <vector>
@@ -74,7 +75,8 @@ double since(Clock::time_point t0) {
 }
 
 // An MPTCP listener on `port` (any address) inside `netns`; `who` names it in errors.
-int listen_mptcp(const std::string& netns, uint16_t port, bool ipv6, const std::string& who) {
+int listen_mptcp(const std::string& netns, uint16_t port, bool ipv6, const std::string& who,
+                 int backlog = 4) {
     NetnsGuard in(netns);
     int family = ipv6 ? AF_INET6 : AF_INET;
     int fd = socket(family, SOCK_STREAM | SOCK_CLOEXEC, IPPROTO_MPTCP);
@@ -96,7 +98,7 @@ int listen_mptcp(const std::string& netns, uint16_t port, bool ipv6, const std::
         a->sin_addr.s_addr = htonl(INADDR_ANY);
         sl = sizeof *a;
     }
-    if (bind(fd, reinterpret_cast<sockaddr*>(&ss), sl) != 0 || listen(fd, 4)) {
+    if (bind(fd, reinterpret_cast<sockaddr*>(&ss), sl) != 0 || listen(fd, backlog)) {
         std::string e = errstr(who + ": bind/listen port " + std::to_string(port));
         close(fd);
         throw Error(e);
@@ -320,6 +322,100 @@ TrafficStats Source::wait(std::chrono::milliseconds timeout) {
     thread_.join();
     if (!error_.empty()) throw Error(error_);
     return result_;
+}
+
+// ---- many connections ----------------------------------------------------------------------
+
+Discard::Discard(const std::string& netns, uint16_t port, bool ipv6)
+    : listen_fd_(listen_mptcp(netns, port, ipv6, "discard", 1024)) {
+    thread_ = std::thread([this] { serve(); });
+}
+
+Discard::~Discard() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+    close(listen_fd_);
+}
+
+void Discard::serve() {
+    std::vector<pollfd> fds{{listen_fd_, POLLIN, 0}};
+    std::vector<uint8_t> buf(1 << 16);
+    while (!stop_) {
+        if (::poll(fds.data(), fds.size(), 100) <= 0) continue;
+        for (size_t i = 1; i < fds.size(); i++) {
+            if (!fds[i].revents) continue;
+            ssize_t n = recv(fds[i].fd, buf.data(), buf.size(), MSG_DONTWAIT);
+            if (n > 0 || (n < 0 && (errno == EAGAIN || errno == EINTR))) continue;
+            close(fds[i].fd);  // the end of the stream, or a reset
+            fds[i].fd = -1;
+        }
+        std::erase_if(fds, [](const pollfd& p) { return p.fd < 0; });
+        if (fds[0].revents & POLLIN) {
+            int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+            if (fd >= 0) {
+                fds.push_back({fd, POLLIN, 0});
+                accepted_++;
+            }
+        }
+    }
+    for (size_t i = 1; i < fds.size(); i++) close(fds[i].fd);
+}
+
+ConnectionSet::ConnectionSet(const std::string& netns, const std::string& addr, uint16_t port,
+                             unsigned count) {
+    try {
+        for (unsigned i = 0; i < count; i++) {
+            fds_.push_back(connect_mptcp(netns, addr, port));
+            errors_.push_back(0);
+        }
+    } catch (...) {
+        for (int fd : fds_) close(fd);
+        throw;
+    }
+}
+
+ConnectionSet::~ConnectionSet() {
+    for (int fd : fds_) close(fd);
+}
+
+void ConnectionSet::send_each(size_t bytes) {
+    const auto& pat = pattern();
+    bytes = std::min(bytes, pat.size());
+    for (size_t i = 0; i < fds_.size(); i++) {
+        if (errors_[i]) continue;
+        if (send(fds_[i], pat.data(), bytes, MSG_DONTWAIT | MSG_NOSIGNAL) < 0 && errno != EAGAIN &&
+            errno != EINTR)
+            errors_[i] = errno;
+    }
+}
+
+std::vector<ConnectionSet::State> ConnectionSet::states() {
+    std::vector<State> out;
+    for (size_t i = 0; i < fds_.size(); i++) {
+        State st;
+        sockaddr_storage local{};
+        socklen_t len = sizeof local;
+        if (getsockname(fds_[i], reinterpret_cast<sockaddr*>(&local), &len) == 0)
+            st.local_port = ntohs(local.ss_family == AF_INET6
+                                      ? reinterpret_cast<sockaddr_in6*>(&local)->sin6_port
+                                      : reinterpret_cast<sockaddr_in*>(&local)->sin_port);
+        TrafficStats info;
+        fill_info(fds_[i], info);
+        st.subflows = info.subflows;
+        st.fallback = info.fallback;
+        int err = 0;
+        len = sizeof err;
+        getsockopt(fds_[i], SOL_SOCKET, SO_ERROR, &err, &len);
+        if (err && !errors_[i]) errors_[i] = err;
+        st.error = errors_[i];
+        // The peer never sends: anything readable is its FIN or a reset.
+        char byte;
+        ssize_t n = recv(fds_[i], &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+        st.closed = n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR);
+        if (n < 0 && st.closed && !st.error) st.error = errno;
+        out.push_back(st);
+    }
+    return out;
 }
 
 }  // namespace mpsteer::lab
