@@ -20,8 +20,11 @@ else
     # The package is stripped: the same -O2 as build/, without -g (a third less compile time).
     set -- -DCMAKE_TOOLCHAIN_FILE="$PWD/packaging/toolchain-$ARCH.cmake" -DCMAKE_BUILD_TYPE=Release \
            -DCMAKE_C_FLAGS_RELEASE="-O2 -DNDEBUG" -DCMAKE_CXX_FLAGS_RELEASE="-O2 -DNDEBUG"
-    # dpkg-shlibdeps: look the binary's libraries up for the target architecture.
+    # dpkg-shlibdeps: look the binary's libraries up for the target architecture, in the
+    # sysroot's dpkg database when it has one (packaging/cross-sysroot.sh).
     export DEB_HOST_ARCH="$ARCH"
+    db=/var/cache/mpsteer-cross/$ARCH/dpkg
+    [ ! -d "$db" ] || export DPKG_ADMINDIR="$db"
 fi
 # The package needs only the binary and the man page: skip building everything else first.
 cmake -S . -B "$dir" -G Ninja -DCMAKE_SKIP_INSTALL_ALL_DEPENDENCY=ON -Wno-dev "$@" >/dev/null

@@ -1,7 +1,9 @@
 #!/bin/sh
 # SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
-# Installs what cross-building mpsteer for ARCH (arm64 or armhf) needs, with Debian multiarch:
-# the cross compiler, qemu-user to run the tests, and the foreign-architecture -dev packages.
+# Installs what cross-building mpsteer for ARCH (arm64 or armhf) needs: the cross compiler,
+# qemu-user to run the tests, and the target's -dev packages; for arm64 with Debian multiarch,
+# for armhf in a sysroot of its own (packaging/cross-sysroot.sh: the mirror's armhf security
+# index has been seen mid-sync for days, and multiarch needs it at the host's versions).
 # Idempotent: apt-get runs only when something is missing.
 #
 # libyaml-cpp-dev has no Multi-Arch field, so the arm64 one cannot be installed beside the
@@ -13,11 +15,17 @@ set -eu
 ARCH=${1:?usage: packaging/setup-cross.sh arm64|armhf}
 case "$ARCH" in
     arm64) QEMU=qemu-user ;;
-    armhf) QEMU=qemu-user ;;
+    armhf) ;;
     *) echo "setup-cross: unknown architecture $ARCH (arm64 or armhf)" >&2; exit 2 ;;
 esac
 cd "$(dirname "$0")/.."
 packaging/setup-deps.sh
+if [ "$ARCH" = armhf ]; then
+    # Only amd64 packages on the host (the gcc-12-arm-linux-gnueabihf cross compiler).
+    packaging/apt-ensure.sh setup-cross crossbuild-essential-armhf qemu-user dpkg-dev \
+        debian-archive-keyring
+    exec packaging/cross-sysroot.sh armhf
+fi
 
 FOREIGN="libbpf-dev libelf-dev zlib1g-dev libssl-dev libspdlog-dev libfmt-dev liblua5.4-dev
 libyaml-cpp0.7 libc6-dev libstdc++6 libgcc-s1"

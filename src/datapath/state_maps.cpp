@@ -173,7 +173,7 @@ void init_libbpf_logging() {
 
 void ensure_bpffs(const std::string& pin_root) {
     struct statfs st {};
-    if (statfs("/sys/fs/bpf", &st) != 0 || st.f_type != kBpfFsMagic) {
+    if (statfs("/sys/fs/bpf", &st) != 0 || static_cast<unsigned long>(st.f_type) != kBpfFsMagic) {
         spdlog::info("bpffs is not mounted on /sys/fs/bpf: mounting it");
         fs::create_directories("/sys/fs/bpf");
         if (mount("bpf", "/sys/fs/bpf", "bpf", 0, "mode=0700") != 0)

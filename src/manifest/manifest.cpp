@@ -174,10 +174,14 @@ std::optional<uint64_t> parse_rate_bytes_per_sec(std::string_view s) {
         mul = 1000000000, div = 1;
     else
         return std::nullopt;
-    // micro * mul / (div * 10^6) without overflow for the ranges the schema allows
-    unsigned __int128 v = (unsigned __int128)micro * mul / div / 1000000;
-    if (v > UINT64_MAX) return std::nullopt;
-    return uint64_t(v);
+    // micro * mul / d in 64 bits (no 128-bit integers on 32-bit ARM): split micro at d; the
+    // remainder's product stays below d * mul, far from overflow for the schema's units.
+    const uint64_t d = div * 1000000;
+    uint64_t v;
+    if (__builtin_mul_overflow(micro / d, mul, &v) ||
+        __builtin_add_overflow(v, micro % d * mul / d, &v))
+        return std::nullopt;
+    return v;
 }
 
 std::string_view to_string(Action::Kind k) {
