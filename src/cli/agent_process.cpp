@@ -27,7 +27,7 @@ std::string default_share() {
 }
 
 ShippedAgent::ShippedAgent(const std::string& share, const std::string& netns,
-                           const std::string& name)
+                           const std::string& name, const std::vector<std::string>& leave_out)
     : state_("/run/mpsteer-" + name),
       pins_("/sys/fs/bpf/mpsteer-" + name),
       log_(state_ + "/agent.log") {
@@ -37,6 +37,7 @@ ShippedAgent::ShippedAgent(const std::string& share, const std::string& netns,
     fs::create_directories(repo);
     for (const char* d : {"policies", "lua"})
         fs::copy(share + "/" + d, repo + "/" + d, fs::copy_options::recursive);
+    for (const auto& f : leave_out) fs::remove(repo + "/policies/" + f);
     args_ = {"run",        "--policies", repo, "--netns", netns, "--state-dir", state_,
              "--pin-root", pins_,        "--metrics-port", "0"};
     pid_ = fork();

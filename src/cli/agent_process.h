@@ -22,7 +22,9 @@ public:
     // Copies <share>/policies and <share>/lua into /run/mpsteer-<name>/repo (the repository
     // the agent watches, as git-sync would publish it) and starts the agent in `netns` with
     // pins under /sys/fs/bpf/mpsteer-<name>, its output in /run/mpsteer-<name>/agent.log.
-    ShippedAgent(const std::string& share, const std::string& netns, const std::string& name);
+    // `leave_out`: files under policies/ not copied (examples for another kind of host).
+    ShippedAgent(const std::string& share, const std::string& netns, const std::string& name,
+                 const std::vector<std::string>& leave_out = {});
     // Stops the agent and removes its pins and state.
     ~ShippedAgent();
     ShippedAgent(const ShippedAgent&) = delete;

@@ -244,7 +244,12 @@ int agent_demo(const std::string& share, int seconds) {
     print_lab(lab);
     std::printf("\n");
 
-    ShippedAgent agent(share, lab.client_ns(), "demo-" + cfg.tag);
+    // A hypervisor's policies: they redirect to uplinks this lab's client does not have.
+    const std::vector<std::string> elsewhere = {"multi-tenant.yaml"};
+    ShippedAgent agent(share, lab.client_ns(), "demo-" + cfg.tag, elsewhere);
+    for (const auto& f : elsewhere)
+        std::printf("not loaded here: policies/%s (for a hypervisor with uplinks eth1, eth2)\n",
+                    f.c_str());
     std::printf("starting the agent on the client:\n  mpsteer");
     for (const auto& a : agent.args()) std::printf(" %s", a.c_str());
     std::printf("\n  (its log: %s)\n", agent.log().c_str());
