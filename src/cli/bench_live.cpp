@@ -172,7 +172,7 @@ struct Case {
 
 struct Sample {
     double gbps = 0, cpu_s_per_gb = 0;
-    int subflows = 0;  // the receiver's, at the end of the transfer
+    int extra_subflows = 0;  // the receiver's, open at the end of the transfer
 };
 
 // Frames the interfaces of a host received: what its XDP programs ran on, one by one.
@@ -199,7 +199,7 @@ Sample transfer(const Lab& lab, std::chrono::seconds length) {
     Sample s;
     s.gbps = double(got.bytes) * 8 / secs / 1e9;
     s.cpu_s_per_gb = got.bytes ? cpu / (double(got.bytes) / 1e9) : 0;
-    s.subflows = got.subflows;
+    s.extra_subflows = int(got.subflows);
     return s;
 }
 
@@ -340,13 +340,13 @@ int run_live_bench(bool json, int rounds, int seconds, const std::string& share,
                     c.counts["applied_" + name].push_back(double(n - was));
                 }
             }
-            c.counts["subflows"].push_back(s.subflows);
+            c.counts["extra_subflows"].push_back(s.extra_subflows);
             c.gbps.push_back(s.gbps);
             c.cpu_s_per_gb.push_back(s.cpu_s_per_gb);
             if (!json)
                 std::cerr << "round " << round + 1 << "/" << rounds << " " << c.key << ": "
                           << s.gbps << " Gbit/s, " << s.cpu_s_per_gb << " CPU s/GB, "
-                          << s.subflows << " subflows\n";
+                          << s.extra_subflows << " extra subflow(s)\n";
         }
     }
 
