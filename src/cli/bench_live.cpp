@@ -311,7 +311,8 @@ int run_live_bench(bool json, int rounds, int seconds, const std::string& share,
             // blocked or added): their cost is more than the chains' when they act.
             auto agent_applied = [&] {
                 std::map<std::string, uint64_t> m;
-                for (const auto& p : agent->status()["policies"])
+                const nlohmann::json st = agent->status();  // outlives the loop
+                for (const auto& p : st.value("policies", nlohmann::json::array()))
                     m[p.value("name", "")] = p.value("applied", uint64_t(0));
                 return m;
             };
