@@ -303,21 +303,23 @@ int run_live_bench(bool json, int rounds, int seconds, const std::string& share,
                 srv = std::make_unique<Attached>(std::nullopt, lab.server_ns(), server_ifs,
                                                  root + "-srv");
             }
-            // Counters from zero for this transfer (the agent's keep counting while it runs).
-            auto agent_packets = [&] {
-                return agent->status()["datapath"].value("packets", uint64_t(0));
+            // Counters from zero for this transfer (the agent's keep counting while it runs):
+            // packets its chains saw and, per shipped policy, what it applied (windows
+            // lowered, subflows blocked or added: their cost is more than the chains' when
+            // they act). One read of the status for both.
+            struct AgentCounts {
+                uint64_t packets = 0;
+                std::map<std::string, uint64_t> applied;
             };
-            // What the shipped policies did to the transfer (windows lowered, subflows
-            // blocked or added): their cost is more than the chains' when they act.
-            auto agent_applied = [&] {
-                std::map<std::string, uint64_t> m;
-                const nlohmann::json st = agent->status();  // outlives the loop
+            auto agent_counts = [&] {
+                AgentCounts n;
+                const nlohmann::json st = agent->status();
+                n.packets = st.value("datapath", nlohmann::json::object()).value("packets", 0ull);
                 for (const auto& p : st.value("policies", nlohmann::json::array()))
-                    m[p.value("name", "")] = p.value("applied", uint64_t(0));
-                return m;
+                    n.applied[p.value("name", "")] = p.value("applied", uint64_t(0));
+                return n;
             };
-            const uint64_t agent0 = agent ? agent_packets() : 0;
-            const auto applied0 = agent ? agent_applied() : std::map<std::string, uint64_t>{};
+            const AgentCounts agent0 = agent ? agent_counts() : AgentCounts{};
             const uint64_t rx_cli0 = rx_frames(lab.client_ns(), client_ifs),
                            rx_srv0 = rx_frames(lab.server_ns(), server_ifs);
             Sample s = transfer(lab, std::chrono::seconds(seconds));
@@ -335,9 +337,10 @@ int run_live_bench(bool json, int rounds, int seconds, const std::string& share,
             }
             if (agent) {
                 agent->wait_status_update(3s);
-                c.counts["client_chain_packets"].push_back(double(agent_packets() - agent0));
-                for (const auto& [name, n] : agent_applied()) {
-                    const auto was = applied0.count(name) ? applied0.at(name) : 0;
+                const AgentCounts agent1 = agent_counts();
+                c.counts["client_chain_packets"].push_back(double(agent1.packets - agent0.packets));
+                for (const auto& [name, n] : agent1.applied) {
+                    const auto was = agent0.applied.count(name) ? agent0.applied.at(name) : 0;
                     c.counts["applied_" + name].push_back(double(n - was));
                 }
             }

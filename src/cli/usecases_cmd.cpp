@@ -263,6 +263,14 @@ Report load_balancer(const Options& opt) {
         std::function<Cell(const LbTally&, bool mpsteer)> cell;
     };
     auto number = [](uint64_t v) { return Cell{v, std::to_string(v), std::nullopt}; };
+    // A count mpsteer must keep at zero (the kernel's column only shows it).
+    auto zero_with_mpsteer = [&](uint64_t (*count)(const LbTally&)) {
+        return [&number, count](const LbTally& t, bool mpsteer) {
+            Cell c = number(count(t));
+            if (mpsteer) c.met = count(t) == 0;
+            return c;
+        };
+    };
     const std::vector<Spec> specs = {
         {"connections", "connections", "", [&](const LbTally& t, bool) { return number(t.connections); }},
         {"with_extra_subflow", "connections with >= 2 subflows", "100 %",
@@ -274,25 +282,13 @@ Report load_balancer(const Options& opt) {
         {"joins_received", "MP_JOIN SYNs at the backends (MIB)", "",
          [&](const LbTally& t, bool) { return number(t.joins_received); }},
         {"joins_failed", "joins failed: no token (MIB)", "0",
-         [&](const LbTally& t, bool mpsteer) {
-             Cell c = number(t.joins_failed);
-             if (mpsteer) c.met = t.joins_failed == 0;
-             return c;
-         }},
+         zero_with_mpsteer([](const LbTally& t) -> uint64_t { return t.joins_failed; })},
         {"unique_address_subflows", "subflows to a unique address (either family)", "",
          [&](const LbTally& t, bool) { return number(t.unique_subflows); }},
         {"resets", "connections reset", "0",
-         [&](const LbTally& t, bool mpsteer) {
-             Cell c = number(t.resets);
-             if (mpsteer) c.met = t.resets == 0;
-             return c;
-         }},
+         zero_with_mpsteer([](const LbTally& t) -> uint64_t { return t.resets; })},
         {"fallbacks", "connections fallen back to TCP", "0",
-         [&](const LbTally& t, bool mpsteer) {
-             Cell c = number(t.fallbacks);
-             if (mpsteer) c.met = t.fallbacks == 0;
-             return c;
-         }},
+         zero_with_mpsteer([](const LbTally& t) -> uint64_t { return t.fallbacks; })},
         {"vip_subflow_backup", "VIP subflow backup", "yes",
          [](const LbTally& t, bool mpsteer) {
              const bool all = t.vip_subflows && t.vip_subflows_backup == t.vip_subflows;
