@@ -381,4 +381,13 @@ std::string AgentHarness::log_tail(size_t bytes) const {
     return l.size() > bytes ? l.substr(l.size() - bytes) : l;
 }
 
+bool AgentHarness::wait_log(const std::string& needle, std::chrono::milliseconds timeout) const {
+    const auto until = Clock::now() + timeout;
+    while (log(starts_).find(needle) == std::string::npos) {
+        if (Clock::now() > until) return false;
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    return true;
+}
+
 }  // namespace mpsteer::agent_e2e

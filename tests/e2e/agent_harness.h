@@ -98,6 +98,8 @@ public:
 
     std::string log(int k) const;                     // the k-th run's output (1-based)
     std::string log_tail(size_t bytes = 4000) const;  // the current run's
+    // Polls the current run's output until it holds `needle`; false on timeout.
+    bool wait_log(const std::string& needle, std::chrono::milliseconds timeout) const;
 
     const std::string& dir() const { return dir_; }
     const std::string& state_dir() const { return state_; }

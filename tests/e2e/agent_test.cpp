@@ -318,10 +318,19 @@ TEST_CASE("agent: kill -9 at random points of an apply, 20 times, every restart 
     for (int k = 1; k <= kKills; ++k) {
         auto rev = gen.valid(k);
         const auto id = h.publish(rev.files);
-        // Somewhere in [0, 1.2 x apply time]: mostly while the generation is validated, staged,
-        // pre-flighted and switched; sometimes before it starts or after it is recorded.
-        const auto delay = std::chrono::microseconds(
-            static_cast<int64_t>(unit(gen.rng()) * 1.2 * (apply_ms + 10) * 1000));
+        // One kill in five lands before the apply starts (inside the debounce); the others
+        // are aimed from the moment the run logs the apply's start, somewhere in
+        // [0, 1.2 x apply time]: while the generation is validated, staged, pre-flighted and
+        // switched, sometimes just after it is recorded. Aiming from the publish instead
+        // missed every apply once applies got faster than noticing a revision.
+        std::chrono::microseconds delay{0};
+        if (unit(gen.rng()) < 0.2) {
+            delay = std::chrono::microseconds(static_cast<int64_t>(unit(gen.rng()) * 10'000));
+        } else {
+            REQUIRE(h.wait_log("applying revision " + id, 10s));
+            delay = std::chrono::microseconds(
+                static_cast<int64_t>(unit(gen.rng()) * 1.2 * apply_ms * 1000));
+        }
         std::this_thread::sleep_for(delay);
         const int run = h.starts();
         h.kill9();
