@@ -26,6 +26,8 @@ install(DIRECTORY ${CMAKE_SOURCE_DIR}/lua/ DESTINATION share/mpsteer/policies/lu
         FILES_MATCHING PATTERN "*.lua")
 install(DIRECTORY ${CMAKE_SOURCE_DIR}/policies/ DESTINATION share/mpsteer/policies
         FILES_MATCHING PATTERN "*.yaml")
+# `mpsteer usecases --plots` draws with it (python3-matplotlib, suggested).
+install(FILES ${CMAKE_SOURCE_DIR}/tools/plot_usecases.py DESTINATION share/mpsteer/tools)
 install(FILES ${CMAKE_SOURCE_DIR}/monitoring/mpsteer.rules.yml
               ${CMAKE_SOURCE_DIR}/monitoring/mpsteer-dashboard.json
         DESTINATION share/mpsteer/monitoring)
@@ -87,6 +89,7 @@ set(CPACK_DEBIAN_PACKAGE_HOMEPAGE "https://mpsteer.dev")
 # Runtime dependencies from the binary's DT_NEEDED entries (dpkg-shlibdeps); for a cross build
 # packaging/package.sh sets DEB_HOST_ARCH so the target architecture's libraries are looked up.
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
+set(CPACK_DEBIAN_PACKAGE_SUGGESTS "python3-matplotlib")  # mpsteer usecases --plots
 if(MPS_CROSS_DEB_ARCH)  # packaging/toolchain-*.cmake
   set(CPACK_DEBIAN_PACKAGE_ARCHITECTURE ${MPS_CROSS_DEB_ARCH})
 endif()

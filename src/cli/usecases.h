@@ -1,0 +1,81 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+// What every use case of `mpsteer usecases` reports, and the helpers they share. Each use case
+// lives in its own usecases_<name>.cpp as `Report <name>(const UseCaseOptions&)`; the command
+// (usecases_cmd.cpp) lists them, runs them and prints the reports.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace mpsteer::cli::usecases {
+
+struct Options {
+    int rounds = 3;
+    unsigned connections = 40;
+    std::string share;  // holds the shipped policies/ and lua/
+};
+
+// Throws when SIGINT/SIGTERM asked the command to stop (use cases call it between steps).
+void check_stop();
+
+// One figure in one column: the number for JSON, its text for the table, and whether it
+// meets the figure's target (only in the columns the target is for).
+struct Cell {
+    nlohmann::ordered_json value;
+    std::string text;
+    std::optional<bool> met;
+};
+struct Figure {
+    std::string key, label, target;  // target: text, empty when the figure is only shown
+    std::vector<Cell> cells;         // one per column
+};
+// A picture of a use case: lines (x, y per series) or an empirical CDF (the samples in y).
+struct Plot {
+    struct Series {
+        std::string label;
+        std::vector<double> x, y;
+    };
+    std::string file;  // <name>.png in the plot directory
+    std::string title, xlabel, ylabel;
+    std::string kind = "lines";  // "lines" | "cdf"
+    std::vector<Series> series;
+};
+struct Report {
+    std::string name, title, setup;
+    std::vector<std::string> columns;  // "ipv4 kernel", "ipv4 mpsteer", ...
+    std::vector<Figure> figures;
+    std::vector<Plot> plots;
+    double seconds = 0;
+    bool met() const;
+};
+
+// "12 (30 %)"
+std::string percent(unsigned part, unsigned whole);
+
+// Copies of shipped files for one lab host, each with addresses (or any text) replaced: a
+// use case runs the shipped policies, only what names the real network changed. Every
+// replaced text must occur (a shipped file that no longer names it is an error, not a silent
+// no-op). Removed with the object.
+class AdaptedShare {
+public:
+    using Replacements = std::vector<std::pair<std::string, std::string>>;
+    // files: paths relative to `share` (policies/..., lua/...), each with its replacements.
+    AdaptedShare(const std::string& share, const std::string& dir,
+                 const std::vector<std::pair<std::string, Replacements>>& files);
+    ~AdaptedShare();
+    AdaptedShare(const AdaptedShare&) = delete;
+    AdaptedShare& operator=(const AdaptedShare&) = delete;
+    const std::string& share() const { return dir_; }  // holds policies/ and lua/
+
+private:
+    void remove();
+    std::string dir_;
+};
+
+// The use cases.
+Report load_balancer(const Options& opt);
+
+}  // namespace mpsteer::cli::usecases
