@@ -26,6 +26,12 @@ std::string default_share() {
     return "/usr/share/mpsteer";
 }
 
+std::string shipped_path(const std::string& share, const std::string& rel) {
+    if (rel.rfind("lua", 0) == 0 && !fs::exists(share + "/lua"))
+        return share + "/policies/" + rel;
+    return share + "/" + rel;
+}
+
 ShippedAgent::ShippedAgent(const std::string& share, const std::string& netns,
                            const std::string& name, const std::vector<std::string>& leave_out)
     : state_("/run/mpsteer-" + name),
@@ -35,8 +41,9 @@ ShippedAgent::ShippedAgent(const std::string& share, const std::string& netns,
     fs::remove_all(state_);
     const std::string repo = state_ + "/repo";
     fs::create_directories(repo);
-    for (const char* d : {"policies", "lua"})
-        fs::copy(share + "/" + d, repo + "/" + d, fs::copy_options::recursive);
+    fs::copy(share + "/policies", repo + "/policies", fs::copy_options::recursive);
+    if (fs::exists(share + "/lua"))  // else the package's policies/lua came along
+        fs::copy(share + "/lua", repo + "/lua", fs::copy_options::recursive);
     for (const auto& f : leave_out) fs::remove(repo + "/policies/" + f);
     args_ = {"run",        "--policies", repo, "--netns", netns, "--state-dir", state_,
              "--pin-root", pins_,        "--metrics-port", "0"};

@@ -16,6 +16,9 @@ namespace mpsteer::cli {
 // Where the shipped policies/ and lua/ are: the source tree the binary was built in, or where
 // the package installs them.
 std::string default_share();
+// Where a shipped file (policies/..., lua/...) is under `share`: the source tree has lua/ beside
+// policies/, the package keeps it in policies/lua/ (a repository root of its own).
+std::string shipped_path(const std::string& share, const std::string& rel);
 
 class ShippedAgent {
 public:

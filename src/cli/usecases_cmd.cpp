@@ -55,15 +55,16 @@ AdaptedShare::AdaptedShare(const std::string& share, const std::string& dir,
         fs::create_directories(dir_ + "/policies");
         fs::create_directories(dir_ + "/lua");
         for (const auto& [rel, replace] : files) {
-            std::ifstream in(share + "/" + rel);
+            const std::string from_path = shipped_path(share, rel);
+            std::ifstream in(from_path);
             std::ostringstream text;
             text << in.rdbuf();
             std::string s = text.str();
-            if (s.empty()) throw lab::Error("cannot read " + share + "/" + rel);
+            if (s.empty()) throw lab::Error("cannot read " + from_path);
             for (const auto& [from, to] : replace) {
                 auto at = s.find(from);
                 if (at == std::string::npos)
-                    throw lab::Error(share + "/" + rel + " no longer names " + from +
+                    throw lab::Error(from_path + " no longer names " + from +
                                 "; the use case rewrites it for its lab");
                 for (; at != std::string::npos; at = s.find(from, at + to.size()))
                     s.replace(at, from.size(), to);
