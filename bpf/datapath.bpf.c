@@ -220,7 +220,7 @@ static __always_inline __u32 load_be32_h(const __u8 *p)
 /* Both sides' SYNs seen (SYN and SYN/ACK). */
 static __always_inline bool handshake_done(const struct mps_flow *f)
 {
-	return f->dir[0].wscale_known && f->dir[1].wscale_known;
+	return f->dir_ab.wscale_known && f->dir_ba.wscale_known;
 }
 
 /* Whether a SYN may start the 4-tuple afresh: the flow ended, or it holds nothing a completed
@@ -268,11 +268,11 @@ static __always_inline void learn_syn(void *ctx, bool xdp, struct mps_pkt_ctx *p
 	if (!tcp)
 		return;
 	__u32 d = from_a ? 0 : 1;
-	f->dir[d].isn = bpf_ntohl(tcp->seq);
+	MPS_FLOW_DIR(f, d)->isn = bpf_ntohl(tcp->seq);
 	__u8 *ws = opt_ptr(ctx, xdp, pc, loc, OPT_WSCALE, 3, &len);
-	f->dir[d].wscale = ws ? (ws[2] > 14 ? 14 : ws[2]) : 0; /* RFC 7323 clamps to 14 */
-	f->dir[d].wscale_known = 1;
-	f->dir[d].wscale_sent = ws != NULL;
+	MPS_FLOW_DIR(f, d)->wscale = ws ? (ws[2] > 14 ? 14 : ws[2]) : 0; /* RFC 7323 clamps to 14 */
+	MPS_FLOW_DIR(f, d)->wscale_known = 1;
+	MPS_FLOW_DIR(f, d)->wscale_sent = ws != NULL;
 	if (pc->kinds & MPS_K_MP_JOIN) {
 		f->role = MPS_ROLE_JOIN;
 		/* MP_JOIN SYN (length 12): the token is the receiver's, i.e. the other side's. */
@@ -352,20 +352,20 @@ static __always_inline void sample_rtt(void *ctx, bool xdp, struct mps_pkt_ctx *
 {
 	__u32 od = d ^ 1, tsval, tsecr;
 	bool egress = pc->hook == MPS_HOOK_TC_EGRESS;
-	if (egress ? f->dir[d].ts_sent_ns != 0 : f->dir[od].ts_sent_ns == 0)
+	if (egress ? MPS_FLOW_DIR(f, d)->ts_sent_ns != 0 : MPS_FLOW_DIR(f, od)->ts_sent_ns == 0)
 		return;
 	if (load_timestamps(ctx, xdp, pc, &tsval, &tsecr))
 		return;
 	__u64 now = bpf_ktime_get_ns();
 	if (egress) {
-		f->dir[d].ts_val = tsval;
-		f->dir[d].ts_sent_ns = now;
+		MPS_FLOW_DIR(f, d)->ts_val = tsval;
+		MPS_FLOW_DIR(f, d)->ts_sent_ns = now;
 		return;
 	}
-	if ((__s32)(tsecr - f->dir[od].ts_val) < 0)
+	if ((__s32)(tsecr - MPS_FLOW_DIR(f, od)->ts_val) < 0)
 		return;
-	__u64 sample = (now - f->dir[od].ts_sent_ns) / 1000;
-	f->dir[od].ts_sent_ns = 0;
+	__u64 sample = (now - MPS_FLOW_DIR(f, od)->ts_sent_ns) / 1000;
+	MPS_FLOW_DIR(f, od)->ts_sent_ns = 0;
 	if (sample == 0 || sample >= 60000000)
 		return;
 	__u32 srtt = f->srtt_us;
@@ -416,8 +416,8 @@ static __always_inline struct mps_flow *account(void *ctx, bool xdp, struct mps_
 		return f;
 	__u32 d = from_a ? 0 : 1;
 	__u32 payload = pc->l4_len - tcp->doff * 4;
-	__sync_fetch_and_add(&f->dir[d].packets, 1);
-	__sync_fetch_and_add(&f->dir[d].bytes, payload);
+	__sync_fetch_and_add(&MPS_FLOW_DIR(f, d)->packets, 1);
+	__sync_fetch_and_add(&MPS_FLOW_DIR(f, d)->bytes, payload);
 	if (f->last_ns != now)
 		f->last_ns = now;
 
@@ -512,9 +512,9 @@ static __always_inline int sel_sequence(void *ctx, bool xdp, struct mps_pkt_ctx 
 	__u32 d = from_a ? 0 : 1;
 	__u64 rel;
 	if (p->kind == MPS_SEQ_SUBFLOW) {
-		if (!f->dir[d].wscale_known) /* ISN not seen */
+		if (!MPS_FLOW_DIR(f, d)->wscale_known) /* ISN not seen */
 			return 0;
-		rel = (__u32)(bpf_ntohl(tcp->seq) - f->dir[d].isn);
+		rel = (__u32)(bpf_ntohl(tcp->seq) - MPS_FLOW_DIR(f, d)->isn);
 	} else {
 		__u32 len;
 		struct opt_locs locs, *loc = &locs;
@@ -558,7 +558,7 @@ static __always_inline int sel_flow_bytes(void *ctx, bool xdp, struct mps_pkt_ct
 	struct mps_flow *f = account(ctx, xdp, pc, &from_a);
 	if (!f)
 		return 0;
-	__u64 seen = f->dir[0].bytes + f->dir[1].bytes;
+	__u64 seen = f->dir_ab.bytes + f->dir_ba.bytes;
 	if (p->scope == MPS_BYTES_CONN && f->conn_token) {
 		__u32 tok = f->conn_token;
 		struct mps_conn *c = bpf_map_lookup_elem(&conns, &tok);
@@ -713,9 +713,9 @@ static __always_inline int act_rate_limit(void *ctx, bool xdp, struct mps_pkt_ct
 	__u32 d = from_a ? 0 : 1;
 	/* The shift is in effect only when both SYNs carried the option (RFC 7323): without
 	 * the whole negotiation seen, the window's meaning is unknown. */
-	if (!f->dir[0].wscale_known || !f->dir[1].wscale_known)
+	if (!f->dir_ab.wscale_known || !f->dir_ba.wscale_known)
 		return 0;
-	__u32 shift = f->dir[0].wscale_sent && f->dir[1].wscale_sent ? f->dir[d].wscale : 0;
+	__u32 shift = f->dir_ab.wscale_sent && f->dir_ba.wscale_sent ? MPS_FLOW_DIR(f, d)->wscale : 0;
 	__u64 rate = f->rate_bps ? f->rate_bps : st->p.rate.bytes_per_sec;
 	__u64 rtt = f->srtt_us ? f->srtt_us : st->p.rate.rtt_us;
 	if (!rate || !rtt)

@@ -190,8 +190,8 @@ private:
             if (k.port_b != kPort) continue;
             int path = path_of(k);
             auto& last = last_[subflow_name(k)];
-            double rate = (f.dir[0].bytes - last.bytes) / (now - last.t);
-            last = {f.dir[0].bytes, now};
+            double rate = (f.dir_ab.bytes - last.bytes) / (now - last.t);
+            last = {f.dir_ab.bytes, now};
             if (first)
                 stamp();
             else
@@ -199,8 +199,8 @@ private:
             first = false;
             std::printf("path %d  %-30s %s  %8llu pkts in, %6llu out, srtt %5.1f ms%s\n", path,
                         subflow_name(k).c_str(), mbit(rate).c_str(),
-                        static_cast<unsigned long long>(f.dir[0].packets),
-                        static_cast<unsigned long long>(f.dir[1].packets), f.srtt_us / 1000.0,
+                        static_cast<unsigned long long>(f.dir_ab.packets),
+                        static_cast<unsigned long long>(f.dir_ba.packets), f.srtt_us / 1000.0,
                         path == 2 ? "  [rate_limit 8 Mbit/s]" : "");
         }
     }

@@ -160,7 +160,7 @@ std::vector<std::string> draw_plots(const Report& r, const std::string& dir,
         const std::string stem = dir + "/" + p.file;
         std::ofstream(stem + ".json") << spec.dump() << '\n';
         const std::string script = share + "/tools/plot_usecases.py";
-        const auto r = lab::run({"python3", script, stem + ".json", stem + ".png"});
+        const auto r = lab::run({"/usr/bin/python3", script, stem + ".json", stem + ".png"});
         if (r.status != 0)
             throw lab::Error("cannot draw " + stem + ".png with " + script +
                         " (needs python3-matplotlib): " + r.out);

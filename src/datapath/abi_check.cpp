@@ -162,20 +162,23 @@ MPS_ABI_FIELD(mps_flow_dir, wscale_sent, 34);
 MPS_ABI_FIELD(mps_flow_dir, pad, 35);
 
 MPS_ABI_SIZE(mps_flow, 168);
-MPS_ABI_FIELD(mps_flow, dir, 0);
+MPS_ABI_FIELD(mps_flow, dir_ab, 0);
+MPS_ABI_FIELD(mps_flow, last_ns, 40);
+MPS_ABI_FIELD(mps_flow, conn_token, 48);
+MPS_ABI_FIELD(mps_flow, srtt_us, 52);
+MPS_ABI_FIELD(mps_flow, rttvar_us, 56);
+MPS_ABI_FIELD(mps_flow, ended, 60);
+MPS_ABI_FIELD(mps_flow, rate_bps, 64);
+MPS_ABI_FIELD(mps_flow, role, 72);
+MPS_ABI_FIELD(mps_flow, backup, 73);
+MPS_ABI_FIELD(mps_flow, pad, 74);
 MPS_ABI_FIELD(mps_flow, first_ns, 80);
-MPS_ABI_FIELD(mps_flow, last_ns, 88);
-MPS_ABI_FIELD(mps_flow, key, 96);
-MPS_ABI_FIELD(mps_flow, idsn, 112);
-MPS_ABI_FIELD(mps_flow, token, 128);
-MPS_ABI_FIELD(mps_flow, conn_token, 136);
-MPS_ABI_FIELD(mps_flow, srtt_us, 140);
-MPS_ABI_FIELD(mps_flow, rttvar_us, 144);
-MPS_ABI_FIELD(mps_flow, ended, 148);
-MPS_ABI_FIELD(mps_flow, rate_bps, 152);
-MPS_ABI_FIELD(mps_flow, role, 160);
-MPS_ABI_FIELD(mps_flow, backup, 161);
-MPS_ABI_FIELD(mps_flow, pad, 162);
+MPS_ABI_FIELD(mps_flow, key, 88);
+MPS_ABI_FIELD(mps_flow, idsn, 104);
+MPS_ABI_FIELD(mps_flow, token, 120);
+MPS_ABI_FIELD(mps_flow, dir_ba, 128);
+// The directions' counters, written from two CPUs, never share a cache line.
+static_assert(offsetof(mps_flow, dir_ba) - sizeof(mps_flow_dir) >= 64, "flow directions too close");
 
 MPS_ABI_SIZE(mps_conn, 48);
 MPS_ABI_FIELD(mps_conn, packets, 0);

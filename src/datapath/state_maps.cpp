@@ -17,8 +17,10 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
+#include <cstddef>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "mps_ctl.skel.h"
 
@@ -97,6 +99,118 @@ uint64_t memlock_of(int fd) {
     while (std::getline(in, line))
         if (line.rfind("memlock:", 0) == 0) return std::stoull(line.substr(8));
     return 0;
+}
+
+// ---- carrying state over from the previous layout --------------------------------------------
+// Layout 1 of struct mps_flow: both directions first, in one cache line. Frozen here so that an
+// agent upgraded over a running one keeps its live flows (keys, tokens, counters, RTT).
+struct FlowLayout1 {
+    mps_flow_dir dir[2];
+    __u64 first_ns, last_ns;
+    __u64 key[2];
+    __u64 idsn[2];
+    __u32 token[2];
+    __u32 conn_token, srtt_us, rttvar_us, ended;
+    __u64 rate_bps;
+    __u8 role, backup, pad[6];
+};
+static_assert(sizeof(FlowLayout1) == 168 && offsetof(FlowLayout1, rate_bps) == 152,
+              "layout 1 as it was pinned");
+constexpr int kPreviousLayout = 1;
+static_assert(MPS_STATE_LAYOUT == kPreviousLayout + 1, "carry over from the layout before this one");
+
+mps_flow from_layout1(const FlowLayout1& o) {
+    mps_flow f{};
+    f.dir_ab = o.dir[0];
+    f.dir_ba = o.dir[1];
+    f.first_ns = o.first_ns;
+    f.last_ns = o.last_ns;
+    std::memcpy(f.key, o.key, sizeof f.key);
+    std::memcpy(f.idsn, o.idsn, sizeof f.idsn);
+    std::memcpy(f.token, o.token, sizeof f.token);
+    f.conn_token = o.conn_token;
+    f.srtt_us = o.srtt_us;
+    f.rttvar_us = o.rttvar_us;
+    f.ended = o.ended;
+    f.rate_bps = o.rate_bps;
+    f.role = o.role;
+    f.backup = o.backup;
+    return f;
+}
+
+// Copies every entry of the hash map `from` into `to` (values of `value_size`), each value
+// passed through `convert` (in place; may change nothing). Entries that no longer fit (a
+// smaller new table) are dropped by the LRU, as any eviction. Returns the entries copied.
+uint64_t copy_entries(int from, int to, uint32_t key_size, uint32_t value_size,
+                      const std::function<void(const uint8_t* in, uint8_t* out)>& convert) {
+    constexpr uint32_t kBatch = 1024;
+    std::vector<uint8_t> keys(size_t(kBatch) * key_size), values(size_t(kBatch) * value_size),
+        out(values.size());
+    uint64_t total = 0, token = 0;
+    for (bool first = true;; first = false) {
+        uint32_t n = kBatch;
+        int r = bpf_map_lookup_batch(from, first ? nullptr : &token, &token, keys.data(),
+                                     values.data(), &n, nullptr);
+        if (r && errno != ENOENT) fail("reading the previous layout's state", errno);
+        for (uint32_t i = 0; i < n; ++i)
+            convert(&values[size_t(i) * value_size], &out[size_t(i) * value_size]);
+        uint32_t written = n;
+        if (n && bpf_map_update_batch(to, keys.data(), out.data(), &written, nullptr))
+            fail("writing the carried-over state", errno);
+        total += written;
+        if (r) return total;  // ENOENT: that was the last batch
+    }
+}
+
+// When the tables of this layout were just made and the previous layout's are pinned beside
+// them (an agent upgraded over a running one), their entries move over and the old pins go:
+// the programs still attached keep their own references until the new generation replaces
+// them. Maps with an unchanged value layout are copied as they are.
+void carry_over(const std::string& dir, const StateMaps& m) {
+    const std::string old = "_v" + std::to_string(kPreviousLayout);
+    int old_flows = bpf_obj_get((dir + "/flows" + old).c_str());
+    if (old_flows < 0) return;
+    Fd old_flows_fd(old_flows);
+    const std::string old_names[] = {"flows",        "conns",     "events",       "announces",
+                                     "add_requests", "prio_sent", "table_inserts"};
+    if (count_entries(m.flows()) != 0) {  // a later agent ran already: the old pins are stale
+        for (const auto& name : old_names) fs::remove(dir + "/" + name + old);
+        spdlog::info("state tables: removed the stale pins of layout {}", kPreviousLayout);
+        return;
+    }
+    auto as_is = [](size_t size) {
+        return [size](const uint8_t* in, uint8_t* out) { std::memcpy(out, in, size); };
+    };
+    const uint64_t flows = copy_entries(
+        old_flows, m.flows(), sizeof(mps_flow_key), sizeof(FlowLayout1),
+        [](const uint8_t* in, uint8_t* out) {
+            FlowLayout1 o;
+            std::memcpy(&o, in, sizeof o);
+            const mps_flow f = from_layout1(o);
+            std::memcpy(out, &f, sizeof f);
+        });
+    struct Table {
+        const char* name;
+        int to;
+        uint32_t key, value;
+    };
+    const Table same[] = {
+        {"conns", m.conns(), sizeof(__u32), sizeof(mps_conn)},
+        {"announces", m.announces(), sizeof(mps_announce_key), sizeof(mps_announce)},
+        {"add_requests", m.add_requests(), sizeof(mps_flow_key), sizeof(mps_add_request)},
+        {"prio_sent", m.prio_sent(), sizeof(mps_flow_key), sizeof(mps_prio_sent)},
+    };
+    std::string carried = std::to_string(flows) + " flows";
+    for (const auto& t : same) {
+        int fd = bpf_obj_get((dir + "/" + t.name + old).c_str());
+        if (fd < 0) continue;
+        Fd from(fd);
+        carried += ", " + std::to_string(copy_entries(fd, t.to, t.key, t.value, as_is(t.value))) +
+                   " " + t.name;
+    }
+    for (const auto& name : old_names) fs::remove(dir + "/" + name + old);
+    spdlog::info("state tables: carried {} over from layout {} and unpinned it", carried,
+                 kPreviousLayout);
 }
 }  // namespace
 
@@ -216,6 +330,7 @@ StateMaps StateMaps::open(const std::string& pin_root, const TableSizes& sizes) 
                                        sizeof(__u32), sizeof(__u64), MPS_TI_MAX, "table_inserts");
     // The flow table decides the rest (an adopted one may differ from what was asked).
     m.sizes_.flows = max_entries_of(m.flows_.get());
+    carry_over(dir, m);
     m.ctl_.reset(mps_ctl__open());
     if (!m.ctl_) fail("opening the control programs", errno);
     detail::reuse_state_maps(m.ctl_->obj, m);

@@ -41,10 +41,10 @@ Subflow make_subflow(FlowIds& ids, const mps_flow_key& k, const mps_flow& f) {
     s.token = f.conn_token;
     s.a = net::endpoint_text(k.family, k.a, k.port_a);
     s.b = net::endpoint_text(k.family, k.b, k.port_b);
-    s.bytes_ab = f.dir[0].bytes;
-    s.bytes_ba = f.dir[1].bytes;
+    s.bytes_ab = f.dir_ab.bytes;
+    s.bytes_ba = f.dir_ba.bytes;
     s.bytes = s.bytes_ab + s.bytes_ba;
-    s.packets = f.dir[0].packets + f.dir[1].packets;
+    s.packets = f.dir_ab.packets + f.dir_ba.packets;
     s.srtt_us = f.srtt_us;
     s.rttvar_us = f.rttvar_us;
     s.rate = f.rate_bps;

@@ -92,10 +92,10 @@ TEST_CASE("actor record: packets and payload bytes per direction, mid-flow", "[b
             auto f = env.flow(k);
             REQUIRE(f);
             int c = client_is_a ? 0 : 1;
-            CHECK(f->dir[c].packets == 3);
-            CHECK(f->dir[c].bytes == 300);
-            CHECK(f->dir[c ^ 1].packets == 2);
-            CHECK(f->dir[c ^ 1].bytes == 50);
+            CHECK(MPS_FLOW_DIR(f, c)->packets == 3);
+            CHECK(MPS_FLOW_DIR(f, c)->bytes == 300);
+            CHECK(MPS_FLOW_DIR(f, c ^ 1)->packets == 2);
+            CHECK(MPS_FLOW_DIR(f, c ^ 1)->bytes == 50);
             CHECK(f->first_ns > 0);
             CHECK(f->last_ns >= f->first_ns);
             CHECK(f->srtt_us == 0);  // no timestamps: no RTT sample
@@ -181,11 +181,11 @@ TEST_CASE("actor record: handshake packets count too, the SYN/ACK keeps the SYN'
         auto f = env.flow(flow_key_of(cli(false), &client_is_a));
         REQUIRE(f);
         int c = client_is_a ? 0 : 1;
-        CHECK(f->dir[c].packets == 2);
-        CHECK(f->dir[c].bytes == 10);
-        CHECK(f->dir[c ^ 1].packets == 1);
-        CHECK(f->dir[c].isn == 100);
-        CHECK(f->dir[c ^ 1].isn == 900);
+        CHECK(MPS_FLOW_DIR(f, c)->packets == 2);
+        CHECK(MPS_FLOW_DIR(f, c)->bytes == 10);
+        CHECK(MPS_FLOW_DIR(f, c ^ 1)->packets == 1);
+        CHECK(MPS_FLOW_DIR(f, c)->isn == 100);
+        CHECK(MPS_FLOW_DIR(f, c ^ 1)->isn == 900);
     }
 }
 
@@ -342,8 +342,8 @@ TEST_CASE("entry program: an MP_JOIN SYN stores the receiver's token in the flow
             CHECK(f->token[c] == 0);
             CHECK(f->backup == 1);
             CHECK(f->conn_token == 0);  // no connection entry yet: the agent links it later
-            CHECK(f->dir[c].isn == 77);
-            CHECK(f->dir[c].wscale_known == 1);
+            CHECK(MPS_FLOW_DIR(f, c)->isn == 77);
+            CHECK(MPS_FLOW_DIR(f, c)->wscale_known == 1);
         }
     }
 }
@@ -606,9 +606,9 @@ void handshake(Env& env, Hook h, bool v6, uint64_t ka = 0x1111, uint64_t kb = 0x
 void check_same_state(const mps_flow& was, const mps_flow& is) {
     for (int d = 0; d < 2; d++) {
         INFO("side " << d);
-        CHECK(is.dir[d].isn == was.dir[d].isn);
-        CHECK(is.dir[d].wscale == was.dir[d].wscale);
-        CHECK(is.dir[d].wscale_known == was.dir[d].wscale_known);
+        CHECK(MPS_FLOW_DIR(&is, d)->isn == MPS_FLOW_DIR(&was, d)->isn);
+        CHECK(MPS_FLOW_DIR(&is, d)->wscale == MPS_FLOW_DIR(&was, d)->wscale);
+        CHECK(MPS_FLOW_DIR(&is, d)->wscale_known == MPS_FLOW_DIR(&was, d)->wscale_known);
         CHECK(is.key[d] == was.key[d]);
         CHECK(is.token[d] == was.token[d]);
         CHECK(is.idsn[d] == was.idsn[d]);
@@ -734,7 +734,7 @@ TEST_CASE("flow learning: a FIN from each side or a RST closes the flow, reporte
                 env.run(h, srv(v6).flags(tcpf::SYN | tcpf::ACK).seq(7777).option(opt::wscale(0)));
                 auto f = env.flow(key);
                 REQUIRE(f);
-                CHECK(f->dir[f->dir[0].isn == 900 ? 0 : 1].isn == 900);
+                CHECK(MPS_FLOW_DIR(f, f->dir_ab.isn == 900 ? 0 : 1)->isn == 900);
                 CHECK(f->ended & MPS_FLOW_CLOSED);
             }
             // a new connection on the same 4-tuple starts afresh and can be closed again

@@ -136,7 +136,7 @@ TEST_CASE("compiled entries: same verdict, bytes and counters as the interpreter
                 // What program steps see shows in the flow they account and the events.
                 auto flow_packets = [&] {
                     auto f = env.flow(pkt);
-                    return f ? f->dir[0].packets + f->dir[1].packets : 0;
+                    return f ? f->dir_ab.packets + f->dir_ba.packets : 0;
                 };
                 auto run = [&](int fd) {  // each from no flow state (a SYN learns the flow)
                     const auto key = flow_key_of(pkt);

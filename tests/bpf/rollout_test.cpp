@@ -4,9 +4,11 @@
 // they were meant for, and a write from a second thread is refused.
 #include <catch2/catch.hpp>
 
+#include <bpf/bpf.h>
 #include <poll.h>
 #include <stdlib.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
@@ -202,4 +204,66 @@ TEST_CASE("state tables: sized when created, kept at their size when adopted, me
     wrong.flows = 10;
     CHECK_THROWS_WITH(datapath::StateMaps::open(other.path(), wrong),
                       Catch::Contains("outside 1024.."));
+}
+
+TEST_CASE("state tables: an upgrade carries the previous layout's flows and connections over",
+          "[bpf][rollout]") {
+    // What an agent of layout 1 left pinned: a flow with both directions first, a connection.
+    test::PinRoot pins;
+    const std::string maps_dir = pins.path() + "/maps";
+    std::filesystem::create_directories(maps_dir);
+    auto pinned = [&](const char* name, bpf_map_type type, uint32_t key, uint32_t value) {
+        int fd = bpf_map_create(type, name, key, value, 1024, nullptr);
+        REQUIRE(fd >= 0);
+        REQUIRE(bpf_obj_pin(fd, (maps_dir + "/" + name + "_v1").c_str()) == 0);
+        return fd;
+    };
+    int old_flows = pinned("flows", BPF_MAP_TYPE_LRU_HASH, sizeof(mps_flow_key), 168);
+    int old_conns = pinned("conns", BPF_MAP_TYPE_LRU_HASH, sizeof(__u32), sizeof(mps_conn));
+    mps_flow_key key{};
+    key.a[0] = 0x0100000a;
+    key.b[0] = 0x0200000a;
+    key.port_a = 40000;
+    key.port_b = 443;
+    key.family = 4;
+    uint8_t v1[168] = {};
+    auto put = [&](size_t off, auto value) { std::memcpy(v1 + off, &value, sizeof value); };
+    put(0, uint64_t{7});                    // dir[0].packets
+    put(40 + 8, uint64_t{5000});            // dir[1].bytes
+    put(40 + 16, uint32_t{900});            // dir[1].isn
+    put(96, uint64_t{0x1122334455667788});  // key[0]
+    put(132, uint32_t{0xabcdef01});         // token[1]
+    put(136, uint32_t{0x01020304});         // conn_token
+    put(140, uint32_t{21000});              // srtt_us
+    put(152, uint64_t{125000});             // rate_bps
+    put(160, uint8_t{MPS_ROLE_JOIN});       // role
+    REQUIRE(bpf_map_update_elem(old_flows, &key, v1, BPF_ANY) == 0);
+    __u32 token = 0x01020304;
+    mps_conn conn{};
+    conn.bytes = 123456;
+    conn.subflows = 2;
+    REQUIRE(bpf_map_update_elem(old_conns, &token, &conn, BPF_ANY) == 0);
+    close(old_flows);
+    close(old_conns);
+
+    auto maps = datapath::StateMaps::open(pins.path());
+    mps_flow f{};
+    REQUIRE(bpf_map_lookup_elem(maps.flows(), &key, &f) == 0);
+    CHECK(f.dir_ab.packets == 7);
+    CHECK(f.dir_ba.bytes == 5000);
+    CHECK(f.dir_ba.isn == 900);
+    CHECK(f.key[0] == 0x1122334455667788ull);
+    CHECK(f.token[1] == 0xabcdef01u);
+    CHECK(f.conn_token == 0x01020304u);
+    CHECK(f.srtt_us == 21000u);
+    CHECK(f.rate_bps == 125000u);
+    CHECK(f.role == MPS_ROLE_JOIN);
+    mps_conn c{};
+    REQUIRE(bpf_map_lookup_elem(maps.conns(), &token, &c) == 0);
+    CHECK(c.bytes == 123456u);
+    CHECK(c.subflows == 2u);
+    // The old pins are gone; the programs still holding them keep their own references.
+    CHECK_FALSE(std::filesystem::exists(maps_dir + "/flows_v1"));
+    CHECK_FALSE(std::filesystem::exists(maps_dir + "/conns_v1"));
+    CHECK(std::filesystem::exists(maps_dir + "/flows_v" + std::to_string(MPS_STATE_LAYOUT)));
 }

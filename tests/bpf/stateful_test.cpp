@@ -294,7 +294,7 @@ TEST_CASE("selector flow_bytes(subflow): bytes seen before this packet, both dir
             expect_match(env, h, cli(v6).payload(1), true);     // 299
             auto f = env.flow(cli(v6));
             REQUIRE(f);
-            CHECK(f->dir[0].bytes + f->dir[1].bytes == 300);
+            CHECK(f->dir_ab.bytes + f->dir_ba.bytes == 300);
             expect_match(env, h, cli(v6).payload(1), false);         // 300 (hi is exclusive)
             expect_match(env, h, cli(v6, 40001).payload(1), false);  // another subflow: 0
         }

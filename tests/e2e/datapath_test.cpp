@@ -141,20 +141,20 @@ TEST_CASE("datapath: record, get_connect, get_subflow see both subflows with the
         for (const auto& [k, f] : steer.flows()) {
             if (k.port_b != 5201) continue;
             seen++;
-            INFO("flow " << datapath::to_string(k) << " c->s " << f.dir[0].packets << " pkts "
-                         << f.dir[0].bytes << " B, s->c " << f.dir[1].packets << " pkts, srtt "
+            INFO("flow " << datapath::to_string(k) << " c->s " << f.dir_ab.packets << " pkts "
+                         << f.dir_ab.bytes << " B, s->c " << f.dir_ba.packets << " pkts, srtt "
                          << f.srtt_us << " us, tokens " << hex(f.token[0]) << "/"
                          << hex(f.token[1]));
             const bool join = net::address_text(4, k.a) == Lab::client_addr(2);
             CHECK(f.role == (join ? MPS_ROLE_JOIN : MPS_ROLE_INITIAL));
-            CHECK(f.dir[0].packets > 0);
-            CHECK(f.dir[0].bytes > 0);
-            CHECK(f.dir[1].packets > 0);
+            CHECK(f.dir_ab.packets > 0);
+            CHECK(f.dir_ab.bytes > 0);
+            CHECK(f.dir_ba.packets > 0);
             CHECK(f.srtt_us > 0);
             CHECK(f.token[0] == cli_token);
             CHECK(f.token[1] == srv_token);
             CHECK(f.conn_token == std::min(cli_token, srv_token));
-            upload += f.dir[0].bytes;
+            upload += f.dir_ab.bytes;
         }
         CHECK(seen == 2);
         // Every payload byte crossed one of the two XDP hooks (retransmissions add a little).
@@ -224,8 +224,8 @@ TEST_CASE("datapath: rate_limit holds one subflow to its configured rate", "[e2e
         if (k.port_b != 5201) continue;
         if (net::address_text(4, k.a) == Lab::client_addr(2)) srtt = f.srtt_us;
         std::snprintf(line, sizeof line, "flow %s: wscale %d/%d (known %d/%d), srtt %u us\n",
-                      datapath::to_string(k).c_str(), f.dir[0].wscale, f.dir[1].wscale,
-                      f.dir[0].wscale_known, f.dir[1].wscale_known, f.srtt_us);
+                      datapath::to_string(k).c_str(), f.dir_ab.wscale, f.dir_ba.wscale,
+                      f.dir_ab.wscale_known, f.dir_ba.wscale_known, f.srtt_us);
         diag += line;
     }
     auto counters = steer.generation().step_counters();

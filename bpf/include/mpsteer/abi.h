@@ -22,7 +22,7 @@
  * entries. */
 
 /* Bumped whenever a shared (cross-generation) map changes layout; pinned names carry it. */
-#define MPS_STATE_LAYOUT 1
+#define MPS_STATE_LAYOUT 2
 
 /* The shared hash maps are sized by the agent when it creates them (TableSizes in
  * src/datapath/datapath.h); every load reuses them, so the objects' own sizes are placeholders. */
@@ -308,7 +308,7 @@ struct mps_flow_key {
 	__u8 family;
 	__u8 pad[3];
 };
-/* Direction index: 0 = packets from a to b, 1 = from b to a. */
+/* One direction's state: 0 = packets from a to b, 1 = from b to a. */
 struct mps_flow_dir {
 	__u64 packets;
 	__u64 bytes;  /* TCP payload bytes */
@@ -320,12 +320,13 @@ struct mps_flow_dir {
 	__u8 wscale_sent;  /* ... and it carried the window scale option */
 	__u8 pad[5];
 };
+/* The two directions sit 88 bytes apart, never in one cache line: a host's egress and
+ * ingress programs run on different CPUs, and counters both wrote in one line made every
+ * packet of one direction wait for the other's CPU. Between them the fields written once or
+ * rarely, those the programs read first. Index a direction with MPS_FLOW_DIR(). */
 struct mps_flow {
-	struct mps_flow_dir dir[2];
-	__u64 first_ns, last_ns; /* to the clock tick (the coarse clock) */
-	__u64 key[2];	  /* MP_CAPABLE key of side a / b as on the wire (0: unseen) */
-	__u64 idsn[2];	  /* IDSN of side a / b, filled by the agent from the keys */
-	__u32 token[2];	  /* token of side a / b (0: unknown) */
+	struct mps_flow_dir dir_ab;
+	__u64 last_ns;	  /* to the clock tick (the coarse clock) */
 	__u32 conn_token; /* key of the connection entry (the lower token; 0: unknown) */
 	__u32 srtt_us;	  /* smoothed RTT from timestamps (0: no sample) */
 	__u32 rttvar_us;
@@ -334,7 +335,14 @@ struct mps_flow {
 	__u8 role;	/* enum mps_role */
 	__u8 backup;
 	__u8 pad[6];
+	__u64 first_ns;	  /* to the clock tick (the coarse clock) */
+	__u64 key[2];	  /* MP_CAPABLE key of side a / b as on the wire (0: unseen) */
+	__u64 idsn[2];	  /* IDSN of side a / b, filled by the agent from the keys */
+	__u32 token[2];	  /* token of side a / b (0: unknown) */
+	struct mps_flow_dir dir_ba;
 };
+/* A pointer to direction d (0: a to b, 1: b to a) of the flow f points to. */
+#define MPS_FLOW_DIR(f, d) ((d) ? &(f)->dir_ba : &(f)->dir_ab)
 enum mps_role { MPS_ROLE_UNKNOWN = 0, MPS_ROLE_INITIAL = 1, MPS_ROLE_JOIN = 2 };
 /* How a flow ended: a FIN from each side, or a RST, closes it (MPS_EV_FLOW_CLOSED, once). A
  * closed flow keeps its entry until the LRU needs the room or a SYN starts the 4-tuple again. */
