@@ -99,6 +99,7 @@ struct UseCase {
 const std::vector<UseCase>& use_cases() {
     static const std::vector<UseCase> all = {
         {"lb", "servers behind a stateless load balancer", load_balancer},
+        {"tenants", "multi-tenant spreading", multi_tenant},
     };
     return all;
 }

@@ -267,17 +267,29 @@ void Lab::shape(int path, PathShape s) {
 }
 
 void Lab::set_rate(int path, unsigned rate_kbit) {
-    for (const auto& [ns, dev] :
-         {std::pair{client_ns(), client_if(path)}, std::pair{server_ns(), server_if(path)}}) {
-        if (!rate_kbit) {
-            run({"tc", "-n", ns, "qdisc", "del", "dev", dev, "root"});  // absent is fine
-            continue;
-        }
-        // A token bucket (sch_netem is not built here): 10 ms of burst, at least two frames.
-        unsigned burst = std::max(3100u, rate_kbit * 1000 / 8 / 100);
-        must({"tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate",
-              std::to_string(rate_kbit) + "kbit", "burst", std::to_string(burst), "latency",
-              "200ms"});
+    shape_egress(client_ns(), client_if(path), rate_kbit);
+    shape_egress(server_ns(), server_if(path), rate_kbit);
+}
+
+void shape_egress(const std::string& netns, const std::string& dev, unsigned rate_kbit) {
+    if (!rate_kbit) {
+        run({"tc", "-n", netns, "qdisc", "del", "dev", dev, "root"});  // absent is fine
+        return;
+    }
+    // 10 ms of burst, at least two frames.
+    unsigned burst = std::max(3100u, rate_kbit * 1000 / 8 / 100);
+    must({"tc", "-n", netns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate",
+          std::to_string(rate_kbit) + "kbit", "burst", std::to_string(burst), "latency", "200ms"});
+}
+
+void veth_pair(const VethEnd& a, const VethEnd& b) {
+    must({"ip", "link", "add", a.dev, "netns", a.ns, "type", "veth", "peer", "name", b.dev,
+          "netns", b.ns});
+    for (const VethEnd& e : {a, b}) {
+        must({"ip", "-n", e.ns, "addr", "add", e.v4, "dev", e.dev});
+        if (!e.v6.empty()) must({"ip", "-n", e.ns, "addr", "add", e.v6, "dev", e.dev, "nodad"});
+        must_in(e.ns, {"ethtool", "-K", e.dev, "tx", "off"});
+        must({"ip", "-n", e.ns, "link", "set", e.dev, "up"});
     }
 }
 

@@ -2,7 +2,7 @@
 // The namespace test bed: a client and a server network namespace joined by two veth pairs,
 // kernel MPTCP between them, a small MPTCP sender/sink, and the kernel's own view of the
 // connections (MPTCP netlink events, MPTCP_INFO). Used by the e2e tests and `mpsteer demo`;
-// LoadBalancerLab (below) is the load-balanced service `mpsteer usecases` runs.
+// LoadBalancerLab and TenantLab (below) are test beds `mpsteer usecases` runs.
 //
 // Layout of a Lab with prefix P = "mps-<tag>" (path n = 1, 2):
 //   namespaces  P-cli, P-srv
@@ -148,6 +148,20 @@ private:
     std::unique_ptr<DelayLine> delay_[2];
 };
 
+// ---- building blocks of the test beds -----------------------------------------------------
+
+// One end of a veth pair: its namespace, name and addresses with their prefix length (v6
+// empty: IPv4 only).
+struct VethEnd {
+    std::string ns, dev, v4, v6;
+};
+// A veth pair created directly inside its two namespaces (nothing sits in the root namespace),
+// complete checksums on the wire (a BPF program that breaks one is caught by the receiver).
+void veth_pair(const VethEnd& a, const VethEnd& b);
+// A token bucket on the egress of `dev` inside `netns` (sch_netem is not built here); rate 0
+// removes it.
+void shape_egress(const std::string& netns, const std::string& dev, unsigned rate_kbit);
+
 // Interface counters read inside a namespace (/proc/thread-self/net/dev).
 struct LinkCounters {
     uint64_t rx_bytes = 0, rx_packets = 0, tx_bytes = 0, tx_packets = 0;
@@ -194,6 +208,45 @@ public:
 
 private:
     void build();
+    std::string prefix_;
+};
+
+// ---- tenants behind a hypervisor -----------------------------------------------------------
+
+// Multi-tenant spreading (eMPTCP, ICNP 2022): tenant VMs behind a hypervisor with two uplinks
+// of `uplink_kbit` each (tbf on the hypervisor's side), a server behind both. Tenant a's VM has
+// one address per uplink and a "subflow" endpoint on the second, so each MPTCP connection has
+// two subflows; the hypervisor routes the service over both uplinks by an L4 hash (ECMP,
+// fib_multipath_hash_policy 1). Tenant b's VM sends plain TCP to a second service the
+// hypervisor reaches through uplink 1 only (the background traffic). The uplinks are named as
+// policies/multi-tenant.yaml names them, the tenants' addresses are in its prefixes.
+// Layout with prefix P = "mps-<tag>":
+//   P-vm   P-t   10.1.1.1/24, 10.1.2.1/24 (tenant a), 10.2.1.1/24 (tenant b); default via
+//                10.1.1.254; the background service from 10.2.1.1; endpoint 10.1.2.1 subflow
+//   P-hv   P-h   10.1.1.254/24, 10.1.2.254/24, 10.2.1.254/24; eth1 10.31.1.1/24,
+//                eth2 10.31.2.1/24; forwarding; service via eth1 and eth2 (ECMP), background
+//                service via eth1
+//   P-srv  P-s1 10.31.1.2/24, P-s2 10.31.2.2/24; both services on lo; tenants via P-s1
+// Removed like a Lab: by prefix on destruction, and by Lab::cleanup_stale after a crash.
+class TenantLab {
+public:
+    static constexpr const char* kService = "10.39.0.1";
+    static constexpr const char* kBackgroundService = "10.39.0.2";
+    static constexpr const char* kTenantAddr[2] = {"10.1.1.1", "10.1.2.1"};  // per uplink
+    static constexpr const char* kBackgroundAddr = "10.2.1.1";               // tenant b
+
+    TenantLab(const std::string& tag, unsigned uplink_kbit);  // tag at most 8 characters
+    ~TenantLab();
+    TenantLab(const TenantLab&) = delete;
+    TenantLab& operator=(const TenantLab&) = delete;
+
+    std::string vm_ns() const { return prefix_ + "-vm"; }
+    std::string hypervisor_ns() const { return prefix_ + "-hv"; }
+    std::string server_ns() const { return prefix_ + "-srv"; }
+    static std::string uplink(int n) { return "eth" + std::to_string(n); }  // 1, 2
+
+private:
+    void build(unsigned uplink_kbit);
     std::string prefix_;
 };
 
@@ -265,6 +318,7 @@ struct SendOptions {
     uint64_t bytes = 0;                       // 0: no byte limit
     std::chrono::milliseconds duration{0};    // 0: no time limit
     const std::atomic<bool>* stop = nullptr;  // set to end early
+    bool plain_tcp = false;                   // send_stream: TCP instead of MPTCP
 
     static SendOptions of_bytes(uint64_t n) {
         SendOptions o;
@@ -279,8 +333,8 @@ struct SendOptions {
         return o;
     }
 };
-// Connects from `netns` to addr:port over MPTCP and sends a deterministic byte stream until
-// a limit is reached, then closes. Blocks; run it in a thread to do other things meanwhile.
+// Connects from `netns` to addr:port over MPTCP (or TCP) and sends a deterministic byte stream
+// until a limit is reached, then closes. Blocks; run it in a thread to do other things meanwhile.
 TrafficStats send_stream(const std::string& netns, const std::string& addr, uint16_t port,
                          const SendOptions& opt);
 

@@ -8,23 +8,6 @@
 namespace mpsteer::lab {
 
 namespace {
-struct VethEnd {
-    std::string ns, dev, v4, v6;  // addresses with their prefix length
-};
-
-// A veth pair created directly inside its two namespaces (nothing sits in the root namespace),
-// complete checksums on the wire (a BPF program that breaks one is caught by the receiver).
-void veth_pair(const VethEnd& a, const VethEnd& b) {
-    must({"ip", "link", "add", a.dev, "netns", a.ns, "type", "veth", "peer", "name", b.dev,
-          "netns", b.ns});
-    for (const VethEnd& e : {a, b}) {
-        must({"ip", "-n", e.ns, "addr", "add", e.v4, "dev", e.dev});
-        must({"ip", "-n", e.ns, "addr", "add", e.v6, "dev", e.dev, "nodad"});
-        must_in(e.ns, {"ethtool", "-K", e.dev, "tx", "off"});
-        must({"ip", "-n", e.ns, "link", "set", e.dev, "up"});
-    }
-}
-
 std::string n(int i) {
     return std::to_string(i);
 }

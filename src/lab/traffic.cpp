@@ -213,8 +213,9 @@ TrafficStats send_on(int fd, const SendOptions& opt) {
     return s;
 }
 
-// An MPTCP socket created inside `netns` and connected to addr:port.
-int connect_mptcp(const std::string& netns, const std::string& addr, uint16_t port) {
+// An MPTCP (or TCP) socket created inside `netns` and connected to addr:port.
+int connect_stream(const std::string& netns, const std::string& addr, uint16_t port,
+                   int protocol = IPPROTO_MPTCP) {
     sockaddr_storage ss{};
     socklen_t sl;
     int family;
@@ -235,9 +236,9 @@ int connect_mptcp(const std::string& netns, const std::string& addr, uint16_t po
     int fd;
     {
         NetnsGuard in(netns);
-        fd = socket(family, SOCK_STREAM | SOCK_CLOEXEC, IPPROTO_MPTCP);
+        fd = socket(family, SOCK_STREAM | SOCK_CLOEXEC, protocol);
     }
-    if (fd < 0) throw Error(errstr("MPTCP socket"));
+    if (fd < 0) throw Error(errstr(protocol == IPPROTO_MPTCP ? "MPTCP socket" : "TCP socket"));
     if (connect(fd, reinterpret_cast<sockaddr*>(&ss), sl) != 0) {
         std::string e = errstr("connect " + addr + ":" + std::to_string(port));
         close(fd);
@@ -249,13 +250,14 @@ int connect_mptcp(const std::string& netns, const std::string& addr, uint16_t po
 
 TrafficStats send_stream(const std::string& netns, const std::string& addr, uint16_t port,
                          const SendOptions& opt) {
-    return send_on(connect_mptcp(netns, addr, port), opt);
+    return send_on(connect_stream(netns, addr, port, opt.plain_tcp ? IPPROTO_TCP : IPPROTO_MPTCP),
+                   opt);
 }
 
 TrafficStats receive_stream(const std::string& netns, const std::string& addr, uint16_t port,
                             std::chrono::milliseconds timeout,
                             const std::function<void(uint64_t)>& progress) {
-    int fd = connect_mptcp(netns, addr, port);
+    int fd = connect_stream(netns, addr, port);
     TrafficStats s;
     s.checksum = kFnvOffset;
     auto t0 = Clock::now();
@@ -365,7 +367,7 @@ ConnectionSet::ConnectionSet(const std::string& netns, const std::string& addr, 
                              unsigned count) {
     try {
         for (unsigned i = 0; i < count; i++) {
-            fds_.push_back(connect_mptcp(netns, addr, port));
+            fds_.push_back(connect_stream(netns, addr, port));
             errors_.push_back(0);
         }
     } catch (...) {

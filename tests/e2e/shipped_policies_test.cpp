@@ -42,14 +42,15 @@ uint64_t selected(const json& status, const std::string& policy) {
 
 }  // namespace
 
-TEST_CASE("shipped multi-tenant policy: each tenant's subflow leaves by its uplink, traffic flows",
+TEST_CASE("shipped multi-tenant policy: one tenant's subflows leave by distinct uplinks",
           "[e2e][policies][redirect]") {
     datapath::init_libbpf_logging();
     e2e::MiddleTopology topo("smt" + std::to_string(getpid() % 10000));
     const std::string cli = topo.ns("cli"), mid = topo.ns("mid"), srv = topo.ns("srv");
     // The policy's names and prefixes: the middle host's uplinks become eth1 and eth2 (names
-    // are per namespace), the client gets one address per tenant (10.1/16 a, 10.2/16 b) and
-    // opens its first subflow from tenant a's, its second from tenant b's.
+    // are per namespace), the client is tenant a's VM with one address per uplink (10.1.1/24,
+    // 10.1.2/24) and opens its first subflow from the first, its second from the second. The
+    // middle host routes the service through eth1, so only the policy puts one on eth2.
     for (auto [from, to, via, metric] : {std::tuple{"u1", "eth1", "10.21.0.2", "10"},
                                          std::tuple{"u2", "eth2", "10.22.0.2", "20"}}) {
         must({"ip", "-n", mid, "link", "set", topo.dev(from), "down"});
@@ -58,16 +59,15 @@ TEST_CASE("shipped multi-tenant policy: each tenant's subflow leaves by its upli
         must({"ip", "-n", mid, "route", "add", "10.29.0.2/32", "via", via, "dev", to, "metric",
               metric});
     }
-    for (const char* a : {"10.1.0.1/16", "10.2.0.1/16"})
+    for (const char* a : {"10.1.1.1/24", "10.1.2.1/24"})
         must({"ip", "-n", cli, "addr", "add", a, "dev", topo.dev("cm")});
-    must({"ip", "-n", cli, "route", "replace", "default", "via", "10.20.0.2", "src", "10.1.0.1"});
+    must({"ip", "-n", cli, "route", "replace", "default", "via", "10.20.0.2", "src", "10.1.1.1"});
     must({"ip", "-n", cli, "mptcp", "endpoint", "flush"});
-    must({"ip", "-n", cli, "mptcp", "endpoint", "add", "10.2.0.1", "dev", topo.dev("cm"),
+    must({"ip", "-n", cli, "mptcp", "endpoint", "add", "10.1.2.1", "dev", topo.dev("cm"),
           "subflow"});
-    for (const char* p : {"10.1.0.0/16", "10.2.0.0/16"}) {
-        must({"ip", "-n", mid, "route", "add", p, "via", "10.20.0.1", "dev", topo.dev("mc")});
-        must({"ip", "-n", srv, "route", "add", p, "via", "10.21.0.1"});
-    }
+    must({"ip", "-n", mid, "route", "add", "10.1.0.0/16", "via", "10.20.0.1", "dev",
+          topo.dev("mc")});
+    must({"ip", "-n", srv, "route", "add", "10.1.0.0/16", "via", "10.21.0.1"});
 
     AgentHarness agent(mid, {}, "multitenant");  // every interface of the middle host
     agent.publish({{"multi-tenant.yaml", shipped("policies/multi-tenant.yaml")}});
@@ -85,22 +85,25 @@ TEST_CASE("shipped multi-tenant policy: each tenant's subflow leaves by its upli
     TrafficStats got = sink.wait(30s);
     auto e1b = link_counters(mid, "eth1"), e2b = link_counters(mid, "eth2");
     const uint64_t via1 = e1b.tx_bytes - e1a.tx_bytes, via2 = e2b.tx_bytes - e2a.tx_bytes;
-    std::printf("multi-tenant: %llu bytes out of eth1 (tenant a), %llu out of eth2 (tenant b), "
-                "sent %llu\n",
-                (unsigned long long)via1, (unsigned long long)via2,
-                (unsigned long long)sent.bytes);
+    std::printf("multi-tenant: %llu bytes out of eth1 (tenant a's first subflow), %llu out of "
+                "eth2 (its second), sent %llu\n",
+                (unsigned long long)via1, (unsigned long long)via2, (unsigned long long)sent.bytes);
     INFO("agent log:\n" << agent.log_tail());
     CHECK(got.bytes == sent.bytes);
     CHECK(got.checksum == sent.checksum);
     CHECK_FALSE(sent.fallback);
-    CHECK(sent.subflows == 1);  // the join: both tenants' subflows carried the connection
-    // The kernel's scheduler decides the split (the first subflow carries most); tenant b's
+    CHECK(sent.subflows == 1);  // the join: both subflows carried the connection
+    // The kernel's scheduler decides the split (the first subflow carries most); the second
     // subflow must carry a real share through eth2 (a loop there leaves it near nothing).
     CHECK(via1 > 1000000);
     CHECK(via2 > 200000);
     CHECK(via1 + via2 >= sent.bytes);
     REQUIRE(agent.wait_status([](const json& s) {
-        return selected(s, "tenant-a-uplink") > 0 && selected(s, "tenant-b-uplink") > 0;
+        return selected(s, "tenant-a-uplink-1") > 0 && selected(s, "tenant-a-uplink-2") > 0;
     }, 10s));
+    // Tenant b's policies leave tenant a's packets alone.
+    const json after = agent.status();
+    CHECK(selected(after, "tenant-b-uplink-1") == 0);
+    CHECK(selected(after, "tenant-b-uplink-2") == 0);
     CHECK(agent.alive());
 }

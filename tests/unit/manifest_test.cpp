@@ -132,8 +132,9 @@ TEST_CASE("the shipped policies are valid", "[manifest][policies]") {
     std::set<std::string> names;
     for (const auto& p : r.model.policies) names.insert(p.name);
     for (const char* n :
-         {"small-flow-single-path", "ecf-scheduler", "tenant-a-uplink", "tenant-b-uplink",
-          "lb-no-subflows-to-vip", "lb-initial-subflow-backup", "mp-join-only-guard"})
+         {"small-flow-single-path", "ecf-scheduler", "tenant-a-uplink-1", "tenant-a-uplink-2",
+          "tenant-b-uplink-1", "tenant-b-uplink-2", "lb-no-subflows-to-vip",
+          "lb-initial-subflow-backup", "mp-join-only-guard"})
         CHECK(names.count(n) == 1);
 }
 
