@@ -321,8 +321,8 @@ struct mps_flow_dir {
 	__u8 pad[5];
 };
 /* The two directions sit 88 bytes apart, never in one cache line: a host's egress and
- * ingress programs run on different CPUs, and counters both wrote in one line made every
- * packet of one direction wait for the other's CPU. Between them the fields written once or
+ * ingress programs often run on different CPUs, and in one line each direction's counter
+ * writes would take the line from the other CPU. Between them the fields written once or
  * rarely, those the programs read first. Index a direction with MPS_FLOW_DIR(). */
 struct mps_flow {
 	struct mps_flow_dir dir_ab;
