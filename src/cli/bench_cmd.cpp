@@ -237,7 +237,7 @@ int run_bench(bool json, uint32_t repeat, int rounds) {
 
 void add_bench_command(CLI::App& app) {
     auto* cmd = app.add_subcommand("bench", "Measure per-packet cost of chains (needs root)");
-    static bool json = false, live = false;
+    static bool json = false, live = false, prog_times = false;
     static uint32_t repeat = 100000;
     static int rounds = 31, seconds = 4;
     cmd->add_flag("--json", json, "print one JSON object");
@@ -248,6 +248,10 @@ void add_bench_command(CLI::App& app) {
     cmd->add_option("--seconds", seconds, "--live: length of each transfer")
         ->check(CLI::Range(1, 60))
         ->capture_default_str();
+    cmd->add_flag("--prog-times", prog_times,
+                  "--live: also the kernel's run time per program run at each hook "
+                  "(kernel.bpf_stats_enabled: every run then pays two clock reads, so compare "
+                  "throughput only between runs alike)");
     static std::string share = default_share();
     static std::vector<std::string> cases = {live_bench_cases().begin(),
                                              live_bench_cases().begin() + 3};
@@ -271,7 +275,8 @@ void add_bench_command(CLI::App& app) {
     cmd->callback([cmd] {
         try {
             if (live)
-                set_exit_code(run_live_bench(json, cmd->count("--rounds") ? rounds : 9, seconds, share, cases));
+                set_exit_code(run_live_bench(json, cmd->count("--rounds") ? rounds : 9, seconds, share,
+                                             cases, prog_times));
             else
                 set_exit_code(run_bench(json, repeat, rounds));
         } catch (const std::exception& e) {

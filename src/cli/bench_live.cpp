@@ -10,6 +10,7 @@
 // accounting of the whole machine (/proc/stat), so CPU per GB holds when the link is not the
 // bottleneck.
 #include <arpa/inet.h>
+#include <bpf/bpf.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,6 +22,7 @@
 #include <iostream>
 #include <iterator>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 #include <sstream>
@@ -114,13 +116,17 @@ public:
             bool xdp = false;
             for (const auto& e : chains ? chains->entries : std::vector<EntryPoint>{}) {
                 xdp |= e.hook == Hook::xdp;
-                for (const auto& i : ifnames)
+                for (const auto& i : ifnames) {
                     links_.push_back(HookLink::attach(i, e.hook, gen_->entry_fd(e.hook, i)));
+                    programs_.insert({e.hook, gen_->entry_fd(e.hook, i)});
+                }
             }
             if (!xdp)
-                for (const auto& i : ifnames)
+                for (const auto& i : ifnames) {
                     links_.push_back(
                         HookLink::attach(i, Hook::xdp, gen_->prog_fd("bench_bare_pass")));
+                    programs_.insert({Hook::xdp, gen_->prog_fd("bench_bare_pass")});
+                }
         } catch (...) {
             clear();
             throw;
@@ -141,6 +147,23 @@ public:
         return n;
     }
 
+    // Per hook, the kernel's run time of the attached programs per run, in ns (with
+    // kernel.bpf_stats_enabled; a chain's tail calls count in its entry program's time).
+    std::map<Hook, double> ns_per_run() const {
+        std::map<Hook, std::pair<uint64_t, uint64_t>> sum;  // run_time_ns, run_cnt
+        for (const auto& [hook, fd] : programs_) {
+            bpf_prog_info info{};
+            uint32_t len = sizeof info;
+            if (bpf_obj_get_info_by_fd(fd, &info, &len)) continue;
+            sum[hook].first += info.run_time_ns;
+            sum[hook].second += info.run_cnt;
+        }
+        std::map<Hook, double> out;
+        for (const auto& [hook, t] : sum)
+            if (t.second) out[hook] = double(t.first) / double(t.second);
+        return out;
+    }
+
 private:
     void clear() {
         try {
@@ -159,6 +182,7 @@ private:
     StateMaps state_;
     std::unique_ptr<Generation> gen_;
     std::vector<std::unique_ptr<HookLink>> links_;
+    std::set<std::pair<Hook, int>> programs_;  // what links_ run, once per program
 };
 
 struct Case {
@@ -238,7 +262,7 @@ const std::vector<std::string>& live_bench_cases() {
 }
 
 int run_live_bench(bool json, int rounds, int seconds, const std::string& share,
-                   const std::vector<std::string>& chosen) {
+                   const std::vector<std::string>& chosen, bool prog_times) {
     for (const auto& n : chosen)
         if (std::find(live_bench_cases().begin(), live_bench_cases().end(), n) ==
             live_bench_cases().end())
@@ -285,6 +309,14 @@ int run_live_bench(bool json, int rounds, int seconds, const std::string& share,
         add(n.c_str(), bench_chain(shape), false, false);
     }
     const std::string root = "/sys/fs/bpf/mpsteer-bench-live-" + std::to_string(getpid());
+    // The kernel times every program run while this descriptor is open (two clock reads per
+    // run, on the bare program too).
+    Fd stats;
+    if (prog_times) {
+        int fd = bpf_enable_stats(BPF_STATS_RUN_TIME);
+        if (fd < 0) throw lab::Error("enabling the kernel's BPF run-time statistics failed");
+        stats = Fd(fd);
+    }
 
     for (int round = 0; round < rounds; ++round) {
         for (size_t k = 0; k < cases.size(); ++k) {
@@ -329,6 +361,12 @@ int run_live_bench(bool json, int rounds, int seconds, const std::string& share,
                 c.counts["server_xdp_frames"].push_back(
                     double(rx_frames(lab.server_ns(), server_ifs) - rx_srv0));
             }
+            if (prog_times && cli && srv)
+                for (const auto& [host, a] : {std::pair{"client", cli.get()}, {"server", srv.get()}})
+                    for (const auto& [hook, ns] : a->ns_per_run())
+                        c.counts[std::string(host) + "_" + std::string(to_string(hook)) +
+                                 "_ns_per_run"]
+                            .push_back(ns);
             if (c.chains) {
                 c.counts["client_chain_packets"].push_back(double(cli->packets()));
                 c.counts["server_chain_packets"].push_back(double(srv->packets()));
