@@ -21,6 +21,7 @@ local hold_ticks = params.hold_ticks or 3
 local min_rtt_ratio = params.min_rtt_ratio or 1.5
 local resignal_ticks = params.resignal_ticks or 10
 local since_write = 0
+local dirty = false  -- B changed while connections with two subflows were up
 local waiting = {}   -- token -> the ECF "waiting" flag
 local room = {}      -- token -> ticks in a row f had room
 local held = {}      -- token -> the subflow held back
@@ -97,11 +98,13 @@ function on_tick()
   end
   local wait = any and not use
   since_write = since_write + 1
-  -- Written again every resignal_ticks: the agent sends the MP_PRIO of a quiet subflow (no
-  -- ACK to carry it) only when the flag is written, and a subflow may go quiet just after.
-  if wait ~= backup or (any and since_write >= resignal_ticks) then
+  dirty = dirty and any
+  -- Written again every resignal_ticks after a change: the agent sends the MP_PRIO of a quiet
+  -- subflow (no ACK to carry it) only when the flag is written, and a subflow may go quiet
+  -- just after. A host that never holds a path back never writes.
+  if wait ~= backup or (dirty and since_write >= resignal_ticks) then
     mpsteer.set_policy_backup(wait)
-    backup, since_write = wait, 0
+    backup, since_write, dirty = wait, 0, any
   end
 end
 

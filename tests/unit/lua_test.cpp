@@ -186,6 +186,14 @@ TEST_CASE("lua: ecf holds the slow path back (backup) while waiting for the fast
     for (int i = 0; i < 12; i++) REQUIRE(s.on_tick());
     CHECK(be.writes.size() == 5);
     CHECK(s.status().failures == 0);
+    // A host whose connections never wait (here: a receiver, nothing in flight) never writes.
+    FakeBackend rx;
+    Script r(spec(file("lua/ecf.lua"), {{"hold_ticks", 3}, {"resignal_ticks", 10}}, 20), rx);
+    rx.conns = {c};
+    rx.conns[0].subflows[0].inflight = 0;
+    rx.conns[0].subflows[1].inflight = 0;
+    for (int i = 0; i < 25; i++) REQUIRE(r.on_tick());
+    CHECK(rx.writes.empty());
 }
 
 // ---- the API -------------------------------------------------------------------------------
