@@ -322,7 +322,7 @@ Report ecf_scheduling(const Options& opt) {
                         quantile(s[0].chunk_latency_ms[key], q),
                         quantile(s[1].chunk_latency_ms[key], q), true, "ms", rg.realistic);
         } else {
-            compare(key + "_mbit", std::string(rg.label) + ": Mbit/s (mean)",
+            compare(key + "_mbit", std::string(rg.label) + ": Mbit/s p50",
                     quantile(s[0].bulk_mbit[key], 0.5), quantile(s[1].bulk_mbit[key], 0.5), false,
                     "Mbit/s", rg.realistic);
         }
