@@ -1,27 +1,31 @@
 -- SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
--- ECF (Earliest Completion First, Lim et al., CoNEXT'17) as per-subflow rates.
+-- ECF (Earliest Completion First, Lim et al., CoNEXT'17) as the slow path's backup flag.
 -- Every `every` (on_tick), for each connection: f = the fastest subflow (lowest srtt), s = the
--- next one. f is never capped. While f's window is full, with k unsent bytes,
+-- next one. ECF sends on f while f has room in its window, and s is not used then (here: more
+-- than a quarter of f's cwnd free on `hold_ticks` ticks in a row, TCP_INFO being sampled, not
+-- seen per packet; and only when srtt_s >= min_rtt_ratio * srtt_f: alike paths gain nothing). Once f's window is full, with k unsent bytes and
 -- delta = max(rttvar_f, rttvar_s):
 --   if (1 + k/cwnd_f) * rtt_f < (1 + waiting*beta) * (rtt_s + delta) then
---     if (k/cwnd_s) * rtt_s >= 2*rtt_f + delta then wait for f (waiting = 1): s is held back
+--     if (k/cwnd_s) * rtt_s >= 2*rtt_f + delta then wait for f (waiting = 1)
 --     else use s
 --   else waiting = 0 and use s.
--- "Held back" is rate 1 B/s, i.e. rate_limit's min_window; "use" is max_rate. The datapath's
--- rate_limit actor enforces the rates on the ACKs this host receives. Subflows without an
--- RTT sample or cwnd (not this host's sockets) are left alone. API: lua/README.md.
+-- "Wait" (s not used) sets B=1 on the policy's set_backup actions: the ACKs this host receives
+-- on the slow path carry MP_PRIO, and the kernel's scheduler gives that subflow no new data
+-- while f is active; "use s" sets B=0. A held subflow gets no RTT samples: once its stale srtt
+-- makes it look the fastest, or it is idle while the other carries the data, it is released. The flag is the policy's, one
+-- for all connections: the slow path is used while any connection uses it. Subflows without
+-- an RTT sample or cwnd (not this host's sockets) are left out. API: lua/README.md.
 
 local beta = params.beta or 0.25
-local max_rate = params.max_rate or 125000000  -- bytes/s, or a rate string ("1Gbit")
-if type(max_rate) == "string" then max_rate = mpsteer.rate(max_rate) end
-local waiting = {}  -- token -> the ECF "waiting" flag
-local last = {}     -- subflow id -> rate written (write only on change)
-
-local function set(id, rate)
-  if last[id] ~= rate then
-    if mpsteer.set_rate(id, rate) then last[id] = rate end
-  end
-end
+local hold_ticks = params.hold_ticks or 3
+local min_rtt_ratio = params.min_rtt_ratio or 1.5
+local resignal_ticks = params.resignal_ticks or 10
+local since_write = 0
+local dirty = false  -- B changed while connections with two subflows were up
+local waiting = {}   -- token -> the ECF "waiting" flag
+local room = {}      -- token -> ticks in a row f had room
+local held = {}      -- token -> the subflow held back
+local backup = false -- B last written (the manifest's value at load)
 
 local function fastest_two(subflows)
   local f, s
@@ -37,39 +41,73 @@ local function fastest_two(subflows)
   return f, s
 end
 
--- True when s should wait for f.
-local function hold_slow(conn, f, s)
-  if f.cwnd > f.inflight then return false end  -- f has room: nothing to decide
+-- ECF's rule once f's window is full: true to wait for f.
+local function ecf_wait(conn, f, s)
   local k = conn.unsent
   local rtt_f, rtt_s = f.srtt_us, s.srtt_us
   local delta = math.max(f.rttvar_us, s.rttvar_us)
-  local w = waiting[conn.token] and 1 or 0
-  if (1 + k / f.cwnd) * rtt_f < (1 + w * beta) * (rtt_s + delta) then
-    if (k / s.cwnd) * rtt_s >= 2 * rtt_f + delta then
-      waiting[conn.token] = true
-      return true
-    end
+  local w = false
+  if (1 + k / f.cwnd) * rtt_f < (1 + (waiting[conn.token] and beta or 0)) * (rtt_s + delta) then
+    w = (k / s.cwnd) * rtt_s >= 2 * rtt_f + delta
+  end
+  waiting[conn.token] = w
+  return w
+end
+
+-- True when s should not be used now.
+local function hold(conn, f, s)
+  local t = conn.token
+  -- The held subflow gets no RTT samples: when its stale srtt makes it look the fastest, or
+  -- it is idle while the other carries the data, release it and measure again.
+  if held[t] == f.id or (f.inflight == 0 and s.inflight > 0) then
+    held[t], room[t] = nil, 0
     return false
   end
-  waiting[conn.token] = false
-  return false
+  if f.inflight == 0 then return held[t] ~= nil end  -- nothing sent: the decision stands
+  if f.cwnd - f.inflight > f.cwnd / 4 then
+    -- Alike paths: waiting for f gains nothing (ECF's rule below says the same when full).
+    if s.srtt_us < min_rtt_ratio * f.srtt_us then
+      held[t], room[t] = nil, 0
+      return false
+    end
+    room[t] = (room[t] or 0) + 1
+    if not held[t] and room[t] < hold_ticks then return false end
+  else
+    room[t] = 0
+    if not ecf_wait(conn, f, s) then
+      held[t] = nil
+      return false
+    end
+  end
+  held[t] = s.id
+  return true
 end
 
 function on_tick()
+  local use, any, live = false, false, {}
   for _, conn in ipairs(mpsteer.connections()) do
+    live[conn.token] = true
     local f, s = fastest_two(conn.subflows)
-    if f then
-      set(f.id, 0)  -- the fastest subflow is never capped
-      if s then
-        local rate = hold_slow(conn, f, s) and 1 or max_rate
-        for _, sf in ipairs(conn.subflows) do
-          if sf.id ~= f.id and sf.srtt_us > 0 and not sf.backup then set(sf.id, rate) end
-        end
-      end
+    if f and s then
+      any = true
+      if not hold(conn, f, s) then use = true end
     end
+  end
+  for token in pairs(room) do
+    if not live[token] then waiting[token], room[token], held[token] = nil, nil, nil end
+  end
+  local wait = any and not use
+  since_write = since_write + 1
+  dirty = dirty and any
+  -- Written again every resignal_ticks after a change: the agent sends the MP_PRIO of a quiet
+  -- subflow (no ACK to carry it) only when the flag is written, and a subflow may go quiet
+  -- just after. A host that never holds a path back never writes.
+  if wait ~= backup or (dirty and since_write >= resignal_ticks) then
+    mpsteer.set_policy_backup(wait)
+    backup, since_write, dirty = wait, 0, any
   end
 end
 
-function on_subflow_closed(sf)
-  last[sf.id] = nil
+function on_apply()
+  backup = false  -- a new revision starts from the manifest's B
 end

@@ -78,5 +78,6 @@ private:
 // The use cases.
 Report load_balancer(const Options& opt);
 Report multi_tenant(const Options& opt);
+Report ecf_scheduling(const Options& opt);
 
 }  // namespace mpsteer::cli::usecases

@@ -203,7 +203,9 @@ std::string_view to_string(Action::Kind k) {
 }
 
 // Where each actor makes sense (documented in schemas/README.md):
-// - set_backup and no_subflows add or change options in packets this host sends: tc_egress.
+// - no_subflows changes the SYN/ACK this host sends: tc_egress.
+// - set_backup adds MP_PRIO to pure ACKs: those this host sends (tc_egress: the peer stops
+//   sending on the subflow) or receives (xdp: this host's own scheduler does).
 // - blk_subflow hides ADD_ADDR from this host's stack: ingress (xdp, tc_ingress).
 // - add_subflow re-injects an address into the stack by cloning a packet back into a TC hook
 //   (bpf_clone_redirect): tc_ingress only, XDP has no clone.
@@ -213,7 +215,7 @@ std::string_view to_string(Action::Kind k) {
 std::vector<HookPoint> allowed_hooks(Action::Kind k) {
     using enum HookPoint;
     switch (k) {
-    case Action::Kind::set_backup:
+    case Action::Kind::set_backup: return {xdp, tc_egress};
     case Action::Kind::no_subflows: return {tc_egress};
     case Action::Kind::blk_subflow: return {xdp, tc_ingress};
     case Action::Kind::add_subflow: return {tc_ingress};

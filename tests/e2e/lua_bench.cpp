@@ -471,15 +471,19 @@ void ecf(int runs) {
     std::pair<double, std::vector<double>> with;
     {
         AgentHarness agent(lab, "luaecf", 10, /*client_side=*/true);
-        agent.publish({{"policies/ecf-scheduler.yaml", source("policies/ecf-scheduler.yaml")},
-                       {"lua/ecf.lua", source("lua/ecf.lua")}});
+        // The scheduler policy names the slow path's interface: here path 2's.
+        std::string policy = source("policies/ecf-scheduler.yaml");
+        for (auto at = policy.find("wwan0"); at != std::string::npos; at = policy.find("wwan0"))
+            policy.replace(at, 5, lab.client_if(2));
+        agent.publish(
+            {{"policies/ecf-scheduler.yaml", policy}, {"lua/ecf.lua", source("lua/ecf.lua")}});
         agent.start();
         if (!agent.wait_status([](const json& s) { return s.value("ready", false); }, 90s, 20ms))
             throw std::runtime_error("agent not ready: " + agent.log_tail());
-        with = series("ECF script (rate_limit)", 5700);
+        with = series("ECF script (backup flag)", 5700);
         json s = agent.status();
         for (const auto& h : s.value("lua_hooks", json::array()))
-            std::printf("  ECF hook: %s, %s calls, %s failures, %s rate writes\n",
+            std::printf("  ECF hook: %s, %s calls, %s failures, %s writes\n",
                         h.value("state", "").c_str(), h["calls"].dump().c_str(),
                         h["failures"].dump().c_str(), h["writes"].dump().c_str());
     }

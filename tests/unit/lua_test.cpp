@@ -142,11 +142,15 @@ TEST_CASE("lua: small_flow_pm forgets announcements of unknown connections", "[l
     CHECK(be.writes.empty());
 }
 
-TEST_CASE("lua: ecf caps the slow subflow while waiting for the fast one pays off",
+TEST_CASE("lua: ecf holds the slow path back (backup) while waiting for the fast one pays off",
           "[lua][scripts]") {
     FakeBackend be;
-    Script s(spec(file("lua/ecf.lua"), {{"beta", 0.25}, {"max_rate", "1Gbit"}}, 50), be);
+    Script s(
+        spec(file("lua/ecf.lua"), {{"beta", 0.25}, {"hold_ticks", 3}, {"resignal_ticks", 10}}, 20),
+        be);
     REQUIRE(s.status().loaded);
+    using W = std::vector<Write>;
+    const Write hold{"policy_backup", 0, 1}, use{"policy_backup", 0, 0};
     Connection c;
     c.token = 0x1234;
     // f: 20 ms, window full; s: 50 ms. Little unsent data: f finishes it sooner -> wait for f.
@@ -154,30 +158,42 @@ TEST_CASE("lua: ecf caps the slow subflow while waiting for the fast one pays of
     c.unsent = 10000;
     be.conns = {c};
     REQUIRE(s.on_tick());
-    CHECK(be.rate_of(1) == 0);  // fastest: uncapped
-    CHECK(be.rate_of(2) == 1);  // slow one held back (the step's minimum window)
-    // Lots of unsent data: both paths are needed -> s released to max_rate.
+    CHECK(be.writes == W{hold});
+    // Lots of unsent data: both paths are needed -> s used.
     be.conns[0].unsent = 50'000'000;
     REQUIRE(s.on_tick());
-    CHECK(be.rate_of(1) == 0);
-    CHECK(be.rate_of(2) == 125'000'000);
-    // The fast subflow has window space: it takes the data, the slow one is not needed...
-    // but ECF only decides when f is full; with space everywhere nothing is held back.
+    CHECK(be.writes == W{hold, use});
+    // f has room (ECF sends on f alone): held back after hold_ticks ticks in a row.
     be.conns[0].subflows[0].inflight = 10000;
-    be.conns[0].unsent = 10000;
     REQUIRE(s.on_tick());
-    CHECK(be.rate_of(2) == 125'000'000);
-    // Full again with the same small backlog: held back again.
-    be.conns[0].subflows[0].inflight = 100000;
     REQUIRE(s.on_tick());
-    CHECK(be.rate_of(2) == 1);
-    // A backup or RTT-less subflow is left alone; a single subflow is never capped.
+    CHECK(be.writes == W{hold, use});
+    REQUIRE(s.on_tick());
+    CHECK(be.writes == W{hold, use, hold});
+    // The held subflow's srtt (stale: no samples while held) now looks the fastest: released;
+    // while it carries nothing the decision stands.
+    be.conns[0].subflows[1].srtt_us = 15000;
+    REQUIRE(s.on_tick());
+    CHECK(be.writes == W{hold, use, hold, use});
+    be.conns[0].subflows[1].inflight = 0;
+    for (int i = 0; i < 9; i++) REQUIRE(s.on_tick());
+    CHECK(be.writes.size() == 4);
+    // The flag is written again every resignal_ticks (a subflow gone quiet since gets it).
+    REQUIRE(s.on_tick());
+    CHECK(be.writes == W{hold, use, hold, use, use});
+    // A single subflow has nothing to wait for, nothing is written.
     be.conns[0].subflows.pop_back();
-    size_t n = be.writes.size();
-    REQUIRE(s.on_tick());
-    CHECK(be.rate_of(1) == 0);
-    CHECK(be.writes.size() == n);  // unchanged rates are not rewritten
+    for (int i = 0; i < 12; i++) REQUIRE(s.on_tick());
+    CHECK(be.writes.size() == 5);
     CHECK(s.status().failures == 0);
+    // A host whose connections never wait (here: a receiver, nothing in flight) never writes.
+    FakeBackend rx;
+    Script r(spec(file("lua/ecf.lua"), {{"hold_ticks", 3}, {"resignal_ticks", 10}}, 20), rx);
+    rx.conns = {c};
+    rx.conns[0].subflows[0].inflight = 0;
+    rx.conns[0].subflows[1].inflight = 0;
+    for (int i = 0; i < 25; i++) REQUIRE(r.on_tick());
+    CHECK(rx.writes.empty());
 }
 
 // ---- the API -------------------------------------------------------------------------------

@@ -120,7 +120,8 @@ TEST_CASE("the valid examples load without errors", "[manifest]") {
 TEST_CASE("the shipped policies are valid", "[manifest][policies]") {
     const fs::path root(MPS_SOURCE_DIR);
     Options o = test_options();
-    o.known_interfaces = std::set<std::string>{"eth0", "eth1", "eth2"};
+    // The interfaces the shipped policies name (multi-tenant uplinks, ECF's cellular path).
+    o.known_interfaces = std::set<std::string>{"eth0", "eth1", "eth2", "wwan0"};
     o.repo_root = root.string();
     // Check the Lua scripts when they are present in this tree.
     o.check_scripts =
