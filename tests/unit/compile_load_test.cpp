@@ -32,14 +32,14 @@ struct PinRoot {
 // The loader resolves the interfaces the chains name: create them in a namespace of our own.
 void own_netns() {
     REQUIRE(unshare(CLONE_NEWNET) == 0);
-    REQUIRE(std::system("for i in eth0 eth1 eth2; do "
+    REQUIRE(std::system("for i in eth0 eth1 eth2 wwan0; do "
                         "ip link add $i type veth peer name $i-peer || exit 1; "
                         "ip link set $i up; done") == 0);
 }
 
 datapath::ChainSet compiled(const std::vector<std::pair<std::string, std::string>>& sources) {
     manifest::Options o;
-    o.known_interfaces = std::set<std::string>{"lo", "eth0", "eth1", "eth2"};
+    o.known_interfaces = std::set<std::string>{"lo", "eth0", "eth1", "eth2", "wwan0"};
     o.check_scripts = false;
     auto r = manifest::load_sources(sources, o);
     for (const auto& d : r.diagnostics) INFO(d.format());
@@ -51,7 +51,7 @@ datapath::ChainSet compiled(const std::vector<std::pair<std::string, std::string
 
 datapath::ChainSet compiled(const std::string& dir) {
     manifest::Options o;
-    o.known_interfaces = std::set<std::string>{"lo", "eth0", "eth1", "eth2"};
+    o.known_interfaces = std::set<std::string>{"lo", "eth0", "eth1", "eth2", "wwan0"};
     o.check_scripts = false;
     auto r = manifest::load_paths({(fs::path(MPS_SOURCE_DIR) / dir).string()}, o);
     for (const auto& d : r.diagnostics) INFO(d.format());
