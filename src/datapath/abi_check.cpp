@@ -88,6 +88,11 @@ MPS_ABI_SIZE(mps_p_backup, 2);
 MPS_ABI_FIELD(mps_p_backup, backup, 0);
 MPS_ABI_FIELD(mps_p_backup, every_packet, 1);
 
+MPS_ABI_SIZE(mps_p_add, 16);
+MPS_ABI_FIELD(mps_p_add, on_bytes, 0);
+MPS_ABI_FIELD(mps_p_add, pad, 1);
+MPS_ABI_FIELD(mps_p_add, after_bytes, 8);
+
 MPS_ABI_SIZE(mps_p_redirect, 4);
 MPS_ABI_FIELD(mps_p_redirect, ifindex, 0);
 
@@ -101,6 +106,7 @@ MPS_ABI_FIELD(mps_param, seq, 0);
 MPS_ABI_FIELD(mps_param, bytes, 0);
 MPS_ABI_FIELD(mps_param, rate, 0);
 MPS_ABI_FIELD(mps_param, backup, 0);
+MPS_ABI_FIELD(mps_param, add, 0);
 MPS_ABI_FIELD(mps_param, redirect, 0);
 MPS_ABI_FIELD(mps_param, raw, 0);
 
@@ -176,6 +182,7 @@ MPS_ABI_FIELD(mps_flow, rate_bps, 152);
 MPS_ABI_FIELD(mps_flow, role, 160);
 MPS_ABI_FIELD(mps_flow, backup, 161);
 MPS_ABI_FIELD(mps_flow, pad, 162);
+MPS_ABI_FIELD(mps_flow, hidden_ids, 164);
 
 MPS_ABI_SIZE(mps_conn, 48);
 MPS_ABI_FIELD(mps_conn, packets, 0);
