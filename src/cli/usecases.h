@@ -77,5 +77,6 @@ private:
 
 // The use cases.
 Report load_balancer(const Options& opt);
+Report small_flows(const Options& opt);
 
 }  // namespace mpsteer::cli::usecases

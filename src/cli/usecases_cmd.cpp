@@ -98,6 +98,7 @@ struct UseCase {
 const std::vector<UseCase>& use_cases() {
     static const std::vector<UseCase> all = {
         {"lb", "servers behind a stateless load balancer", load_balancer},
+        {"smallflow", "small-flow path manager", small_flows},
     };
     return all;
 }
