@@ -537,9 +537,50 @@ static __always_inline int add_subflow_trigger(struct __sk_buff *skb, struct mps
 	return 1;
 }
 
+/* The subflow socket, read through BTF (CO-RE): only the fields used here. */
+struct tcp_sock {
+	__u32 rcv_nxt;
+	__u32 rcv_wup;
+	__u32 rcv_wnd;
+} __attribute__((preserve_access_index));
+
+/* The right edge (rcv_wup + rcv_wnd) of the window the local socket of this packet's subflow
+ * advertised. Returns 1, or 0 when there is no such socket (e.g. a BPF_PROG_TEST_RUN). */
+static __always_inline int rcv_window_edge(struct __sk_buff *skb, const struct tuple *t,
+					   __u8 family, __u32 *edge)
+{
+	struct bpf_sock_tuple st = {};
+	struct bpf_sock *sk;
+
+	if (family == 4) {
+		st.ipv4.saddr = t->src[0];
+		st.ipv4.daddr = t->dst[0];
+		st.ipv4.sport = bpf_htons(t->sport);
+		st.ipv4.dport = bpf_htons(t->dport);
+		sk = bpf_skc_lookup_tcp(skb, &st, sizeof(st.ipv4), BPF_F_CURRENT_NETNS, 0);
+	} else {
+		__builtin_memcpy(st.ipv6.saddr, t->src, 16);
+		__builtin_memcpy(st.ipv6.daddr, t->dst, 16);
+		st.ipv6.sport = bpf_htons(t->sport);
+		st.ipv6.dport = bpf_htons(t->dport);
+		sk = bpf_skc_lookup_tcp(skb, &st, sizeof(st.ipv6), BPF_F_CURRENT_NETNS, 0);
+	}
+	if (!sk)
+		return 0;
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
+	int found = 0;
+	if (tp) {
+		*edge = tp->rcv_wup + tp->rcv_wnd;
+		found = 1;
+	}
+	bpf_sk_release(sk);
+	return found;
+}
+
 /*
  * Pass 2 (the marked copy): rewrite it into a pure ACK following the original on the same
- * subflow (seq = original seq + payload, same ack, window and timestamps) whose options are
+ * subflow (seq = original seq + payload, or the right edge of the socket's receive window when
+ * that is ahead; same ack, window and timestamps) whose options are
  * the timestamps and the stored ADD_ADDR, then send that back through the hook once more
  * (pass 3 passes it, so packet taps on the interface see the carrier as the stack gets it).
  * The checksum is computed afresh; a copy still in CHECKSUM_PARTIAL (TC egress: the field
@@ -569,7 +610,15 @@ static __always_inline int make_carrier(struct __sk_buff *skb, struct mps_pkt_ct
 	__u32 payload = pc->l4_len - hlen;
 	__be16 old_check = tcp->check;
 	__builtin_memcpy(hdr, tcp, 20);
-	__be32 seq = bpf_htonl(bpf_ntohl(tcp->seq) + payload);
+	/* The copy comes out of the backlog after the segments the stack took meanwhile; once
+	 * those are acknowledged, a carrier at the end of the original is an old sequence that TCP
+	 * drops before MPTCP reads its options. The right edge of the window the socket advertised
+	 * stays acceptable (it never moves back, and a pure ACK there is in the window): use it
+	 * when it is ahead. */
+	__u32 next = bpf_ntohl(tcp->seq) + payload, edge;
+	if (rcv_window_edge(skb, &t, pc->family, &edge) && (__s32)(edge - next) > 0)
+		next = edge;
+	__be32 seq = bpf_htonl(next);
 	__builtin_memcpy(hdr + 4, &seq, 4);
 	hdr[13] = 0x10; /* ACK only */
 	hdr[16] = hdr[17] = hdr[18] = hdr[19] = 0;

@@ -240,14 +240,9 @@ TEST_CASE(
 // takes the connection past 220 KB. A 2 MB download at 20 Mbit/s (2.5 KB a millisecond, so a
 // 1 ms poll of the kernel's events sees the byte count to about 1 %): the client's stack takes
 // the ADD_ADDR (MPTCP "announced") within 10 % of the threshold, and the hook has nothing to do.
-// Known race (hence [!mayfail]): the carrier (a pure ACK whose seq is the end of the segment it
-// was cloned from) travels through the backlog, so the next segments of the same NAPI batch
-// reach the stack first; once the client has acknowledged them the carrier is an old sequence
-// and TCP drops it before MPTCP reads its options. The subflow then opens on the server's
-// ADD_ADDR retransmission, which passes once released (seen here in about one run of three,
-// at 530-780 KB: bpf/ACTORS.md).
+// Three runs: the carrier must survive the segments that overtake it (bpf/ACTORS.md).
 TEST_CASE("lua: shipped small-flow policy opens the second subflow within 10 % of the threshold",
-          "[e2e][lua][!mayfail]") {
+          "[e2e][lua]") {
     datapath::init_libbpf_logging();
     Lab::cleanup_stale();
     LabConfig cfg;
