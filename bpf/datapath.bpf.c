@@ -546,6 +546,20 @@ static __always_inline int sel_sequence(void *ctx, bool xdp, struct mps_pkt_ctx 
 	return rel >= p->lo && rel < p->hi;
 }
 
+/* Payload bytes counted so far on the subflow (both directions) or, with `conn`, on its
+ * connection once the agent has linked the two (until then the subflow is all there is). */
+static __always_inline __u64 bytes_seen(const struct mps_flow *f, bool conn)
+{
+	__u64 seen = f->dir_ab.bytes + f->dir_ba.bytes;
+	if (conn && f->conn_token) {
+		__u32 tok = f->conn_token;
+		struct mps_conn *c = bpf_map_lookup_elem(&conns, &tok);
+		if (c)
+			seen = c->bytes;
+	}
+	return seen;
+}
+
 static __always_inline int sel_flow_bytes(void *ctx, bool xdp, struct mps_pkt_ctx *pc,
 					  const struct mps_step *st)
 {
@@ -558,13 +572,7 @@ static __always_inline int sel_flow_bytes(void *ctx, bool xdp, struct mps_pkt_ct
 	struct mps_flow *f = account(ctx, xdp, pc, &from_a);
 	if (!f)
 		return 0;
-	__u64 seen = f->dir_ab.bytes + f->dir_ba.bytes;
-	if (p->scope == MPS_BYTES_CONN && f->conn_token) {
-		__u32 tok = f->conn_token;
-		struct mps_conn *c = bpf_map_lookup_elem(&conns, &tok);
-		if (c)
-			seen = c->bytes;
-	}
+	__u64 seen = bytes_seen(f, p->scope == MPS_BYTES_CONN);
 	seen -= seen >= payload ? payload : seen; /* bytes before this packet */
 	return seen >= p->lo && seen < p->hi;
 }

@@ -13,7 +13,9 @@
  * - add_subflow (TC only) turns a copy of the next packet of the flow into a pure ACK that
  *   carries the stored ADD_ADDR (what the kernel itself sends: TS + ADD_ADDR, no DSS), and
  *   hands it to the same hook again with bpf_clone_redirect; ingress copies reach the local
- *   stack, egress copies go to the peer. The original packet is not touched.
+ *   stack, egress copies go to the peer. The original packet is not touched. It does so on
+ *   a request from userspace or, with after_bytes, on the first packet of the subflow the
+ *   announcement came on once the connection has carried that many bytes (record's count).
  * - set_backup inserts NOP + MP_PRIO (4 bytes) at the end of the TCP header of pure ACKs
  *   only (no payload, no trailer), growing the tail: never a data segment, never GSO. It
  *   also keeps the headers of each subflow direction's latest ACK (prio_tmpl): a subflow B=1
@@ -298,8 +300,12 @@ static __always_inline int act_blk_subflow(void *ctx, bool xdp, struct mps_pkt_c
 		struct mps_flow *f = bpf_map_lookup_elem(&flows, &k.flow);
 		a.conn_token = f ? f->conn_token : 0;
 		/* The map keeps the announcement whatever happens to the event below. */
-		if (bpf_map_update_elem(&announces, &k, &a, BPF_NOEXIST) == 0)
+		if (bpf_map_update_elem(&announces, &k, &a, BPF_NOEXIST) == 0) {
 			count_insert(MPS_TI_ANNOUNCES);
+			/* add_subflow's after_bytes finds it from the subflow's packets. */
+			if (f && k.addr_id < 32)
+				__sync_fetch_and_or(&f->hidden_ids, 1u << k.addr_id);
+		}
 		struct mps_event *ev = event_new(MPS_EV_ADD_ADDR_BLOCKED, pc, &t);
 		if (ev) {
 			ev->addr_id = k.addr_id;
@@ -437,9 +443,49 @@ ACTOR(act_no_subflows, act_no_subflows(ctx, xdp, &pc))
 
 /* ---- add_subflow ------------------------------------------------------------------------ */
 
-/* Pass 1 (TC, any packet of a flow with a pending request, in the announcement's direction):
- * clone the packet, marked as a copy, back into this hook. The packet itself goes on. */
-static __always_inline int add_subflow_trigger(struct __sk_buff *skb, struct mps_pkt_ctx *pc)
+/* The lowest bit set in a non-zero mask (BPF has no count-trailing-zeros instruction). */
+static __always_inline __u8 lowest_bit(__u32 m)
+{
+	__u8 n = 0;
+	if (!(m & 0xffff)) {
+		n += 16;
+		m >>= 16;
+	}
+	if (!(m & 0xff)) {
+		n += 8;
+		m >>= 8;
+	}
+	if (!(m & 0xf)) {
+		n += 4;
+		m >>= 4;
+	}
+	if (!(m & 0x3)) {
+		n += 2;
+		m >>= 2;
+	}
+	if (!(m & 0x1))
+		n += 1;
+	return n;
+}
+
+/* The announcement is no longer hidden (released, or gone from the LRU): after_bytes stops
+ * looking for it on its subflow. */
+static __always_inline void forget_hidden(const struct mps_flow_key *flow, __u8 addr_id)
+{
+	struct mps_flow *f = bpf_map_lookup_elem(&flows, flow);
+	if (f && addr_id < 32)
+		__sync_fetch_and_and(&f->hidden_ids, ~(1u << addr_id));
+}
+
+/*
+ * Pass 1 (TC, a packet in the announcement's direction): clone the packet, marked as a copy,
+ * back into this hook; the packet itself goes on. Which announcement: the one userspace
+ * requested on this flow (state PENDING), else with after_bytes the lowest id blk_subflow hid
+ * on this subflow (state BLOCKED) once the connection has carried after_bytes, counting this
+ * packet (record at XDP ran before).
+ */
+static __always_inline int add_subflow_trigger(struct __sk_buff *skb, struct mps_pkt_ctx *pc,
+					       const struct mps_step *st)
 {
 	struct mps_announce_key k = {};
 	struct tuple t;
@@ -453,37 +499,88 @@ static __always_inline int add_subflow_trigger(struct __sk_buff *skb, struct mps
 		return -1;
 	flow_key(&t, pc->family, &k.flow, &from_a);
 	struct mps_add_request *rq = bpf_map_lookup_elem(&add_requests, &k.flow);
-	if (!rq)
-		return 0;
-	k.addr_id = rq->addr_id;
+	__u32 waiting = MPS_ANN_PENDING;
+	if (rq) {
+		k.addr_id = rq->addr_id;
+	} else {
+		if (!st->p.add.on_bytes)
+			return 0;
+		struct mps_flow *f = bpf_map_lookup_elem(&flows, &k.flow);
+		if (!f || !f->hidden_ids || bytes_seen(f, true) < st->p.add.after_bytes)
+			return 0;
+		k.addr_id = lowest_bit(f->hidden_ids);
+		waiting = MPS_ANN_BLOCKED;
+	}
 	struct mps_announce *a = bpf_map_lookup_elem(&announces, &k);
-	if (!a) {
-		bpf_map_delete_elem(&add_requests, &k.flow);
+	if (!a || a->state == MPS_ANN_RELEASED) {
+		if (rq)
+			bpf_map_delete_elem(&add_requests, &k.flow);
+		else
+			forget_hidden(&k.flow, k.addr_id);
 		return 0;
 	}
 	if (a->from_a != from_a) /* the carrier travels the way the announcement did */
 		return 0;
-	if (!__sync_bool_compare_and_swap(&a->state, MPS_ANN_PENDING, MPS_ANN_INJECTING)) {
-		if (a->state == MPS_ANN_RELEASED)
-			bpf_map_delete_elem(&add_requests, &k.flow);
+	if (!__sync_bool_compare_and_swap(&a->state, waiting, MPS_ANN_INJECTING))
 		return 0;
-	}
 	__u32 mark = skb->mark;
 	skb->mark = MPS_MARK_COPY | k.addr_id;
 	long r = bpf_clone_redirect(skb, skb->ifindex,
 				    pc->hook == MPS_HOOK_TC_INGRESS ? BPF_F_INGRESS : 0);
 	skb->mark = mark;
 	if (r) {
-		a->state = MPS_ANN_PENDING; /* try again on the next packet */
+		a->state = waiting; /* try again on the next packet */
 		return 0;
 	}
-	bpf_map_delete_elem(&add_requests, &k.flow);
+	if (rq)
+		bpf_map_delete_elem(&add_requests, &k.flow);
 	return 1;
+}
+
+/* The subflow socket, read through BTF (CO-RE): only the fields used here. */
+struct tcp_sock {
+	__u32 rcv_nxt;
+	__u32 rcv_wup;
+	__u32 rcv_wnd;
+} __attribute__((preserve_access_index));
+
+/* The right edge (rcv_wup + rcv_wnd) of the window the local socket of this packet's subflow
+ * advertised. Returns 1, or 0 when there is no such socket (e.g. a BPF_PROG_TEST_RUN). */
+static __always_inline int rcv_window_edge(struct __sk_buff *skb, const struct tuple *t,
+					   __u8 family, __u32 *edge)
+{
+	struct bpf_sock_tuple st = {};
+	struct bpf_sock *sk;
+
+	if (family == 4) {
+		st.ipv4.saddr = t->src[0];
+		st.ipv4.daddr = t->dst[0];
+		st.ipv4.sport = bpf_htons(t->sport);
+		st.ipv4.dport = bpf_htons(t->dport);
+		sk = bpf_skc_lookup_tcp(skb, &st, sizeof(st.ipv4), BPF_F_CURRENT_NETNS, 0);
+	} else {
+		__builtin_memcpy(st.ipv6.saddr, t->src, 16);
+		__builtin_memcpy(st.ipv6.daddr, t->dst, 16);
+		st.ipv6.sport = bpf_htons(t->sport);
+		st.ipv6.dport = bpf_htons(t->dport);
+		sk = bpf_skc_lookup_tcp(skb, &st, sizeof(st.ipv6), BPF_F_CURRENT_NETNS, 0);
+	}
+	if (!sk)
+		return 0;
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
+	int found = 0;
+	if (tp) {
+		*edge = tp->rcv_wup + tp->rcv_wnd;
+		found = 1;
+	}
+	bpf_sk_release(sk);
+	return found;
 }
 
 /*
  * Pass 2 (the marked copy): rewrite it into a pure ACK following the original on the same
- * subflow (seq = original seq + payload, same ack, window and timestamps) whose options are
+ * subflow (seq = original seq + payload, or the right edge of the socket's receive window when
+ * that is ahead; same ack, window and timestamps) whose options are
  * the timestamps and the stored ADD_ADDR, then send that back through the hook once more
  * (pass 3 passes it, so packet taps on the interface see the carrier as the stack gets it).
  * The checksum is computed afresh; a copy still in CHECKSUM_PARTIAL (TC egress: the field
@@ -513,7 +610,15 @@ static __always_inline int make_carrier(struct __sk_buff *skb, struct mps_pkt_ct
 	__u32 payload = pc->l4_len - hlen;
 	__be16 old_check = tcp->check;
 	__builtin_memcpy(hdr, tcp, 20);
-	__be32 seq = bpf_htonl(bpf_ntohl(tcp->seq) + payload);
+	/* The copy comes out of the backlog after the segments the stack took meanwhile; once
+	 * those are acknowledged, a carrier at the end of the original is an old sequence that TCP
+	 * drops before MPTCP reads its options. The right edge of the window the socket advertised
+	 * stays acceptable (it never moves back, and a pure ACK there is in the window): use it
+	 * when it is ahead. */
+	__u32 next = bpf_ntohl(tcp->seq) + payload, edge;
+	if (rcv_window_edge(skb, &t, pc->family, &edge) && (__s32)(edge - next) > 0)
+		next = edge;
+	__be32 seq = bpf_htonl(next);
 	__builtin_memcpy(hdr + 4, &seq, 4);
 	hdr[13] = 0x10; /* ACK only */
 	hdr[16] = hdr[17] = hdr[18] = hdr[19] = 0;
@@ -621,6 +726,7 @@ static __always_inline int make_carrier(struct __sk_buff *skb, struct mps_pkt_ct
 	}
 	a->released_ns = bpf_ktime_get_ns();
 	a->state = MPS_ANN_RELEASED;
+	forget_hidden(&k.flow, addr_id);
 	return 1;
 }
 
@@ -649,7 +755,7 @@ static __always_inline int act_add_subflow_body(void *ctx, bool xdp)
 			step_count(&pc, at, r > 0, true);
 			return TC_ACT_SHOT;
 		}
-		r = add_subflow_trigger(skb, &pc);
+		r = add_subflow_trigger(skb, &pc, st);
 		if (r < 0) {
 			gen_count(&pc, MPS_GC_MALFORMED);
 			return PASS(xdp);

@@ -3,8 +3,8 @@
 # Every source file of the repository names its licence in its first lines (LICENSE):
 #   tests/spdx_check.sh          lists the files without an SPDX-License-Identifier line, fails
 #   tests/spdx_check.sh --fix    adds the line (after a #! line) in the file's comment syntax
-# Not covered: documentation (*.md, its images), JSON (no comments; LICENSE and debian/copyright cover
-# them), dpkg's conffiles list, the Debian changelog/copyright, test inputs whose line numbers
+# Not covered: documentation (*.md, its *.png figures), JSON (no comments; LICENSE and
+# debian/copyright cover them), dpkg's conffiles list, the Debian changelog/copyright, test inputs whose line numbers
 # tests assert (tests/unit/manifests/, tests/fuzz/corpus/).  (ctest: spdx_headers, label unit)
 set -eu
 cd "$(dirname "$0")/.."
@@ -12,7 +12,7 @@ SPDX="SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)"
 fix=${1:-}
 comment() {  # the line for file $1, or nothing when the file is not covered
     case "$1" in
-        tests/unit/manifests/*|tests/fuzz/corpus/*|*.md|*.json|*.png|LICENSE|LICENSES/*|.gitignore) ;;
+        tests/unit/manifests/*|tests/fuzz/corpus/*|*.md|*.png|*.json|LICENSE|LICENSES/*|.gitignore) ;;
         packaging/debian/conffiles|packaging/debian/changelog|packaging/debian/copyright) ;;
         *.c|*.h|*.cpp|*.cpp.in) echo "// $SPDX" ;;
         *.lua) echo "-- $SPDX" ;;

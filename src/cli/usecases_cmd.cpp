@@ -100,6 +100,7 @@ const std::vector<UseCase>& use_cases() {
     static const std::vector<UseCase> all = {
         {"lb", "servers behind a stateless load balancer", load_balancer},
         {"tenants", "multi-tenant spreading", multi_tenant},
+        {"smallflow", "small-flow path manager", small_flows},
         {"ecf", "ECF scheduling", ecf_scheduling},
     };
     return all;

@@ -189,6 +189,10 @@ struct Builder {
             st.p.backup.backup = a.backup ? 1 : 0;
             st.p.backup.every_packet = a.once ? 0 : 1;
             break;
+        case Action::Kind::add_subflow:
+            st.p.add.on_bytes = a.after_bytes ? 1 : 0;
+            st.p.add.after_bytes = a.after_bytes.value_or(0);
+            break;
         case Action::Kind::redirect:
             ifnames.emplace_back(uint16_t(steps.size()), a.interface);  // ifindex: the loader's
             break;

@@ -88,6 +88,11 @@ MPS_ABI_SIZE(mps_p_backup, 2);
 MPS_ABI_FIELD(mps_p_backup, backup, 0);
 MPS_ABI_FIELD(mps_p_backup, every_packet, 1);
 
+MPS_ABI_SIZE(mps_p_add, 16);
+MPS_ABI_FIELD(mps_p_add, on_bytes, 0);
+MPS_ABI_FIELD(mps_p_add, pad, 1);
+MPS_ABI_FIELD(mps_p_add, after_bytes, 8);
+
 MPS_ABI_SIZE(mps_p_redirect, 4);
 MPS_ABI_FIELD(mps_p_redirect, ifindex, 0);
 
@@ -101,6 +106,7 @@ MPS_ABI_FIELD(mps_param, seq, 0);
 MPS_ABI_FIELD(mps_param, bytes, 0);
 MPS_ABI_FIELD(mps_param, rate, 0);
 MPS_ABI_FIELD(mps_param, backup, 0);
+MPS_ABI_FIELD(mps_param, add, 0);
 MPS_ABI_FIELD(mps_param, redirect, 0);
 MPS_ABI_FIELD(mps_param, raw, 0);
 
@@ -172,6 +178,7 @@ MPS_ABI_FIELD(mps_flow, rate_bps, 64);
 MPS_ABI_FIELD(mps_flow, role, 72);
 MPS_ABI_FIELD(mps_flow, backup, 73);
 MPS_ABI_FIELD(mps_flow, pad, 74);
+MPS_ABI_FIELD(mps_flow, hidden_ids, 76);
 MPS_ABI_FIELD(mps_flow, first_ns, 80);
 MPS_ABI_FIELD(mps_flow, key, 88);
 MPS_ABI_FIELD(mps_flow, idsn, 104);

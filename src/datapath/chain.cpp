@@ -107,6 +107,9 @@ std::string params_str(const mps_step& s) {
     case MPS_ACT_SET_BACKUP:
         o << "backup=" << int(p.backup.backup) << (p.backup.every_packet ? " every" : " once");
         break;
+    case MPS_ACT_ADD_SUBFLOW:
+        if (p.add.on_bytes) o << "after=" << p.add.after_bytes;
+        break;
     case MPS_ACT_REDIRECT: o << "ifindex=" << p.redirect.ifindex; break;
     default: break;
     }

@@ -304,6 +304,9 @@ std::string Action::describe() const {
     case Kind::set_backup:
         s += std::string(backup ? " backup" : " no-backup") + (once ? " once" : " every-packet");
         break;
+    case Kind::add_subflow:
+        if (after_bytes) s += " after " + std::to_string(*after_bytes) + " bytes";
+        break;
     case Kind::redirect: s += " " + interface; break;
     case Kind::ref: s = "action_chain " + ref; break;
     default: break;

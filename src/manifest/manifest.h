@@ -114,6 +114,7 @@ struct Action {
     uint32_t min_window = 0;
     bool backup = true;  // set_backup
     bool once = true;
+    std::optional<uint64_t> after_bytes;  // add_subflow: re-inject on its own past this count
     std::string interface;             // redirect
     std::vector<std::string> metrics;  // record (informational)
     std::string ref;                   // ref: the action chain's name

@@ -306,6 +306,12 @@ std::optional<Action> Checker::action(const Doc& d, const std::string& ptr, cons
             if (v.contains("once")) a.once = v["once"];
         }
         break;
+    case Action::Kind::add_subflow:
+        if (v.is_object() && v.contains("after_bytes")) {
+            a.after_bytes = size(d, pointer_join(vp, "after_bytes"), v["after_bytes"]);
+            if (!a.after_bytes) return std::nullopt;
+        }
+        break;
     case Action::Kind::redirect:
         a.interface = v["interface"];
         check_interface(d, pointer_join(vp, "interface"), a.interface);

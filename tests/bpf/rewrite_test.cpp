@@ -651,6 +651,94 @@ TEST_CASE("rewrite: add_subflow waits for a packet in the announcement's directi
 }
 
 TEST_CASE(
+    "rewrite: add_subflow after_bytes re-injects on the first packet past the byte count, "
+    "once",
+    "[bpf][rewrite][add_subflow]") {
+    // The shipped small-flow deployment: XDP counts (record) and hides (blk_subflow), TC
+    // ingress re-injects by itself once the connection has carried 1000 bytes.
+    mps_step grow = step(MPS_ACT_ADD_SUBFLOW, 3);
+    grow.p.add.on_bytes = 1;
+    grow.p.add.after_bytes = 1000;
+    dp::ChainSet cs;
+    cs.steps = {step(MPS_ACT_RECORD, 1), step(MPS_ACT_BLK_SUBFLOW), grow, step(MPS_ACT_PASS)};
+    cs.policies = {"test"};
+    cs.entries = {{Hook::xdp, "", 0}, {Hook::tc_ingress, "", 2}};
+    Env env(cs);
+    auto maps = dp::ActorMaps::of(env.generation());
+    const int ingress = env.generation().entry_fd(Hook::tc_ingress);
+
+    Packet annp = from_server(false).option(ts_opt()).option(announce(false, false));
+    env.run(Hook::xdp, annp.build());
+    mps_announce_key k{};
+    k.flow = flow_key_of(annp);
+    k.addr_id = 1;
+    REQUIRE(maps.find(k));
+    REQUIRE(env.flow(annp));
+    CHECK(env.flow(annp)->hidden_ids == 1u << 1);
+
+    // 400-byte segments from the server on that subflow: the third one makes 1200 bytes.
+    auto segment = [&](int i) {
+        Packet data = annp;
+        data.tcp.options.clear();
+        data.seq(uint32_t(9000 + 400 * i))
+            .ack(7100)
+            .window(321)
+            .option(ts_opt(0x11111111 + i, 0x22222222))
+            .option(mptcp::dss(mptcp::Dss{}.ack(77).map(1000 + 400 * i, 1 + 400 * i, 400)))
+            .payload(400);
+        data.tcp.flags = tcpf::ACK | tcpf::PSH;
+        return data;
+    };
+    in_private_netns([&] {
+        for (int i = 0; i < 2; i++) {
+            INFO("segment " << i + 1 << ": " << 400 * (i + 1) << " bytes, below the threshold");
+            Bytes f = segment(i).build();
+            check_frame(env.run(Hook::xdp, f), f);
+            Run r = tc_run(ingress, f, 0);
+            CHECK(r.retval == TC_PASS_);
+            CHECK(r.out == f);
+            CHECK(maps.find(k)->value.state == MPS_ANN_BLOCKED);
+        }
+        // 1200 bytes: this packet goes on untouched and a marked copy is cloned back.
+        Packet third = segment(2);
+        Bytes f = third.build();
+        check_frame(env.run(Hook::xdp, f), f);
+        Run r = tc_run(ingress, f, 0);
+        CHECK(r.retval == TC_PASS_);
+        CHECK(r.out == f);
+        CHECK(maps.find(k)->value.state == MPS_ANN_INJECTING);
+        // The copy becomes the carrier: a pure ACK right after the segment with the
+        // timestamps and the announcement, HMAC intact.
+        Packet want = third;
+        want.tcp.payload.clear();
+        want.tcp.options.clear();
+        want.tcp.flags = tcpf::ACK;
+        want.seq(9000 + 3 * 400);
+        want.option(ts_opt(0x11111111 + 2, 0x22222222)).option(announce(false, false));
+        const Bytes wframe = want.build();
+        r = tc_run(ingress, f, MPS_MARK_COPY | 1);
+        CHECK(r.retval == TC_DROP_);
+        if (r.out != wframe) FAIL_CHECK("carrier differs\n" << describe_frame(r.out, wframe));
+        CHECK(checksum_errors(r.out) == "");
+        auto released = maps.find(k);
+        REQUIRE(released);
+        CHECK(released->value.state == MPS_ANN_RELEASED);
+        CHECK(env.flow(annp)->hidden_ids == 0);
+        // Later packets carry nothing more.
+        Bytes g = segment(3).build();
+        check_frame(env.run(Hook::xdp, g), g);
+        r = tc_run(ingress, g, 0);
+        CHECK(r.retval == TC_PASS_);
+        CHECK(r.out == g);
+        CHECK(maps.find(k)->value.state == MPS_ANN_RELEASED);
+        CHECK(maps.find(k)->value.released_ns == released->value.released_ns);
+    });
+    // Released: the announcement's retransmissions reach the stack.
+    Bytes aframe = annp.build();
+    check_frame(env.run(Hook::xdp, aframe), aframe);
+}
+
+TEST_CASE(
     "rewrite: redirect ends the chain with a redirect verdict (TC) or leaves the packet "
     "to the stack when the target has no route (XDP)",
     "[bpf][rewrite][redirect]") {

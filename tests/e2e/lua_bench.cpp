@@ -437,7 +437,7 @@ void smallflow(int n) {
     std::printf(
         "small-flow completion time: 100 KB uploads, two paths RTT 20 ms, 50 Mbit/s each\n");
     summary("kernel default (ADD_ADDR honoured)", plain, plain_j);
-    summary("small-flow policy (agent + Lua)", policy, policy_j);
+    summary("small-flow policy (agent, shipped policy)", policy, policy_j);
 }
 
 // ---- ECF vs the default scheduler ---------------------------------------------------------

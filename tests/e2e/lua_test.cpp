@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // Lua hooks end to end: the agent, run on the lab's client with the shipped
 // small-flow policy (policies/small-flow-pm.yaml + lua/small_flow_pm.lua), against the
-// kernel's MPTCP. A 100 KB upload completes on its one subflow (the server's ADD_ADDR stays
-// hidden); a 50 MB upload gets its second subflow once it has passed the 220 KB threshold
-// (the hook asks add_subflow to re-inject the stored announcement). Then a revision whose
+// kernel's MPTCP. With the decision left to the hook: a 100 KB upload completes on its one
+// subflow (the server's ADD_ADDR stays hidden); a 50 MB upload gets its second subflow once
+// it has passed the 220 KB threshold (the hook asks add_subflow to re-inject the stored
+// announcement). As shipped (add_subflow after_bytes), a download's client stack takes the
+// announcement within 10 % of the threshold and the hook writes nothing. Then a revision whose
 // script loops forever: the hook is disabled and shown in `mpsteer status` (Degraded:
 // LuaHookDisabled) while the generation keeps working; the next revision's fixed script runs.
 // And a hook that flips a set_backup action's B in place (agent on the server). The event
@@ -16,6 +18,7 @@
 #include <atomic>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -41,6 +44,17 @@ std::string source(const std::string& rel) {
     return ss.str();
 }
 
+// The shipped small-flow policy with the decision left to its Lua hook (add_subflow without
+// after_bytes): the request path scripts that decide for themselves rely on.
+std::string hook_decides_policy() {
+    std::string p = source("policies/small-flow-pm.yaml");
+    const std::string in_datapath = "add_subflow: {after_bytes: 220KB}";
+    const auto at = p.find(in_datapath);
+    if (at == std::string::npos)
+        throw std::runtime_error("policies/small-flow-pm.yaml no longer has " + in_datapath);
+    return p.replace(at, in_datapath.size(), "add_subflow: {}");
+}
+
 const json* hook_of(const json& s, const std::string& policy) {
     if (!s.contains("lua_hooks")) return nullptr;
     for (const auto& h : s.at("lua_hooks"))
@@ -51,7 +65,7 @@ const json* hook_of(const json& s, const std::string& policy) {
 }  // namespace
 
 TEST_CASE(
-    "lua: small-flow policy keeps 100 KB on one subflow, opens the second for 50 MB "
+    "lua: small-flow policy keeps 100 KB on one subflow, its hook opens the second for 50 MB "
     "after the threshold",
     "[e2e][lua]") {
     datapath::init_libbpf_logging();
@@ -61,7 +75,7 @@ TEST_CASE(
     cfg.path[0] = cfg.path[1] = PathShape{0, 100000};  // 100 Mbit/s: 50 MB in a few seconds
     Lab lab(cfg);
     AgentHarness agent(lab, "lua", 10, /*client_side=*/true);
-    agent.publish({{"policies/small-flow-pm.yaml", source("policies/small-flow-pm.yaml")},
+    agent.publish({{"policies/small-flow-pm.yaml", hook_decides_policy()},
                    {"lua/small_flow_pm.lua", source("lua/small_flow_pm.lua")}});
     agent.start();
     bool ready = agent.wait_status(
@@ -156,7 +170,7 @@ TEST_CASE(
     // shown in `mpsteer status`; the generation keeps running and a transfer still works.
     std::string looping =
         source("lua/small_flow_pm.lua") + "\nfunction on_tick() while true do end end\n";
-    agent.publish({{"policies/small-flow-pm.yaml", source("policies/small-flow-pm.yaml")},
+    agent.publish({{"policies/small-flow-pm.yaml", hook_decides_policy()},
                    {"lua/small_flow_pm.lua", looping}});
     bool disabled = agent.wait_status(
         [](const json& st) {
@@ -193,7 +207,7 @@ TEST_CASE(
     std::string hostile = source("lua/small_flow_pm.lua") +
                           "\nfunction on_tick() error('\\255\\254 bad') end\n"
                           "setmetatable(_G, {__index = function() error('no') end})\n";
-    agent.publish({{"policies/small-flow-pm.yaml", source("policies/small-flow-pm.yaml")},
+    agent.publish({{"policies/small-flow-pm.yaml", hook_decides_policy()},
                    {"lua/small_flow_pm.lua", hostile}});
     REQUIRE(agent.wait_status(
         [](const json& st) {
@@ -211,7 +225,7 @@ TEST_CASE(
     CHECK(named);
     CHECK(agent.alive());
     // The fixed script in the next revision is loaded afresh and runs.
-    agent.publish({{"policies/small-flow-pm.yaml", source("policies/small-flow-pm.yaml")},
+    agent.publish({{"policies/small-flow-pm.yaml", hook_decides_policy()},
                    {"lua/small_flow_pm.lua", source("lua/small_flow_pm.lua")}});
     CHECK(agent.wait_status(
         [](const json& st) {
@@ -220,6 +234,85 @@ TEST_CASE(
                    (*h)["calls"].get<uint64_t>() > 0;
         },
         10s, 50ms));
+}
+
+// As shipped, the datapath decides: add_subflow re-injects the announcement on the packet that
+// takes the connection past 220 KB. A 2 MB download at 20 Mbit/s (2.5 KB a millisecond, so a
+// 1 ms poll of the kernel's events sees the byte count to about 1 %): the client's stack takes
+// the ADD_ADDR (MPTCP "announced") within 10 % of the threshold, and the hook has nothing to do.
+// Three runs: the carrier must survive the segments that overtake it (bpf/ACTORS.md).
+TEST_CASE("lua: shipped small-flow policy opens the second subflow within 10 % of the threshold",
+          "[e2e][lua]") {
+    datapath::init_libbpf_logging();
+    Lab::cleanup_stale();
+    LabConfig cfg;
+    cfg.tag = "lt" + std::to_string(getpid() % 10000);
+    cfg.path[0] = cfg.path[1] = PathShape{0, 20000};
+    Lab lab(cfg);
+    AgentHarness agent(lab, "luat", 10, /*client_side=*/true);
+    agent.publish({{"policies/small-flow-pm.yaml", source("policies/small-flow-pm.yaml")},
+                   {"lua/small_flow_pm.lua", source("lua/small_flow_pm.lua")}});
+    agent.start();
+    REQUIRE(agent.wait_status(
+        [](const json& s) {
+            return s.value("ready", false) && hook_of(s, "small-flow-single-path");
+        },
+        90s, 20ms));
+    const uint64_t threshold = 220000;
+    for (int run = 0; run < 3; run++) {
+        INFO("run " << run + 1);
+        const uint16_t port = uint16_t(5211 + run);
+        MptcpMonitor mon(lab.client_ns());
+        Source source(lab.server_ns(), port, SendOptions::of_bytes(2'000'000));
+        std::atomic<uint64_t> got{0};
+        std::atomic<bool> done{false};
+        TrafficStats rx;
+        std::string error;
+        std::thread reader([&] {
+            try {
+                rx = receive_stream(lab.client_ns(), Lab::server_addr(1), port, 30s,
+                                    [&](uint64_t n) { got = n; });
+            } catch (const std::exception& e) {
+                error = e.what();
+            }
+            done = true;
+        });
+        std::optional<uint64_t> announced_at, established_at;
+        while (!done)
+            for (const auto& e : mon.poll(1ms)) {
+                if (e.type == MPTCP_EVENT_ANNOUNCED && !announced_at) announced_at = got.load();
+                if (e.type == MPTCP_EVENT_SUB_ESTABLISHED && !established_at)
+                    established_at = got.load();
+            }
+        reader.join();
+        REQUIRE(error.empty());
+        TrafficStats tx = source.wait(10s);
+        CHECK(rx.bytes == 2'000'000);
+        CHECK(rx.checksum == tx.checksum);
+        CHECK_FALSE(rx.fallback);
+        REQUIRE(announced_at);
+        REQUIRE(established_at);
+        std::printf(
+            "small-flow e2e (datapath): 2 MB download, ADD_ADDR taken after %llu bytes, "
+            "second subflow up after %llu bytes (threshold %llu)\n",
+            static_cast<unsigned long long>(*announced_at),
+            static_cast<unsigned long long>(*established_at),
+            static_cast<unsigned long long>(threshold));
+        CHECK(*announced_at >= threshold * 9 / 10);
+        CHECK(*announced_at <= threshold * 11 / 10);
+    }
+    // The hook found every announcement released by the datapath: no write of its own.
+    REQUIRE(agent.wait_status(
+        [](const json& st) {
+            const json* h = hook_of(st, "small-flow-single-path");
+            return h && (*h)["calls"].get<uint64_t>() >= 10;
+        },
+        5s, 50ms));
+    const json st = agent.status();
+    const json* h = hook_of(st, "small-flow-single-path");
+    REQUIRE(h);
+    CHECK((*h)["writes"] == 0);
+    CHECK((*h)["failures"] == 0);
 }
 
 // A hook changes an actor's parameter in place: the server marks its path-2 subflow backup

@@ -187,6 +187,13 @@ struct mps_p_backup {
 	__u8 backup;	   /* B flag to signal */
 	__u8 every_packet; /* 0: once per subflow (default), 1: on every selected packet */
 };
+/* add_subflow: with on_bytes, re-inject on its own once the connection has carried
+ * after_bytes payload bytes (record's count, the packet at hand included). */
+struct mps_p_add {
+	__u8 on_bytes;
+	__u8 pad[7];
+	__u64 after_bytes;
+};
 struct mps_p_redirect {
 	__u32 ifindex; /* filled by the loader from the interface name */
 };
@@ -201,6 +208,7 @@ union mps_param {
 	struct mps_p_bytes bytes;
 	struct mps_p_rate rate;
 	struct mps_p_backup backup;
+	struct mps_p_add add;
 	struct mps_p_redirect redirect;
 	__u8 raw[40];
 };
@@ -334,11 +342,14 @@ struct mps_flow {
 	__u64 rate_bps; /* per-subflow rate_limit override in bytes/s (0: use the step's) */
 	__u8 role;	/* enum mps_role */
 	__u8 backup;
-	__u8 pad[6];
-	__u64 first_ns;	  /* to the clock tick (the coarse clock) */
-	__u64 key[2];	  /* MP_CAPABLE key of side a / b as on the wire (0: unseen) */
-	__u64 idsn[2];	  /* IDSN of side a / b, filled by the agent from the keys */
-	__u32 token[2];	  /* token of side a / b (0: unknown) */
+	__u8 pad[2];
+	/* Address ids 0..31 blk_subflow hid on this subflow and no carrier released yet (bit n:
+	 * id n): what add_subflow's after_bytes re-injects. */
+	__u32 hidden_ids;
+	__u64 first_ns; /* to the clock tick (the coarse clock) */
+	__u64 key[2];	/* MP_CAPABLE key of side a / b as on the wire (0: unseen) */
+	__u64 idsn[2];	/* IDSN of side a / b, filled by the agent from the keys */
+	__u32 token[2];	/* token of side a / b (0: unknown) */
 	struct mps_flow_dir dir_ba;
 };
 /* A pointer to direction d (0: a to b, 1: b to a) of the flow f points to. */
@@ -356,7 +367,7 @@ enum mps_role { MPS_ROLE_UNKNOWN = 0, MPS_ROLE_INITIAL = 1, MPS_ROLE_JOIN = 2 };
 struct mps_conn {
 	__u64 packets, bytes;
 	__u64 first_ns, last_ns; /* to the clock tick (the coarse clock) */
-	__u32 token[2]; /* both tokens, lower first */
+	__u32 token[2];		 /* both tokens, lower first */
 	__u32 subflows;
 	__u32 pad;
 #ifdef MPS_ABI_LAYOUT_PROBE
