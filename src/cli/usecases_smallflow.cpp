@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
-// Use case "small-flow path manager" (eMPTCP, Lim et al., CoNEXT 2014): a client with a fast
+// Use case "small-flow path manager" (eMPTCP, ICNP 2022): a client with a fast
 // path and a slow, longer one (WiFi and LTE), the server announcing its second address. The
 // kernel's path manager opens the extra subflow as soon as the ADD_ADDR arrives, and its
 // scheduler, which knows the new path only from its handshake, hands it a window of a short
