@@ -26,6 +26,7 @@
 #include "agent/agent.h"
 #include "cli/agent_process.h"
 #include "cli/commands.h"
+#include "cli/usecases.h"
 #include "datapath/datapath.h"
 #include "lab/lab.h"
 #include "net/address.h"
@@ -238,7 +239,9 @@ private:
 
 // ---- the agent demo --------------------------------------------------------------------------
 
-int agent_demo(const std::string& share, int seconds) {
+// With `plot_dir`, download 2's throughput per subflow over time is drawn there as
+// demo-subflows.png (sampled from the client's sockets every 100 ms).
+int agent_demo(const std::string& share, int seconds, const std::string& plot_dir) {
     const LabConfig cfg = lab_config("a");
     Lab lab(cfg);
     print_lab(lab);
@@ -265,7 +268,13 @@ int agent_demo(const std::string& share, int seconds) {
 
     MptcpMonitor kernel(lab.client_ns());
     constexpr uint16_t port = 5301;
-    auto transfer = [&](const char* what, const SendOptions& opt, uint16_t p) {
+    // Bytes each path's subflow of the connection on port p has received, every 100 ms.
+    struct Sample {
+        double seconds;
+        uint64_t path_bytes[2];
+    };
+    auto transfer = [&](const char* what, const SendOptions& opt, uint16_t p,
+                        std::vector<Sample>* trace) {
         std::printf("%s\n", what);
         Source source(lab.server_ns(), p, opt);
         std::atomic<uint64_t> got{0};
@@ -280,6 +289,23 @@ int agent_demo(const std::string& share, int seconds) {
             }
         });
         const auto start = std::chrono::steady_clock::now();
+        std::atomic<bool> finished{false};
+        std::thread sampler;
+        if (trace)  // `ss` takes milliseconds: a thread of its own keeps the events timely
+            sampler = std::thread([&] {
+                for (auto next = start; !finished; next += 100ms) {
+                    std::this_thread::sleep_until(next);
+                    Sample s{std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                                           start)
+                                 .count(),
+                             {0, 0}};
+                    for (const auto& sf : tcp_subflows(lab.client_ns()))
+                        for (int path = 1; path <= 2; path++)
+                            if (sf.remote == Lab::server_addr(path) + ":" + std::to_string(p))
+                                s.path_bytes[path - 1] += sf.bytes_received;
+                    trace->push_back(s);
+                }
+            });
         unsigned joined = 0;
         for (bool done = false; !done;) {
             done = rx.seconds > 0 || !err.empty();
@@ -293,6 +319,8 @@ int agent_demo(const std::string& share, int seconds) {
             }
         }
         rx_thread.join();
+        finished = true;
+        if (sampler.joinable()) sampler.join();
         if (!err.empty()) throw Error(err);
         TrafficStats tx = source.wait(30s);
         const bool intact = tx.bytes == rx.bytes && tx.checksum == rx.checksum;
@@ -303,11 +331,37 @@ int agent_demo(const std::string& share, int seconds) {
     };
     auto [small_ok, small_joins] =
         transfer("download 1: 100 KB from the server (below the 220 KB small-flow threshold)",
-                 SendOptions::of_bytes(100'000), port);
+                 SendOptions::of_bytes(100'000), port, nullptr);
+    std::vector<Sample> trace;
     auto [large_ok, large_joins] = transfer(
         ("download 2: " + std::to_string(seconds) + " s from the server (crosses the threshold)")
             .c_str(),
-        SendOptions::of_time(std::chrono::seconds(seconds), &g_stop), port + 1);
+        SendOptions::of_time(std::chrono::seconds(seconds), &g_stop), port + 1,
+        plot_dir.empty() ? nullptr : &trace);
+    if (!plot_dir.empty()) {
+        usecases::Plot plot{"demo-subflows",
+                            "download 2 with the shipped policies: throughput per subflow",
+                            "time since connect (s)",
+                            "Mbit/s",
+                            "lines",
+                            {}};
+        for (int path = 0; path < 2; path++) {
+            usecases::Plot::Series s{
+                path == 0 ? "path 1 (the first subflow)"
+                          : "path 2 (joined once past the 220 KB threshold)",
+                {},
+                {}};
+            for (size_t i = 1; i < trace.size(); i++) {
+                const double dt = trace[i].seconds - trace[i - 1].seconds;
+                const uint64_t was = trace[i - 1].path_bytes[path],
+                               now = trace[i].path_bytes[path];
+                s.x.push_back(trace[i].seconds);
+                s.y.push_back(dt > 0 && now >= was ? double(now - was) * 8 / dt / 1e6 : 0);
+            }
+            plot.series.push_back(std::move(s));
+        }
+        std::printf("picture: %s\n\n", usecases::draw_plot(plot, plot_dir, share).c_str());
+    }
 
     std::printf("mpsteer status --state-dir %s\n", agent.state_dir().c_str());
     std::fflush(stdout);
@@ -334,6 +388,10 @@ void add_demo_command(CLI::App& app) {
     static int seconds = 5;
     static bool chain = false;
     static std::string share = default_share();
+    static std::string plot_dir;
+    cmd->add_option("--plot", plot_dir,
+                    "also draw the large download's throughput per subflow over time as "
+                    "DIR/demo-subflows.png (needs python3-matplotlib)");
     cmd->add_option("--seconds", seconds, "how long the large download (or --chain's upload) runs")
         ->check(CLI::Range(1, 3600))
         ->capture_default_str();
@@ -348,7 +406,7 @@ void add_demo_command(CLI::App& app) {
         std::signal(SIGINT, [](int) { g_stop = true; });
         std::signal(SIGTERM, [](int) { g_stop = true; });
         try {
-            set_exit_code(chain ? Demo(seconds).run() : agent_demo(share, seconds));
+            set_exit_code(chain ? Demo(seconds).run() : agent_demo(share, seconds, plot_dir));
         } catch (const std::exception& e) {
             spdlog::error("demo: {}", e.what());
             set_exit_code(1);

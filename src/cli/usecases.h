@@ -52,6 +52,10 @@ struct Report {
     bool met() const;
 };
 
+// Writes the plot's data as <dir>/<file>.json and draws <dir>/<file>.png from it with
+// tools/plot_usecases.py under `share` (matplotlib); returns the PNG's path.
+std::string draw_plot(const Plot& p, const std::string& dir, const std::string& share);
+
 // "12 (30 %)"
 std::string percent(unsigned part, unsigned whole);
 

@@ -85,6 +85,27 @@ void AdaptedShare::remove() {
     fs::remove_all(dir_, ec);
 }
 
+std::string draw_plot(const Plot& p, const std::string& dir, const std::string& share) {
+    fs::create_directories(dir);
+    nlohmann::ordered_json spec{{"title", p.title},
+                                {"xlabel", p.xlabel},
+                                {"ylabel", p.ylabel},
+                                {"kind", p.kind},
+                                {"series", nlohmann::ordered_json::array()}};
+    for (const auto& s : p.series)
+        spec["series"].push_back({{"label", s.label}, {"x", s.x}, {"y", s.y}});
+    const std::string stem = dir + "/" + p.file;
+    std::ofstream(stem + ".json") << spec.dump() << '\n';
+    const std::string script = share + "/tools/plot_usecases.py";
+    // Debian's interpreter: the one python3-matplotlib is for (a python3 earlier in PATH may
+    // lack it).
+    const auto r = lab::run({"/usr/bin/python3", script, stem + ".json", stem + ".png"});
+    if (r.status != 0)
+        throw lab::Error("cannot draw " + stem + ".png with " + script +
+                         " (needs python3-matplotlib): " + r.out);
+    return stem + ".png";
+}
+
 }  // namespace usecases
 
 namespace {
@@ -146,29 +167,10 @@ nlohmann::ordered_json to_json(const Report& r) {
     return j;
 }
 
-// Writes each plot's data as <dir>/<stem>.json and draws <dir>/<stem>.png from it with
-// tools/plot_usecases.py (matplotlib); returns the files drawn.
 std::vector<std::string> draw_plots(const Report& r, const std::string& dir,
                                     const std::string& share) {
     std::vector<std::string> drawn;
-    fs::create_directories(dir);
-    for (const auto& p : r.plots) {
-        nlohmann::ordered_json spec{{"title", p.title},
-                                    {"xlabel", p.xlabel},
-                                    {"ylabel", p.ylabel},
-                                    {"kind", p.kind},
-                                    {"series", nlohmann::ordered_json::array()}};
-        for (const auto& s : p.series)
-            spec["series"].push_back({{"label", s.label}, {"x", s.x}, {"y", s.y}});
-        const std::string stem = dir + "/" + p.file;
-        std::ofstream(stem + ".json") << spec.dump() << '\n';
-        const std::string script = share + "/tools/plot_usecases.py";
-        const auto r = lab::run({"/usr/bin/python3", script, stem + ".json", stem + ".png"});
-        if (r.status != 0)
-            throw lab::Error("cannot draw " + stem + ".png with " + script +
-                        " (needs python3-matplotlib): " + r.out);
-        drawn.push_back(stem + ".png");
-    }
+    for (const auto& p : r.plots) drawn.push_back(draw_plot(p, dir, share));
     return drawn;
 }
 
