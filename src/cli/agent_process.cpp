@@ -32,6 +32,13 @@ std::string shipped_path(const std::string& share, const std::string& rel) {
     return share + "/" + rel;
 }
 
+const std::vector<ShippedElsewhere>& shipped_elsewhere() {
+    static const std::vector<ShippedElsewhere> all = {
+        {"multi-tenant.yaml", "a hypervisor with uplinks eth1, eth2"},
+        {"ecf-scheduler.yaml", "a sender whose slow path is the cellular interface wwan0"}};
+    return all;
+}
+
 ShippedAgent::ShippedAgent(const std::string& share, const std::string& netns,
                            const std::string& name, const std::vector<std::string>& leave_out)
     : state_("/run/mpsteer-" + name),

@@ -20,6 +20,14 @@ std::string default_share();
 // policies/, the package keeps it in policies/lua/ (a repository root of its own).
 std::string shipped_path(const std::string& share, const std::string& rel);
 
+// The shipped policy files written for another kind of host than the lab's client (they name
+// interfaces it does not have), and that host: what the demo and the live benchmark leave out.
+struct ShippedElsewhere {
+    std::string file;  // under policies/
+    std::string host;
+};
+const std::vector<ShippedElsewhere>& shipped_elsewhere();
+
 class ShippedAgent {
 public:
     // Copies <share>/policies and <share>/lua into /run/mpsteer-<name>/repo (the repository

@@ -329,8 +329,10 @@ int run_live_bench(bool json, int rounds, int seconds, const std::string& share,
                 srv = std::make_unique<Attached>(c.chains, lab.server_ns(), server_ifs,
                                                  root + "-srv");
             } else if (c.shipped) {
-                agent = std::make_unique<ShippedAgent>(share, lab.client_ns(),
-                                                       "bench-live-" + std::to_string(getpid()));
+                std::vector<std::string> leave_out;  // as the demo runs them
+                for (const auto& e : shipped_elsewhere()) leave_out.push_back(e.file);
+                agent = std::make_unique<ShippedAgent>(
+                    share, lab.client_ns(), "bench-live-" + std::to_string(getpid()), leave_out);
                 agent->wait_ready(60s);
                 srv = std::make_unique<Attached>(std::nullopt, lab.server_ns(), server_ifs,
                                                  root + "-srv");
@@ -392,7 +394,8 @@ int run_live_bench(bool json, int rounds, int seconds, const std::string& share,
         }
     }
 
-    // The agent with the shipped policies, idle: Ready, hooks ticking, no traffic.
+    // The agent with every shipped policy (those for other hosts too: their hooks still tick),
+    // idle: Ready, hooks ticking, no traffic.
     constexpr int kIdleSeconds = 20;
     ProcessUse idle0, idle1;
     {

@@ -247,15 +247,11 @@ int agent_demo(const std::string& share, int seconds, const std::string& plot_di
     print_lab(lab);
     std::printf("\n");
 
-    // Policies for other hosts: they name interfaces this lab's client does not have.
-    const std::vector<std::pair<std::string, std::string>> elsewhere = {
-        {"multi-tenant.yaml", "a hypervisor with uplinks eth1, eth2"},
-        {"ecf-scheduler.yaml", "a sender whose slow path is the cellular interface wwan0"}};
     std::vector<std::string> leave_out;
-    for (const auto& [file, host] : elsewhere) leave_out.push_back(file);
+    for (const auto& e : shipped_elsewhere()) leave_out.push_back(e.file);
     ShippedAgent agent(share, lab.client_ns(), "demo-" + cfg.tag, leave_out);
-    for (const auto& [file, host] : elsewhere)
-        std::printf("not loaded here: policies/%s (for %s)\n", file.c_str(), host.c_str());
+    for (const auto& e : shipped_elsewhere())
+        std::printf("not loaded here: policies/%s (for %s)\n", e.file.c_str(), e.host.c_str());
     std::printf("starting the agent on the client:\n  mpsteer");
     for (const auto& a : agent.args()) std::printf(" %s", a.c_str());
     std::printf("\n  (its log: %s)\n", agent.log().c_str());
