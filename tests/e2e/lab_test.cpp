@@ -54,10 +54,11 @@ TEST_CASE("lab: two subflows over two paths, tokens as the kernel reports", "[e2
         REQUIRE(sf != srv.end());
         CHECK(sf->saddr == Lab::server_addr(2));
         CHECK(sf->daddr == Lab::client_addr(2));
-        // Both paths carried data (how much goes on path 2 depends on the kernel's scheduler
-        // and on the machine's load: 0.8 MB of 64 MB was seen on a busy CI box).
+        // Both paths carried data. How much goes on path 2 depends on the kernel's scheduler
+        // and on the machine's load (0.8 MB and 91 KB of 64 MB were seen on busy CI boxes);
+        // 20 KB is more than the join's handshake and pure ACKs bring, so data went there.
         CHECK(link_counters(lab.server_ns(), lab.server_if(1)).rx_bytes > 1000000);
-        CHECK(link_counters(lab.server_ns(), lab.server_if(2)).rx_bytes > 100000);
+        CHECK(link_counters(lab.server_ns(), lab.server_if(2)).rx_bytes > 20000);
     }
     CHECK_FALSE(std::filesystem::exists("/run/netns/" + prefix + "-cli"));
     CHECK_FALSE(std::filesystem::exists("/run/netns/" + prefix + "-srv"));
