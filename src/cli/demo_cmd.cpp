@@ -267,7 +267,7 @@ int agent_demo(const std::string& share, int seconds, const std::string& plot_di
     // Bytes each path's subflow of the connection on port p has received, every 100 ms.
     struct Sample {
         double seconds;
-        uint64_t path_bytes[2];
+        std::array<uint64_t, 2> path_bytes;
     };
     auto transfer = [&](const char* what, const SendOptions& opt, uint16_t p,
                         std::vector<Sample>* trace) {
@@ -291,15 +291,10 @@ int agent_demo(const std::string& share, int seconds, const std::string& plot_di
             sampler = std::thread([&] {
                 for (auto next = start; !finished; next += 100ms) {
                     std::this_thread::sleep_until(next);
-                    Sample s{std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                                           start)
-                                 .count(),
-                             {0, 0}};
-                    for (const auto& sf : tcp_subflows(lab.client_ns()))
-                        for (int path = 1; path <= 2; path++)
-                            if (sf.remote == Lab::server_addr(path) + ":" + std::to_string(p))
-                                s.path_bytes[path - 1] += sf.bytes_received;
-                    trace->push_back(s);
+                    trace->push_back(
+                        {std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+                             .count(),
+                         lab.client_received_per_path(p)});
                 }
             });
         unsigned joined = 0;

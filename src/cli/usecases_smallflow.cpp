@@ -38,7 +38,7 @@ const PathShape kSlowPath{30, 5000};   // LTE-like: RTT 60 ms, 5 Mbit/s
 // Bytes of the download received by the client's application, per path, at one moment.
 struct TracePoint {
     double seconds;
-    uint64_t path_bytes[2];
+    std::array<uint64_t, 2> path_bytes;
 };
 
 struct Download {
@@ -78,15 +78,9 @@ Download download(const Lab& lab, uint16_t port, uint64_t bytes, bool trace) {
         sampler = std::thread([&] {
             for (auto next = t0; !done; next += 20ms) {
                 std::this_thread::sleep_until(next);
-                TracePoint p{std::chrono::duration<double>(Clock::now() - t0).count(), {0, 0}};
-                // This connection's subflows only: the earlier downloads' may linger.
-                const std::string server_port = ":" + std::to_string(port);
-                for (const auto& sf : tcp_subflows(lab.client_ns()))
-                    for (int path = 1; path <= 2; path++)
-                        if (sf.local.rfind(Lab::client_addr(path) + ":", 0) == 0 &&
-                            sf.remote == Lab::server_addr(path) + server_port)
-                            p.path_bytes[path - 1] += sf.bytes_received;
-                d.trace.push_back(p);
+                // This connection's subflows only (by its port): earlier downloads' may linger.
+                d.trace.push_back({std::chrono::duration<double>(Clock::now() - t0).count(),
+                                   lab.client_received_per_path(port)});
             }
         });
     while (!done) {

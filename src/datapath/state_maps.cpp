@@ -75,22 +75,31 @@ Fd create_or_adopt(const std::string& path, bpf_map_type type, uint32_t key, uin
     return map;
 }
 
-// Entries in a hash table, read in batches (one system call per 4096 entries).
-uint64_t count_entries(int fd) {
+// Reads every entry of a hash table in batches (one system call per 4096 entries), handing
+// each batch to `batch(keys, values, n)`; `what` names the read in errors.
+void for_each_batch(int fd, const char* what,
+                    const std::function<void(uint8_t* keys, uint8_t* values, uint32_t n)>& batch) {
     bpf_map_info info{};
     uint32_t len = sizeof info;
     if (bpf_obj_get_info_by_fd(fd, &info, &len)) fail("reading a state map's info", errno);
     constexpr uint32_t kBatch = 4096;
     std::vector<uint8_t> keys(size_t(kBatch) * info.key_size), values(size_t(kBatch) * info.value_size);
-    uint64_t total = 0, token = 0;  // the kernel's cursor: a bucket index for hash tables
+    uint64_t token = 0;  // the kernel's cursor: a bucket index for hash tables
     for (bool first = true;; first = false) {
         uint32_t n = kBatch;
         int r = bpf_map_lookup_batch(fd, first ? nullptr : &token, &token, keys.data(),
                                      values.data(), &n, nullptr);
-        total += n;
-        if (r && errno == ENOENT) return total;  // the last batch
-        if (r) fail("counting a state table's entries", errno);
+        if (r && errno != ENOENT) fail(what, errno);
+        if (n) batch(keys.data(), values.data(), n);
+        if (r) return;  // ENOENT: that was the last batch
     }
+}
+
+uint64_t count_entries(int fd) {
+    uint64_t total = 0;
+    for_each_batch(fd, "counting a state table's entries",
+                   [&](uint8_t*, uint8_t*, uint32_t n) { total += n; });
+    return total;
 }
 
 uint64_t memlock_of(int fd) {
@@ -139,27 +148,23 @@ mps_flow from_layout1(const FlowLayout1& o) {
 }
 
 // Copies every entry of the hash map `from` into `to` (values of `value_size`), each value
-// passed through `convert` (in place; may change nothing). Entries that no longer fit (a
-// smaller new table) are dropped by the LRU, as any eviction. Returns the entries copied.
-uint64_t copy_entries(int from, int to, uint32_t key_size, uint32_t value_size,
+// passed through `convert`. Entries that no longer fit (a smaller new table) are dropped by
+// the LRU, as any eviction. Returns the entries copied.
+uint64_t copy_entries(int from, int to, uint32_t value_size,
                       const std::function<void(const uint8_t* in, uint8_t* out)>& convert) {
-    constexpr uint32_t kBatch = 1024;
-    std::vector<uint8_t> keys(size_t(kBatch) * key_size), values(size_t(kBatch) * value_size),
-        out(values.size());
-    uint64_t total = 0, token = 0;
-    for (bool first = true;; first = false) {
-        uint32_t n = kBatch;
-        int r = bpf_map_lookup_batch(from, first ? nullptr : &token, &token, keys.data(),
-                                     values.data(), &n, nullptr);
-        if (r && errno != ENOENT) fail("reading the previous layout's state", errno);
-        for (uint32_t i = 0; i < n; ++i)
-            convert(&values[size_t(i) * value_size], &out[size_t(i) * value_size]);
-        uint32_t written = n;
-        if (n && bpf_map_update_batch(to, keys.data(), out.data(), &written, nullptr))
-            fail("writing the carried-over state", errno);
-        total += written;
-        if (r) return total;  // ENOENT: that was the last batch
-    }
+    uint64_t total = 0;
+    std::vector<uint8_t> out;
+    for_each_batch(from, "reading the previous layout's state",
+                   [&](uint8_t* keys, uint8_t* values, uint32_t n) {
+                       out.resize(size_t(n) * value_size);
+                       for (uint32_t i = 0; i < n; ++i)
+                           convert(&values[size_t(i) * value_size], &out[size_t(i) * value_size]);
+                       uint32_t written = n;
+                       if (bpf_map_update_batch(to, keys, out.data(), &written, nullptr))
+                           fail("writing the carried-over state", errno);
+                       total += written;
+                   });
+    return total;
 }
 
 // When the tables of this layout were just made and the previous layout's are pinned beside
@@ -182,7 +187,7 @@ void carry_over(const std::string& dir, const StateMaps& m) {
         return [size](const uint8_t* in, uint8_t* out) { std::memcpy(out, in, size); };
     };
     const uint64_t flows = copy_entries(
-        old_flows, m.flows(), sizeof(mps_flow_key), sizeof(FlowLayout1),
+        old_flows, m.flows(), sizeof(FlowLayout1),
         [](const uint8_t* in, uint8_t* out) {
             FlowLayout1 o;
             std::memcpy(&o, in, sizeof o);
@@ -192,20 +197,20 @@ void carry_over(const std::string& dir, const StateMaps& m) {
     struct Table {
         const char* name;
         int to;
-        uint32_t key, value;
+        uint32_t value;
     };
     const Table same[] = {
-        {"conns", m.conns(), sizeof(__u32), sizeof(mps_conn)},
-        {"announces", m.announces(), sizeof(mps_announce_key), sizeof(mps_announce)},
-        {"add_requests", m.add_requests(), sizeof(mps_flow_key), sizeof(mps_add_request)},
-        {"prio_sent", m.prio_sent(), sizeof(mps_flow_key), sizeof(mps_prio_sent)},
+        {"conns", m.conns(), sizeof(mps_conn)},
+        {"announces", m.announces(), sizeof(mps_announce)},
+        {"add_requests", m.add_requests(), sizeof(mps_add_request)},
+        {"prio_sent", m.prio_sent(), sizeof(mps_prio_sent)},
     };
     std::string carried = std::to_string(flows) + " flows";
     for (const auto& t : same) {
         int fd = bpf_obj_get((dir + "/" + t.name + old).c_str());
         if (fd < 0) continue;
         Fd from(fd);
-        carried += ", " + std::to_string(copy_entries(fd, t.to, t.key, t.value, as_is(t.value))) +
+        carried += ", " + std::to_string(copy_entries(fd, t.to, t.value, as_is(t.value))) +
                    " " + t.name;
     }
     for (const auto& name : old_names) fs::remove(dir + "/" + name + old);

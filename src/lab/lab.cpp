@@ -134,6 +134,15 @@ std::string Lab::server_if(int path) const {
 std::string Lab::client_addr(int path) {
     return "10.0." + std::to_string(path) + ".1";
 }
+std::array<uint64_t, 2> Lab::client_received_per_path(uint16_t server_port) const {
+    std::array<uint64_t, 2> got{0, 0};
+    for (const auto& sf : tcp_subflows(client_ns()))
+        for (int path = 1; path <= 2; path++)
+            if (sf.remote == server_addr(path) + ":" + std::to_string(server_port))
+                got[path - 1] += sf.bytes_received;
+    return got;
+}
+
 std::string Lab::server_addr(int path) {
     return "10.0." + std::to_string(path) + ".2";
 }

@@ -21,6 +21,7 @@
 
 #include <atomic>
 #include <functional>
+#include <array>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -134,6 +135,10 @@ public:
     static std::string server_addr(int path);   // "10.0.<path>.2"
     static std::string client_addr6(int path);  // "fd00:<path>::1"
     static std::string server_addr6(int path);
+
+    // Payload bytes the client's IPv4 subflows to server_addr(path):server_port have received,
+    // per path (index 0: path 1), from the kernel's sockets (`ss`: milliseconds per call).
+    std::array<uint64_t, 2> client_received_per_path(uint16_t server_port) const;
 
     // Changes the rate (and the delay of a path built with one) while the lab runs.
     void shape(int path, PathShape s);
