@@ -907,6 +907,40 @@ static __always_inline int call_prog(void *ctx, bool xdp, struct mps_pkt_ctx *pc
 	return missed_tail_call(pc, at, flags, xdp);
 }
 
+/* The steps the interpreter runs inline; every other step is a program of its own. */
+static __always_inline bool step_inline(__u8 prog)
+{
+	switch (prog) {
+	case MPS_SEL_SUBFLOW:
+	case MPS_SEL_IP_PAIR:
+	case MPS_SEL_SRC:
+	case MPS_SEL_DST:
+	case MPS_SEL_PORT:
+	case MPS_SEL_PACKET_TYPE:
+	case MPS_ACT_PASS:
+	case MPS_ACT_DROP:
+		return true;
+	default:
+		return false;
+	}
+}
+
+/* After a program step (pc->pc set to its successor, not the end): a successor that is a
+ * program too is jumped to directly; only inline steps go back through the interpreter.
+ * Live, every program a packet enters costs far more than its instructions (each hop is a
+ * cold jump into another image), so a chain of actors skips the interpreter between them.
+ * `at` and `flags` are the finished step's. Returns only when the chain cannot go on. */
+static __always_inline int continue_chain(void *ctx, bool xdp, struct mps_pkt_ctx *pc, __u32 at,
+					  __u8 flags)
+{
+	if (!step_inline(load_step(pc)->prog))
+		return call_prog(ctx, xdp, pc, true, false);
+	if (pctx_store(ctx, xdp, pc))
+		return PASS(xdp);
+	TAIL(ctx, xdp, MPS_PROG_NONE);
+	return missed_tail_call(pc, at, flags, xdp);
+}
+
 /*
  * Steps one program runs inline before it hands the chain to a fresh interpreter (slot 0, a
  * direct tail call). The verifier walks the loop once per iteration (the counter is precise),
@@ -1200,10 +1234,7 @@ int interp_tc(struct __sk_buff *ctx)
 		pc.pc = m ? st->on_match : st->on_miss;                                            \
 		if (pc.pc == MPS_PC_END)                                                           \
 			return chain_done(ctx, xdp, true);                                         \
-		if (pctx_store(ctx, xdp, &pc))                                                     \
-			return PASS(xdp);                                                          \
-		TAIL(ctx, xdp, MPS_PROG_NONE);                                                     \
-		return missed_tail_call(&pc, at, st->flags, xdp);                                  \
+		return continue_chain(ctx, xdp, &pc, at, st->flags);                               \
 	}                                                                                          \
 	SEC("xdp") int name##_xdp(struct xdp_md *ctx)                                              \
 	{                                                                                          \
@@ -1235,10 +1266,7 @@ SELECTOR(sel_flow_bytes, sel_flow_bytes(ctx, xdp, &pc, st))
 		pc.pc = st->on_match;                                                              \
 		if (pc.pc == MPS_PC_END)                                                           \
 			return chain_done(ctx, xdp, true);                                         \
-		if (pctx_store(ctx, xdp, &pc))                                                     \
-			return PASS(xdp);                                                          \
-		TAIL(ctx, xdp, MPS_PROG_NONE);                                                     \
-		return missed_tail_call(&pc, at, st->flags, xdp);                                  \
+		return continue_chain(ctx, xdp, &pc, at, st->flags);                               \
 	}                                                                                          \
 	SEC("xdp") int name##_xdp(struct xdp_md *ctx)                                              \
 	{                                                                                          \

@@ -765,10 +765,7 @@ static __always_inline int act_add_subflow_body(void *ctx, bool xdp)
 	pc.pc = st->on_match;
 	if (pc.pc == MPS_PC_END)
 		return chain_done(ctx, xdp, true);
-	if (pctx_store(ctx, xdp, &pc))
-		return PASS(xdp);
-	TAIL(ctx, xdp, MPS_PROG_NONE);
-	return missed_tail_call(&pc, at, st->flags, xdp);
+	return continue_chain(ctx, xdp, &pc, at, st->flags);
 }
 
 SEC("xdp") int act_add_subflow_xdp(struct xdp_md *ctx)
@@ -873,10 +870,7 @@ static __always_inline int act_redirect_body(void *ctx, bool xdp)
 	pc.pc = st->on_match;
 	if (pc.pc == MPS_PC_END)
 		return chain_done(ctx, xdp, true);
-	if (pctx_store(ctx, xdp, &pc))
-		return PASS(xdp);
-	TAIL(ctx, xdp, MPS_PROG_NONE);
-	return missed_tail_call(&pc, at, st->flags, xdp);
+	return continue_chain(ctx, xdp, &pc, at, st->flags);
 }
 
 SEC("xdp") int act_redirect_xdp(struct xdp_md *ctx)
