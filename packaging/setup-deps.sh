@@ -7,7 +7,7 @@
 # plots of `mpsteer usecases --plots`.
 set -eu
 PKGS="build-essential cmake ninja-build pkg-config git clang llvm libbpf-dev bpftool
-libelf-dev zlib1g-dev libssl-dev libspdlog-dev libfmt-dev libcli11-dev catch2
+libelf-dev zlib1g-dev libssl-dev nettle-dev libspdlog-dev libfmt-dev libcli11-dev catch2
 liblua5.4-dev libyaml-cpp-dev libvalijson-dev nlohmann-json3-dev libclang-rt-14-dev
 iproute2 ethtool iperf3 mptcpd tshark python3 python3-matplotlib jq prometheus"
 # shellcheck disable=SC2086

@@ -2,7 +2,6 @@
 // What revision a policy directory holds: git-sync publishes by renaming a symlink whose
 // target's basename is the commit; a `git pull` checkout has .git/HEAD; anything else is named
 // by its content.
-#include <openssl/evp.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -11,6 +10,7 @@
 
 #include "agent/agent.h"
 #include "manifest/policy_files.h"
+#include "net/sha256.h"
 
 namespace fs = std::filesystem;
 
@@ -76,22 +76,17 @@ Revision snapshot(const std::string& dir) {
     // content still changes when it does; the manifest load reports it.
     std::vector<manifest::Diagnostic> refused;
     auto files = tree->list(any_file, refused);
-    EVP_MD_CTX* md = EVP_MD_CTX_new();
-    EVP_DigestInit_ex(md, EVP_sha256(), nullptr);
-    for (const auto& d : refused) EVP_DigestUpdate(md, d.pos.file.data(), d.pos.file.size());
+    net::Sha256 md;
+    for (const auto& d : refused) md.update(d.pos.file.data(), d.pos.file.size());
     for (const auto& f : files) {
         auto data = tree->read(f, refused);
         uint64_t sizes[2] = {f.size(), data ? data->size() : UINT64_MAX};
-        EVP_DigestUpdate(md, sizes, sizeof sizes);
-        EVP_DigestUpdate(md, f.data(), f.size());
-        if (data) EVP_DigestUpdate(md, data->data(), data->size());
+        md.update(sizes, sizeof sizes);
+        md.update(f.data(), f.size());
+        if (data) md.update(data->data(), data->size());
     }
-    unsigned char h[EVP_MAX_MD_SIZE];
-    unsigned len = 0;
-    EVP_DigestFinal_ex(md, h, &len);
-    EVP_MD_CTX_free(md);
     static const char* hex = "0123456789abcdef";
-    for (unsigned i = 0; i < len; ++i) r.content += {hex[h[i] >> 4], hex[h[i] & 15]};
+    for (uint8_t b : md.digest()) r.content += {hex[b >> 4], hex[b & 15]};
 
     if (fs::is_symlink(dir)) {
         auto base = fs::path(r.root).filename().string();

@@ -7,7 +7,6 @@
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
 #include <linux/membarrier.h>
-#include <openssl/sha.h>
 #include <spdlog/spdlog.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
@@ -20,6 +19,7 @@
 #include <set>
 
 #include "mps_dp.skel.h"
+#include "net/sha256.h"
 
 namespace fs = std::filesystem;
 
@@ -43,8 +43,7 @@ std::string Datapath::object_id() {
     static const std::string id = [] {  // the object is part of the binary: hash it once
         size_t size = 0;
         const void* bytes = mps_dp__elf_bytes(&size);
-        unsigned char h[SHA256_DIGEST_LENGTH];
-        SHA256(static_cast<const unsigned char*>(bytes), size, h);
+        const auto h = net::sha256(bytes, size);
         char hex[13];
         for (int i = 0; i < 6; ++i) std::snprintf(hex + 2 * i, 3, "%02x", h[i]);
         return std::string(hex);

@@ -330,4 +330,9 @@ struct MptcpKeyIds {
 };
 MptcpKeyIds mptcp_key_ids(uint64_t key_wire);
 
+// Connection entries this process has inserted so far (EventReader is the conns table's only
+// writer). Readers use it to know that a table found empty still is: walking an empty hash
+// table visits every bucket.
+uint64_t conn_inserts();
+
 }  // namespace mpsteer::datapath

@@ -6,20 +6,27 @@
 
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
-#include <openssl/sha.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
+
+#include "net/sha256.h"
 
 namespace mpsteer::datapath {
 
 using detail::fail;
 
+namespace {
+std::atomic<uint64_t> conn_insert_count{0};
+}
+
+uint64_t conn_inserts() { return conn_insert_count.load(std::memory_order_acquire); }
+
 MptcpKeyIds mptcp_key_ids(uint64_t key_wire) {
     // The key as on the wire is already big-endian bytes in memory. One digest gives both.
-    unsigned char h[SHA256_DIGEST_LENGTH];
-    SHA256(reinterpret_cast<const unsigned char*>(&key_wire), sizeof key_wire, h);
+    const auto h = net::sha256(&key_wire, sizeof key_wire);
     MptcpKeyIds ids;
     ids.token = uint32_t(h[0]) << 24 | uint32_t(h[1]) << 16 | uint32_t(h[2]) << 8 | h[3];
     for (int i = 24; i < 32; ++i) ids.idsn = ids.idsn << 8 | h[i];
@@ -102,7 +109,8 @@ int EventReader::on_sample(void* self_ptr, void* data, size_t size) {
             c.token[0] = std::min(tok[0], tok[1]);
             c.token[1] = std::max(tok[0], tok[1]);
             c.subflows = 1;
-            bpf_map_update_elem(state.conns(), &c.token[0], &c, BPF_NOEXIST);
+            if (bpf_map_update_elem(state.conns(), &c.token[0], &c, BPF_NOEXIST) == 0)
+                conn_insert_count.fetch_add(1, std::memory_order_release);
             mps_conn alias{};
             alias.token[0] = c.token[0];
             alias.token[1] = c.token[1];

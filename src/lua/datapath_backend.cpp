@@ -112,6 +112,10 @@ DatapathBackend::DatapathBackend(const datapath::StateMaps& state, FlowIds& ids,
       step_writes_(step_writes) {}
 
 std::vector<Connection> DatapathBackend::read(std::optional<uint32_t> only) {
+    // Hooks ask every tick; an idle host has no connections, and finding that out walks every
+    // bucket of the table. Skipped while nothing was inserted since a walk found it empty.
+    const uint64_t inserts = datapath::conn_inserts();
+    if (empty_at_inserts_ == inserts) return {};
     std::map<uint32_t, Connection> conns;
     uint32_t key = 0, next = 0;
     const uint32_t* prev = nullptr;
@@ -128,6 +132,7 @@ std::vector<Connection> DatapathBackend::read(std::optional<uint32_t> only) {
         key = next;
         prev = &key;
     }
+    if (!only) empty_at_inserts_ = conns.empty() ? std::optional(inserts) : std::nullopt;
     if (!conns.empty()) {
         mps_flow_key fk{}, fnext{};
         const mps_flow_key* fprev = nullptr;

@@ -48,6 +48,8 @@ private:
     FlowIds& ids_;
     StepWriteQueue& step_writes_;
     std::optional<RunningGeneration> running_;
+    // conn_inserts() when a walk last found no connection (none: it found some).
+    std::optional<uint64_t> empty_at_inserts_;
 };
 
 // TCP_INFO of this network namespace's TCP sockets, keyed by their unordered 4-tuple
