@@ -131,7 +131,8 @@ Report disjoint_subflows(const Options& opt) {
               "address, two per link; per round and mode one " +
               std::to_string(std::chrono::seconds(kDownload).count()) +
               " s download per receive-buffer regime; mpsteer: disjoint-subflows.yaml on the "
-              "client refuses the joins that double up on a link";
+              "client refuses the joins that double up on a link; reference: the kernel without "
+              "fullmesh endpoints";
     LabConfig cfg;
     const std::string tag = "dj" + std::to_string(getpid() % 100000);
     cfg.tag = tag;
@@ -144,17 +145,25 @@ Report disjoint_subflows(const Options& opt) {
     // (each endpoint binds its subflows to its interface: a subflow leaves by its address's link).
     for (const auto& ns : {cli, lab.server_ns()})
         must({"ip", "-n", ns, "mptcp", "limits", "set", "subflow", "4", "add_addr_accepted", "2"});
-    must({"ip", "-n", cli, "mptcp", "endpoint", "add", Lab::client_addr(1), "dev",
-          lab.client_if(1), "fullmesh"});
-    must({"ip", "-n", cli, "mptcp", "endpoint", "add", Lab::client_addr(2), "dev",
-          lab.client_if(2), "subflow", "fullmesh"});
     std::string rmem_default = must_in(cli, {"sysctl", "-n", "net.ipv4.tcp_rmem"});
     rmem_default.erase(rmem_default.find_last_not_of(" \n") + 1);
 
-    std::vector<Run> runs[2][kRegimeCount];  // [kernel, mpsteer][regime]
+    // Modes: the kernel with the full mesh, the same with mpsteer, and (a reference) the
+    // kernel's path manager without fullmesh endpoints, which joins the announced address only
+    // from the address the route picks (the LTE one): disjoint without a policy.
+    constexpr int kModes = 3;
+    std::vector<Run> runs[kModes][kRegimeCount];  // [mode][regime]
     uint16_t port = 7000;  // one per download: no connection meets a TIME_WAIT of the last one
     for (int round = 0; round < opt.rounds; round++)
-        for (int m : {round % 2, 1 - round % 2}) {
+        for (int k = 0; k < kModes; k++) {
+            const int m = (round + k) % kModes;  // the order rotates round by round
+            must({"ip", "-n", cli, "mptcp", "endpoint", "flush"});
+            if (m != 2) {
+                must({"ip", "-n", cli, "mptcp", "endpoint", "add", Lab::client_addr(1), "dev",
+                      lab.client_if(1), "fullmesh"});
+                must({"ip", "-n", cli, "mptcp", "endpoint", "add", Lab::client_addr(2), "dev",
+                      lab.client_if(2), "subflow", "fullmesh"});
+            }
             std::unique_ptr<AdaptedShare> share;
             std::unique_ptr<ShippedAgent> agent;
             if (m == 1) {
@@ -174,7 +183,7 @@ Report disjoint_subflows(const Options& opt) {
                 Run run = download(lab, port++, round == 0);
                 spdlog::info("disjoint round {} {} {}: {:.1f} Mbit/s, {} subflows, {} B by WiFi, "
                              "{} B by LTE",
-                             round + 1, m ? "mpsteer" : "kernel", rg.key,
+                             round + 1, m == 1 ? "mpsteer" : m ? "no-fullmesh" : "kernel", rg.key,
                              run.seconds ? run.bytes * 8e-6 / run.seconds : 0.0, run.established,
                              run.link[0], run.link[1]);
                 runs[m][g].push_back(std::move(run));
@@ -182,13 +191,13 @@ Report disjoint_subflows(const Options& opt) {
             must_in(cli, {"sysctl", "-qw", "net.ipv4.tcp_rmem=" + rmem_default});
         }
 
-    r.columns = {"kernel", "mpsteer"};
+    r.columns = {"kernel", "mpsteer", "kernel, no fullmesh"};
     for (size_t g = 0; g < kRegimeCount; g++) {
         const Regime& rg = kRegimes[g];
         Figure f{std::string("mbit_") + rg.key, std::string("download, ") + rg.label + " (Mbit/s)",
                  rg.judged ? "+15 %" : ">= -3 %", {}};
-        double v[2];
-        for (int m = 0; m < 2; m++) {
+        double v[kModes];
+        for (int m = 0; m < kModes; m++) {
             uint64_t bytes = 0;
             double seconds = 0;
             std::vector<double> per_run;
@@ -202,9 +211,12 @@ Report disjoint_subflows(const Options& opt) {
             f.cells.push_back({v[m], fixed(v[m], 1) + " (" + fixed(*lo, 1) + "-" + fixed(*hi, 1) + ")",
                                {}});
         }
+        for (int m = 1; m < kModes; m++) {
+            const double gain = v[0] ? v[m] / v[0] - 1 : 0;
+            f.cells[m].value = {{"mbit_per_s", v[m]}, {"gain", gain}};
+            f.cells[m].text += " " + std::string(gain >= 0 ? "+" : "") + fixed(100 * gain, 1) + " %";
+        }
         const double gain = v[0] ? v[1] / v[0] - 1 : 0;
-        f.cells[1].value = {{"mbit_per_s", v[1]}, {"gain", gain}};
-        f.cells[1].text += " " + std::string(gain >= 0 ? "+" : "") + fixed(100 * gain, 1) + " %";
         f.cells[1].met = v[0] > 0 && (rg.judged ? gain >= 0.15 : gain >= -0.03);
         r.figures.push_back(std::move(f));
     }
@@ -212,7 +224,7 @@ Report disjoint_subflows(const Options& opt) {
         const Regime& rg = kRegimes[g];
         Figure f{std::string("lte_share_") + rg.key,
                  std::string("share of the bytes by LTE, ") + rg.label, "", {}};
-        for (int m = 0; m < 2; m++) {
+        for (int m = 0; m < kModes; m++) {
             uint64_t lte = 0, all = 0;
             for (const auto& x : runs[m][g]) lte += x.link[1], all += x.link[0] + x.link[1];
             const double share = all ? double(lte) / double(all) : 0;
@@ -222,7 +234,7 @@ Report disjoint_subflows(const Options& opt) {
     }
     {
         Figure f{"subflows", "subflows half-way (per download, min-max)", "", {}};
-        for (int m = 0; m < 2; m++) {
+        for (int m = 0; m < kModes; m++) {
             unsigned lo = ~0u, hi = 0;
             for (const auto& per : runs[m])
                 for (const auto& x : per) lo = std::min(lo, x.established), hi = std::max(hi, x.established);
@@ -235,7 +247,7 @@ Report disjoint_subflows(const Options& opt) {
     }
     {
         Figure f{"damaged", "downloads damaged or fallen back to TCP", "0", {}};
-        for (int m = 0; m < 2; m++) {
+        for (int m = 0; m < kModes; m++) {
             unsigned n = 0;
             for (const auto& per : runs[m])
                 for (const auto& x : per) n += !x.intact;
