@@ -181,11 +181,15 @@ Report disjoint_subflows(const Options& opt) {
                 must_in(cli, {"sysctl", "-qw",
                               "net.ipv4.tcp_rmem=" + (rg.rmem ? rg.rmem : rmem_default)});
                 Run run = download(lab, port++, round == 0);
-                spdlog::info("disjoint round {} {} {}: {:.1f} Mbit/s, {} subflows, {} B by WiFi, "
-                             "{} B by LTE",
-                             round + 1, m == 1 ? "mpsteer" : m ? "no-fullmesh" : "kernel", rg.key,
-                             run.seconds ? run.bytes * 8e-6 / run.seconds : 0.0, run.established,
-                             run.link[0], run.link[1]);
+                spdlog::info(
+                    "disjoint round {} {} {}: {:.1f} Mbit/s, {} subflows, {} B by WiFi, "
+                    "{} B by LTE",
+                    round + 1,
+                    m == 1 ? "mpsteer"
+                    : m    ? "no-fullmesh"
+                           : "kernel",
+                    rg.key, run.seconds ? run.bytes * 8e-6 / run.seconds : 0.0, run.established,
+                    run.link[0], run.link[1]);
                 runs[m][g].push_back(std::move(run));
             }
             must_in(cli, {"sysctl", "-qw", "net.ipv4.tcp_rmem=" + rmem_default});
@@ -194,8 +198,10 @@ Report disjoint_subflows(const Options& opt) {
     r.columns = {"kernel", "mpsteer", "kernel, no fullmesh"};
     for (size_t g = 0; g < kRegimeCount; g++) {
         const Regime& rg = kRegimes[g];
-        Figure f{std::string("mbit_") + rg.key, std::string("download, ") + rg.label + " (Mbit/s)",
-                 rg.judged ? "+15 %" : ">= -3 %", {}};
+        Figure f{std::string("mbit_") + rg.key,
+                 std::string("download, ") + rg.label + " (Mbit/s)",
+                 rg.judged ? "+15 %" : ">= -3 %",
+                 {}};
         double v[kModes];
         for (int m = 0; m < kModes; m++) {
             uint64_t bytes = 0;
@@ -208,13 +214,14 @@ Report disjoint_subflows(const Options& opt) {
             }
             v[m] = seconds ? bytes * 8e-6 / seconds : 0;
             auto [lo, hi] = std::minmax_element(per_run.begin(), per_run.end());
-            f.cells.push_back({v[m], fixed(v[m], 1) + " (" + fixed(*lo, 1) + "-" + fixed(*hi, 1) + ")",
-                               {}});
+            f.cells.push_back(
+                {v[m], fixed(v[m], 1) + " (" + fixed(*lo, 1) + "-" + fixed(*hi, 1) + ")", {}});
         }
         for (int m = 1; m < kModes; m++) {
             const double gain = v[0] ? v[m] / v[0] - 1 : 0;
             f.cells[m].value = {{"mbit_per_s", v[m]}, {"gain", gain}};
-            f.cells[m].text += " " + std::string(gain >= 0 ? "+" : "") + fixed(100 * gain, 1) + " %";
+            f.cells[m].text +=
+                " " + std::string(gain >= 0 ? "+" : "") + fixed(100 * gain, 1) + " %";
         }
         const double gain = v[0] ? v[1] / v[0] - 1 : 0;
         f.cells[1].met = v[0] > 0 && (rg.judged ? gain >= 0.15 : gain >= -0.03);
@@ -223,7 +230,9 @@ Report disjoint_subflows(const Options& opt) {
     for (size_t g = 0; g < kRegimeCount; g++) {
         const Regime& rg = kRegimes[g];
         Figure f{std::string("lte_share_") + rg.key,
-                 std::string("share of the bytes by LTE, ") + rg.label, "", {}};
+                 std::string("share of the bytes by LTE, ") + rg.label,
+                 "",
+                 {}};
         for (int m = 0; m < kModes; m++) {
             uint64_t lte = 0, all = 0;
             for (const auto& x : runs[m][g]) lte += x.link[1], all += x.link[0] + x.link[1];
@@ -237,10 +246,12 @@ Report disjoint_subflows(const Options& opt) {
         for (int m = 0; m < kModes; m++) {
             unsigned lo = ~0u, hi = 0;
             for (const auto& per : runs[m])
-                for (const auto& x : per) lo = std::min(lo, x.established), hi = std::max(hi, x.established);
-            f.cells.push_back({nlohmann::ordered_json{{"min", lo}, {"max", hi}},
-                               lo == hi ? std::to_string(lo) : std::to_string(lo) + "-" + std::to_string(hi),
-                               {}});
+                for (const auto& x : per)
+                    lo = std::min(lo, x.established), hi = std::max(hi, x.established);
+            f.cells.push_back(
+                {nlohmann::ordered_json{{"min", lo}, {"max", hi}},
+                 lo == hi ? std::to_string(lo) : std::to_string(lo) + "-" + std::to_string(hi),
+                 {}});
         }
         f.cells[1].met = std::nullopt;
         r.figures.push_back(std::move(f));
@@ -261,7 +272,10 @@ Report disjoint_subflows(const Options& opt) {
         if (!kRegimes[g].judged) continue;
         Plot p{std::string("disjoint-links-") + kRegimes[g].key,
                std::string("download, ") + kRegimes[g].label + " (round 1): throughput per link",
-               "seconds", "Mbit/s", "lines", {}};
+               "seconds",
+               "Mbit/s",
+               "lines",
+               {}};
         for (int m = 0; m < 2; m++)
             for (int l = 0; l < 2; l++)
                 p.series.push_back({r.columns[m] + ": " + (l ? "LTE" : "WiFi") + " link",
