@@ -35,7 +35,9 @@ std::string shipped_path(const std::string& share, const std::string& rel) {
 const std::vector<ShippedElsewhere>& shipped_elsewhere() {
     static const std::vector<ShippedElsewhere> all = {
         {"multi-tenant.yaml", "a hypervisor with uplinks eth1, eth2"},
-        {"ecf-scheduler.yaml", "a sender whose slow path is the cellular interface wwan0"}};
+        {"ecf-scheduler.yaml", "a sender whose slow path is the cellular interface wwan0"},
+        {"disjoint-subflows.yaml",
+         "a client whose path manager opens a full mesh of subflows"}};
     return all;
 }
 

@@ -84,5 +84,6 @@ Report load_balancer(const Options& opt);
 Report multi_tenant(const Options& opt);
 Report small_flows(const Options& opt);
 Report ecf_scheduling(const Options& opt);
+Report disjoint_subflows(const Options& opt);
 
 }  // namespace mpsteer::cli::usecases

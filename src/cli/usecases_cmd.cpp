@@ -123,6 +123,7 @@ const std::vector<UseCase>& use_cases() {
         {"tenants", "multi-tenant spreading", multi_tenant},
         {"smallflow", "small-flow path manager", small_flows},
         {"ecf", "ECF scheduling", ecf_scheduling},
+        {"disjoint", "disjoint subflows for large flows", disjoint_subflows},
     };
     return all;
 }

@@ -2,13 +2,16 @@
 // The shipped example policies, unchanged, under the real agent in the topology they are
 // written for: policies/multi-tenant.yaml on a middle host whose uplinks are eth1 and eth2,
 // with the agent managing every interface there (no -i), so a redirected packet meets the
-// target's own egress chain.
+// target's own egress chain; policies/disjoint-subflows.yaml on a lab client with fullmesh
+// endpoints, whose addresses are the ones the policy names.
 #include <catch2/catch.hpp>
 
 #include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
+#include <set>
+#include <thread>
 #include <fstream>
 #include <sstream>
 
@@ -105,5 +108,86 @@ TEST_CASE("shipped multi-tenant policy: one tenant's subflows leave by distinct 
     const json after = agent.status();
     CHECK(selected(after, "tenant-b-uplink-1") == 0);
     CHECK(selected(after, "tenant-b-uplink-2") == 0);
+    CHECK(agent.alive());
+}
+
+namespace {
+
+// The client's established subflows of the connection to the server's port, as "a->b" by
+// address ("10.0.1.1->10.0.2.2"), from the kernel's sockets.
+std::multiset<std::string> subflow_pairs(const Lab& lab, uint16_t port) {
+    std::multiset<std::string> out;
+    const std::string suffix = ":" + std::to_string(port);
+    for (const auto& sf : tcp_subflows(lab.client_ns())) {
+        if (sf.remote.size() <= suffix.size() ||
+            sf.remote.compare(sf.remote.size() - suffix.size(), suffix.size(), suffix) != 0)
+            continue;
+        // ss writes a bound device after the address ("10.0.2.1%mps-x-c2:40217").
+        const std::string local = sf.local.substr(0, sf.local.find_first_of("%:"));
+        out.insert(local + "->" + sf.remote.substr(0, sf.remote.size() - suffix.size()));
+    }
+    return out;
+}
+
+// One download from the server's path-1 address while the client's subflows are counted.
+std::multiset<std::string> download_subflows(const Lab& lab, uint16_t port, TrafficStats& rx,
+                                             TrafficStats& tx) {
+    Source source(lab.server_ns(), port, SendOptions::of_time(2s));
+    std::multiset<std::string> pairs;
+    std::thread watch([&] {
+        std::this_thread::sleep_for(1500ms);
+        pairs = subflow_pairs(lab, port);
+    });
+    rx = receive_stream(lab.client_ns(), Lab::server_addr(1), port, 30s);
+    watch.join();
+    tx = source.wait(10s);
+    return pairs;
+}
+
+}  // namespace
+
+TEST_CASE("shipped disjoint-subflows policy: one subflow per client link under a full mesh",
+          "[e2e][policies][drop]") {
+    datapath::init_libbpf_logging();
+    // The policy's addresses are the lab's: the client's links 10.0.1.1 (WiFi) and 10.0.2.1
+    // (LTE), the server's 10.0.1.2 and its announced 10.0.2.2.
+    LabConfig cfg;
+    cfg.tag = "dj" + std::to_string(getpid() % 10000);
+    cfg.ipv6 = false;
+    Lab lab(cfg);
+    const std::string cli = lab.client_ns();
+    for (const auto& ns : {cli, lab.server_ns()})
+        must({"ip", "-n", ns, "mptcp", "limits", "set", "subflow", "4", "add_addr_accepted", "2"});
+    must({"ip", "-n", cli, "mptcp", "endpoint", "add", Lab::client_addr(1), "dev",
+          lab.client_if(1), "fullmesh"});
+    must({"ip", "-n", cli, "mptcp", "endpoint", "add", Lab::client_addr(2), "dev",
+          lab.client_if(2), "subflow", "fullmesh"});
+    const std::multiset<std::string> disjoint{"10.0.1.1->10.0.1.2", "10.0.2.1->10.0.2.2"};
+
+    // The kernel alone: a subflow from each client address to each server address.
+    TrafficStats rx, tx;
+    auto pairs = download_subflows(lab, 5301, rx, tx);
+    CHECK(rx.bytes == tx.bytes);
+    CHECK(rx.subflows == 3);
+    CHECK(pairs == std::multiset<std::string>{"10.0.1.1->10.0.1.2", "10.0.1.1->10.0.2.2",
+                                              "10.0.2.1->10.0.1.2", "10.0.2.1->10.0.2.2"});
+
+    AgentHarness agent(lab, "disjoint", 10, /*client_side=*/true);
+    agent.publish({{"disjoint-subflows.yaml", shipped("policies/disjoint-subflows.yaml")}});
+    agent.start();
+    REQUIRE(agent.wait_status([](const json& s) { return s.value("ready", false); }, 120s));
+    INFO("agent log:\n" << agent.log_tail());
+    pairs = download_subflows(lab, 5302, rx, tx);
+    INFO("client sockets:\n" << lab.ss(cli));
+    CHECK(rx.bytes == tx.bytes);
+    CHECK(rx.checksum == tx.checksum);
+    CHECK_FALSE(rx.fallback);
+    CHECK(pairs == disjoint);  // MPTCP_INFO still counts the refused joins: they retry
+    // The two refused joins (and their retransmissions) are what the policy dropped.
+    REQUIRE(agent.wait_status([](const json& s) { return selected(s, "disjoint-subflows") >= 2; },
+                              10s));
+    const auto counters = mptcp_counters(lab.server_ns());
+    INFO("server MPTCP MIB: MPJoinSynRx " << counters.at("MPJoinSynRx"));
+    CHECK(counters.at("MPJoinSynRx") == 3 + 1);  // 3 joins without the policy, 1 with it
     CHECK(agent.alive());
 }
