@@ -103,7 +103,8 @@ void Agent::configure_hooks(const manifest::Model& model, const std::string& rev
     std::vector<lua::ScriptSpec> specs;
     for (const auto& p : model.policies) {
         if (!p.lua) continue;
-        specs.push_back({p.name, p.lua->script, p.lua->source, p.lua->every_ms, p.lua->params});
+        specs.push_back({p.name, p.lua->script, p.lua->source, p.lua->every_ms, p.lua->params,
+                         p.lua->idle_every_ms});
     }
     auto running = rollout_.running_generation();
     const uint32_t number = running ? running->number : 0;

@@ -133,6 +133,7 @@ std::vector<Connection> DatapathBackend::read(std::optional<uint32_t> only) {
         prev = &key;
     }
     if (!only) empty_at_inserts_ = conns.empty() ? std::optional(inserts) : std::nullopt;
+    bool live = false;  // some connection has a subflow not closed
     if (!conns.empty()) {
         mps_flow_key fk{}, fnext{};
         const mps_flow_key* fprev = nullptr;
@@ -140,12 +141,18 @@ std::vector<Connection> DatapathBackend::read(std::optional<uint32_t> only) {
             mps_flow f{};
             if (bpf_map_lookup_elem(state_.flows(), &fnext, &f) == 0 && f.conn_token) {
                 auto it = conns.find(f.conn_token);
-                if (it != conns.end()) it->second.subflows.push_back(make_subflow(ids_, fnext, f));
+                if (it != conns.end()) {
+                    it->second.subflows.push_back(make_subflow(ids_, fnext, f));
+                    live |= !(f.ended & MPS_FLOW_CLOSED);
+                }
             }
             fk = fnext;
             fprev = &fk;
         }
     }
+    // Entries outlive their connections (the LRU reclaims them): a new connection is a new
+    // entry, so none live now stays so until the next insert.
+    if (!only) idle_at_inserts_ = live ? std::nullopt : std::optional(inserts);
     std::vector<Connection> out;
     for (auto& [t, c] : conns) {
         std::sort(c.subflows.begin(), c.subflows.end(),

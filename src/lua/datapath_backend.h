@@ -36,6 +36,8 @@ public:
     // Counts the policy's set_backup steps in the running generation and queues their new B
     // flag for the agent, which writes them within milliseconds.
     int set_policy_backup(const std::string& policy, bool backup) override;
+    // Known when a walk found no connection with a live subflow and none was inserted since.
+    bool no_connections() override { return idle_at_inserts_ == datapath::conn_inserts(); }
 
     // The generation set_policy_backup addresses; nullopt: none runs.
     void set_running(std::optional<RunningGeneration> g) { running_ = std::move(g); }
@@ -50,6 +52,8 @@ private:
     std::optional<RunningGeneration> running_;
     // conn_inserts() when a walk last found no connection (none: it found some).
     std::optional<uint64_t> empty_at_inserts_;
+    // conn_inserts() when a walk last found no connection with a subflow not closed.
+    std::optional<uint64_t> idle_at_inserts_;
 };
 
 // TCP_INFO of this network namespace's TCP sockets, keyed by their unordered 4-tuple

@@ -358,6 +358,7 @@ void EventThread::run() {
         after_sleep_ = false;
         if (tasks_pending_.load(std::memory_order_acquire)) busy |= run_tasks();
         auto now = Clock::now();
+        if (busy) next_tick_ = std::min(next_tick_, hooks_.wake(now));
         if (now >= next_tick_) {
             next_tick_ = hooks_.tick(now);  // on_tick of every due script
             ++stats_.ticks;

@@ -282,12 +282,25 @@ Clock::time_point HookSet::tick(Clock::time_point now) {
         if (s->disabled() || !s->spec().every_ms) continue;
         if (s->next_tick() <= now) {
             s->on_tick();
-            auto every = std::chrono::milliseconds(s->spec().every_ms);
-            auto nt = s->next_tick() + every;
-            if (nt <= now) nt = now + every;  // missed ticks are skipped, not queued
             if (s->disabled()) continue;
-            // schedule_from would drift; keep the grid
-            s->schedule_from(nt - every);
+            const bool idle = s->spec().idle_every_ms && backend_.no_connections();
+            auto every = std::chrono::milliseconds(idle ? s->spec().idle_every_ms : s->spec().every_ms);
+            auto nt = s->next_tick() + every;  // on the grid: no drift
+            if (nt <= now) nt = now + every;   // missed ticks are skipped, not queued
+            s->schedule_at(nt, idle);
+        }
+        next = std::min(next, s->next_tick());
+    }
+    return next;
+}
+
+Clock::time_point HookSet::wake(Clock::time_point now) {
+    auto next = Clock::time_point::max();
+    bool active = false, checked = false;
+    for (auto& [name, s] : scripts_) {
+        if (s->idle_tick() && !s->disabled()) {
+            if (!checked) active = !backend_.no_connections(), checked = true;
+            if (active) s->schedule_at(now, false);
         }
         next = std::min(next, s->next_tick());
     }

@@ -122,6 +122,9 @@ public:
     // themselves may land later (the agent queues them to the generation's one writer).
     // Throws when the policy has none.
     virtual int set_policy_backup(const std::string& policy, bool backup) = 0;
+    // True only when the backend knows, without asking the kernel, that the host holds no
+    // MPTCP connection now (scripts with idle_every then tick slower).
+    virtual bool no_connections() { return false; }
 };
 
 // One script: its own state, its failures, its statistics.
@@ -131,6 +134,7 @@ struct ScriptSpec {
     std::string source;  // the text
     uint32_t every_ms = 0;
     nlohmann::json params = nlohmann::json::object();
+    uint32_t idle_every_ms = 0;  // 0: every_ms also without connections
     bool operator==(const ScriptSpec&) const = default;
 };
 
@@ -179,6 +183,12 @@ public:
     // The next on_tick (steady clock); max() without ticks.
     std::chrono::steady_clock::time_point next_tick() const { return next_tick_; }
     void schedule_from(std::chrono::steady_clock::time_point now);
+    // The next on_tick set directly; `idle`: the interval it came from was idle_every.
+    void schedule_at(std::chrono::steady_clock::time_point t, bool idle) {
+        next_tick_ = t;
+        idle_tick_ = idle;
+    }
+    bool idle_tick() const { return idle_tick_; }
 
     struct Impl;  // the sandboxed Lua state (sandbox.h)
 private:
@@ -190,6 +200,7 @@ private:
     CallWatch* watch_ = nullptr;
     std::unique_ptr<Impl> impl_;
     std::chrono::steady_clock::time_point next_tick_ = std::chrono::steady_clock::time_point::max();
+    bool idle_tick_ = false;
 };
 
 // Every script of the running revision, keyed by policy. The agent's one hook-in.
@@ -206,8 +217,12 @@ public:
     void on_subflow(const Subflow& s);
     void on_subflow_closed(const Subflow& s);
     void on_add_addr_blocked(const AddAddr& a);
-    // Runs every due on_tick; returns when the next one is due (max(): none).
+    // Runs every due on_tick; returns when the next one is due (max(): none). A script with
+    // idle_every waits that long instead of every while the backend knows of no connection.
     std::chrono::steady_clock::time_point tick(std::chrono::steady_clock::time_point now);
+    // After events: once a connection exists, scripts waiting out idle_every tick at once.
+    // Returns when the next tick is due.
+    std::chrono::steady_clock::time_point wake(std::chrono::steady_clock::time_point now);
 
     // Garbage collection between events: one step on a script that needs it; true while some
     // script still has a cycle to finish.

@@ -136,7 +136,8 @@ struct LuaHook {
     std::string script;     // as written (relative to the repository)
     std::string path;       // the file found on disk
     std::string source;     // its bytes, read beneath the repository with the manifests
-    uint32_t every_ms = 0;  // 0: no on_tick
+    uint32_t every_ms = 0;       // 0: no on_tick
+    uint32_t idle_every_ms = 0;  // 0: every_ms also without connections
     nlohmann::json params = nlohmann::json::object();
 };
 

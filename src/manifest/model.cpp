@@ -84,7 +84,8 @@ json canonical(const Policy& p) {
     j["actions"] = act;
     if (p.lua)
         j["hooks_lua"] = {
-            {"script", p.lua->script}, {"every_ms", p.lua->every_ms}, {"params", p.lua->params}};
+            {"script", p.lua->script}, {"every_ms", p.lua->every_ms},
+            {"idle_every_ms", p.lua->idle_every_ms}, {"params", p.lua->params}};
     return j;
 }
 

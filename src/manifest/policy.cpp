@@ -146,6 +146,23 @@ std::optional<Policy> Checker::policy(const Doc& d) {
                 lua.every_ms = uint32_t(*us / 1000);
             }
         }
+        if (h.contains("idle_every")) {
+            auto us = duration(d, "/spec/hooks/idle_every", h["idle_every"], kMinEvery, kMaxEvery,
+                               "10ms to 1h");
+            if (!us) {
+                ok = false;
+            } else if (*us % 1000) {
+                error(d, "/spec/hooks/idle_every", "must be a whole number of milliseconds");
+                ok = false;
+            } else if (!lua.every_ms || *us / 1000 < lua.every_ms) {
+                error(d, "/spec/hooks/idle_every",
+                      lua.every_ms ? "must be at least every (" + std::to_string(lua.every_ms) + "ms)"
+                                   : "needs every: without ticks there is nothing to slow down");
+                ok = false;
+            } else {
+                lua.idle_every_ms = uint32_t(*us / 1000);
+            }
+        }
         if (h.contains("params")) lua.params = h["params"];
         p.lua = std::move(lua);
     }

@@ -25,6 +25,8 @@ struct Write {
 class FakeBackend : public Backend {
 public:
     std::vector<Connection> conns;
+    bool none = false;  // what no_connections() says
+    bool no_connections() override { return none; }
     std::vector<Write> writes;
     std::vector<Connection> connections() override { return conns; }
     std::optional<Connection> connection(uint32_t token) override {
@@ -476,6 +478,32 @@ TEST_CASE("lua: ticks follow each script's interval", "[lua][set]") {
     CHECK(st[0].calls <= 101);
     CHECK(st[1].calls >= 9);
     CHECK(st[1].calls <= 11);
+}
+
+TEST_CASE("lua: idle_every slows ticks while there is no connection; one brings them back at once",
+          "[lua][set]") {
+    FakeBackend be;
+    be.none = true;
+    HookSet set(be);
+    auto s = spec("n = 0; function on_tick() n = n + 1 end", {}, 10, "ecf");
+    s.idle_every_ms = 100;
+    set.configure({s, spec("n = 0; function on_tick() n = n + 1 end", {}, 10, "plain")}, "r", 1);
+    auto start = Clock::now();
+    auto at = [&](int ms) { return start + std::chrono::milliseconds(ms); };
+    for (int ms = 1; ms <= 1000; ++ms) set.tick(at(ms));
+    CHECK(set.status()[0].calls >= 9);  // idle: every 100 ms
+    CHECK(set.status()[0].calls <= 12);
+    CHECK(set.status()[1].calls >= 99);  // no idle_every: every 10 ms regardless
+    const uint64_t idle_calls = set.status()[0].calls;
+
+    // Events while still idle change nothing; the first connection makes the tick due now.
+    CHECK(set.wake(at(1001)) > at(1001));
+    be.none = false;
+    CHECK(set.wake(at(1002)) == at(1002));
+    set.tick(at(1002));
+    CHECK(set.status()[0].calls == idle_calls + 1);
+    for (int ms = 1003; ms <= 2002; ++ms) set.tick(at(ms));
+    CHECK(set.status()[0].calls >= idle_calls + 99);  // every 10 ms again
 }
 
 // ---- telemetry: TCP_INFO by sock_diag, matched to flow keys --------------------------------

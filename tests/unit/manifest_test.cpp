@@ -109,6 +109,7 @@ TEST_CASE("the valid examples load without errors", "[manifest]") {
     CHECK(p.actions[5].min_window == 8000);
     REQUIRE(p.lua);
     CHECK(p.lua->every_ms == 100);
+    CHECK(p.lua->idle_every_ms == 2000);
     CHECK(p.lua->params["threshold_bytes"] == 220000);
     CHECK(fs::path(p.lua->path) == kManifests / "lua/probe.lua");
     CHECK(p.failure_mode == FailureMode::drop);
