@@ -547,14 +547,16 @@ static __always_inline int sel_sequence(void *ctx, bool xdp, struct mps_pkt_ctx 
 }
 
 /* Payload bytes counted so far on the subflow (both directions) or, with `conn`, on its
- * connection once the agent has linked the two (until then the subflow is all there is). */
+ * connection once the agent has linked the two (until then the subflow is all there is). A
+ * connection has carried at least what any of its subflows has: its entry is created by the
+ * agent a little after the first packets, which its counters then miss. */
 static __always_inline __u64 bytes_seen(const struct mps_flow *f, bool conn)
 {
 	__u64 seen = f->dir_ab.bytes + f->dir_ba.bytes;
 	if (conn && f->conn_token) {
 		__u32 tok = f->conn_token;
 		struct mps_conn *c = bpf_map_lookup_elem(&conns, &tok);
-		if (c)
+		if (c && c->bytes > seen)
 			seen = c->bytes;
 	}
 	return seen;

@@ -301,6 +301,34 @@ TEST_CASE("selector flow_bytes(subflow): bytes seen before this packet, both dir
     }
 }
 
+TEST_CASE("selector flow_bytes(connection): a connection linked late counts its subflow's bytes",
+          "[bpf][selector][state]") {
+    // The agent creates the connection entry after the first packets: the subflow has carried
+    // 900 bytes, the fresh entry none. The connection has carried at least the subflow's.
+    const uint32_t tok = 0x00c0ffee;
+    for (Hook h : kHooks) {
+        INFO(name_of(h));
+        Env env(chain_of({step(MPS_ACT_RECORD, 1), sel_bytes(MPS_BYTES_CONN, 1000, 1100, 2, END),
+                          step(MPS_ACT_DROP)}));
+        env.run(h, cli(false).flags(tcpf::SYN));
+        expect_match(env, h, cli(false).payload(900), false, 1);  // 900 counted unlinked
+        mps_conn c{};
+        c.token[0] = tok;
+        c.token[1] = tok + 1;
+        REQUIRE(bpf_map_update_elem(env.state().conns(), &tok, &c, BPF_ANY) == 0);
+        auto k = flow_key_of(cli(false));
+        auto f = env.flow(k);
+        REQUIRE(f);
+        f->conn_token = tok;
+        env.put_flow(k, *f);
+        expect_match(env, h, cli(false).payload(150), false, 1);  // 900 before it
+        expect_match(env, h, cli(false).payload(10), true, 1);    // 1050 (the entry: 150)
+        auto conn = env.conn(tok);
+        REQUIRE(conn);
+        CHECK(conn->bytes == 160);
+    }
+}
+
 TEST_CASE("selector flow_bytes(connection): bytes of every subflow of the connection",
           "[bpf][selector][state]") {
     const uint32_t tok = 0x00c0ffee;
