@@ -119,9 +119,11 @@ desc="the unit runs the agent on /etc/mpsteer/policies with /etc/default/mpsteer
 check sh -c "grep -q '^ExecStart=/usr/bin/mpsteer run --policies \${MPSTEER_POLICIES} \$MPSTEER_OPTS' '$ROOT/lib/systemd/system/mpsteer.service' &&
              grep -q '^MPSTEER_POLICIES=/etc/mpsteer/policies' '$ROOT/etc/default/mpsteer'"
 
-# The operator's policy: a shipped one, copied with its script the way an operator would.
+# The operator's policies: shipped ones, copied with the script the way an operator would (the
+# small-flow policy runs at TC, the MP_JOIN guard at XDP).
 mkdir -p "$ROOT/etc/mpsteer/policies/lua"
-cp "$ROOT/usr/share/mpsteer/policies/small-flow-pm.yaml" "$ROOT/etc/mpsteer/policies/"
+cp "$ROOT/usr/share/mpsteer/policies/small-flow-pm.yaml" \
+    "$ROOT/usr/share/mpsteer/policies/mp-join-guard.yaml" "$ROOT/etc/mpsteer/policies/"
 cp "$ROOT/usr/share/mpsteer/policies/lua/small_flow_pm.lua" "$ROOT/etc/mpsteer/policies/lua/"
 desc="mpsteer validate /etc/mpsteer/policies (an operator's policy with its Lua script)"
 check in_root mpsteer validate /etc/mpsteer/policies
@@ -168,7 +170,7 @@ check sh -c "! chroot '$ROOT' dpkg-query -W -f='\${Status}' mpsteer"
 snapshot >"$ROOT.after"
 left=$(comm -13 "$ROOT.before" "$ROOT.after" | tr '\n' ' ')
 gone=$(comm -23 "$ROOT.before" "$ROOT.after" | tr '\n' ' ')
-want="./etc/mpsteer ./etc/mpsteer/policies ./etc/mpsteer/policies/lua ./etc/mpsteer/policies/lua/small_flow_pm.lua ./etc/mpsteer/policies/small-flow-pm.yaml "
+want="./etc/mpsteer ./etc/mpsteer/policies ./etc/mpsteer/policies/lua ./etc/mpsteer/policies/lua/small_flow_pm.lua ./etc/mpsteer/policies/mp-join-guard.yaml ./etc/mpsteer/policies/small-flow-pm.yaml "
 desc="after purge the tree is as before plus the operator's /etc/mpsteer/policies (left: $left${gone:+; missing: $gone})"
 check test "$left" = "$want" -a -z "$gone"
 

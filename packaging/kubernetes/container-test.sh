@@ -66,7 +66,9 @@ echo "ok:   podman build from $BASE ($(( $(date +%s) - t0 )) s, $(podman image i
 
 # 2. A policy repository and its publication as git-sync does it.
 git init -q "$TMP/repo"
-cp policies/small-flow-pm.yaml "$TMP/repo/" && mkdir "$TMP/repo/lua" && cp lua/small_flow_pm.lua "$TMP/repo/lua/"
+# The small-flow policy runs at TC, the MP_JOIN guard at XDP (the program watched below).
+cp policies/small-flow-pm.yaml policies/mp-join-guard.yaml "$TMP/repo/" && mkdir "$TMP/repo/lua" &&
+    cp lua/small_flow_pm.lua "$TMP/repo/lua/"
 commit() { git -C "$TMP/repo" add -A && git -C "$TMP/repo" -c user.name=t -c user.email=t@t.invalid \
     commit -q -m "$1" && git -C "$TMP/repo" rev-parse HEAD; }
 publish() {  # a worktree for the commit, then the link flipped to it in one rename
