@@ -58,6 +58,8 @@ std::string draw_plot(const Plot& p, const std::string& dir, const std::string& 
 
 // "12 (30 %)"
 std::string percent(unsigned part, unsigned whole);
+// v with `decimals` digits after the point.
+std::string fixed(double v, int decimals);
 
 // Copies of shipped files for one lab host, each with addresses (or any text) replaced: a
 // use case runs the shipped policies, only what names the real network changed. Every

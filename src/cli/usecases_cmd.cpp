@@ -47,6 +47,12 @@ std::string percent(unsigned part, unsigned whole) {
     return b;
 }
 
+std::string fixed(double v, int decimals) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.*f", decimals, v);
+    return b;
+}
+
 AdaptedShare::AdaptedShare(const std::string& share, const std::string& dir,
                            const std::vector<std::pair<std::string, Replacements>>& files)
     : dir_(dir) {

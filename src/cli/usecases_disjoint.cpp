@@ -111,12 +111,6 @@ Run download(const Lab& lab, uint16_t port, bool trace) {
     return r;
 }
 
-std::string fixed(double v, int decimals) {
-    char b[32];
-    std::snprintf(b, sizeof b, "%.*f", decimals, v);
-    return b;
-}
-
 }  // namespace
 
 Report disjoint_subflows(const Options& opt) {

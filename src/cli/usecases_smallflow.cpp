@@ -176,12 +176,6 @@ double quantile(const std::vector<double>& sorted, double q) {
     return sorted[std::clamp<size_t>(i, 1, sorted.size()) - 1];
 }
 
-std::string fixed(double v, int decimals) {
-    char b[32];
-    std::snprintf(b, sizeof b, "%.*f", decimals, v);
-    return b;
-}
-
 // "101.7 (99.8-103.0)": over all rounds, then the spread of the per-round values.
 std::string with_spread(double all, const std::vector<double>& per_round, int decimals) {
     auto [lo, hi] = std::minmax_element(per_round.begin(), per_round.end());
