@@ -55,38 +55,34 @@ void Rollout::owner_only(const char* what) const {
 
 std::optional<Rollout::Adopted> Rollout::adopt() {
     owner_only("adopt");
-    std::ifstream in(gen_state_path());
-    if (!in) return std::nullopt;
-    nlohmann::json g;
-    try {
-        in >> g;
-        next_gen_ = g.at("number").get<uint32_t>() + 1;
-    } catch (const std::exception& e) {
-        spdlog::warn("ignoring {} ({})", gen_state_path(), e.what());
-        return std::nullopt;
-    }
+    // The generation: only from pins of this very BPF object (an upgrade loads anew), and
+    // only with its record (a state directory wiped under pinned links adopts the links alone).
     std::optional<Adopted> adopted;
-    // The generation: only from pins of this very BPF object (an upgrade loads anew).
-    try {
-        auto model = compile::read_applied(applied_path(cfg_.state_dir));
-        const uint32_t n = g.at("number");
-        if (model && g.value("datapath", "") == datapath::Datapath::object_id()) {
-            dp_ = datapath::Datapath::adopt(dp_dir());
-            current_ = Generation::adopt(dp_, g.at("slot"), model->chains, n);
-            // Killed between the flip and this record: go back to what the record says (that
-            // slot is intact; the flip's revision is applied again by the next reconcile).
-            if (!current_->active()) current_->activate();
-            adopted = Adopted{g.at("revision"), g.at("content")};
-            for (const auto& d : g.at("interfaces"))
-                built_with_ifaces_.insert(d.get<std::string>());
+    if (std::ifstream in(gen_state_path()); in) try {
+            nlohmann::json g;
+            in >> g;
+            const uint32_t n = g.at("number");
+            next_gen_ = n + 1;
+            auto model = compile::read_applied(applied_path(cfg_.state_dir));
+            if (model && g.value("datapath", "") == datapath::Datapath::object_id()) {
+                dp_ = datapath::Datapath::adopt(dp_dir());
+                current_ = Generation::adopt(dp_, g.at("slot"), model->chains, n);
+                // Killed between the flip and this record: go back to what the record says
+                // (that slot is intact; the flip's revision is applied again by the next
+                // reconcile).
+                if (!current_->active()) current_->activate();
+                adopted = Adopted{g.at("revision"), g.at("content")};
+                for (const auto& d : g.at("interfaces"))
+                    built_with_ifaces_.insert(d.get<std::string>());
+            }
+        } catch (const std::exception& e) {
+            spdlog::warn("not adopting the previous generation from {} ({}); building a new one",
+                         gen_state_path(), e.what());
+            current_.reset();
+            dp_.reset();
+            built_with_ifaces_.clear();
+            adopted.reset();
         }
-    } catch (const std::exception& e) {
-        spdlog::warn("not adopting the previous generation ({}); building a new one", e.what());
-        current_.reset();
-        dp_.reset();
-        built_with_ifaces_.clear();
-        adopted.reset();
-    }
     // Links always: they hold the hooks, which a new attach could not take. Without an adopted
     // datapath the first apply moves them onto a new one.
     std::error_code ec;
@@ -98,16 +94,17 @@ std::optional<Rollout::Adopted> Rollout::adopt() {
         if (!hook) continue;
         LinkKey key{name.substr(0, at), *hook};
         try {
-            links_[key] = HookLink::adopt(entry.path(), key.ifname, key.hook,
-                                          dp_ ? dp_->entry_fd(key.hook) : -1);
+            links_[key] = HookLink::adopt(entry.path(), key.ifname, key.hook);
         } catch (const std::exception& e) {
             spdlog::warn("link {}: {}", name, e.what());
         }
     }
-    recovering_ = true;
     if (current_)
         spdlog::info("adopted generation {} (revision {}) with {} links", current_->number(),
                      adopted->revision, links_.size());
+    else if (!links_.empty())
+        spdlog::info("adopted {} pinned links without a generation: the first apply moves them",
+                     links_.size());
     return adopted;
 }
 
@@ -241,16 +238,16 @@ Rollout::Outcome Rollout::apply(const Revision& rev) {
     // new hooks (and, after an upgrade, move old links onto this datapath); on any failure
     // flip back and undo.
     gen->activate();
-    std::vector<std::pair<LinkKey, int>> moved;  // and the program each ran before
+    std::vector<std::pair<LinkKey, datapath::Fd>> moved;  // and the program each ran before
     std::vector<LinkKey> added;
     try {
         for (const auto& key : desired) {
             int fd = gen->entry_fd(key.hook, key.ifname);
             if (auto it = links_.find(key); it != links_.end()) {
-                if (it->second->prog_fd() == fd) continue;
-                int old = it->second->prog_fd();
-                it->second->update(fd, !recovering_);
-                moved.emplace_back(key, old);
+                if (it->second->runs(fd)) continue;
+                auto old = it->second->program();
+                it->second->update(fd);
+                moved.emplace_back(key, std::move(old));
             } else {
                 auto link = HookLink::attach(key.ifname, key.hook, fd);
                 link->pin(link_dir() + "/" + key.pin_name());
@@ -262,12 +259,11 @@ Rollout::Outcome Rollout::apply(const Revision& rev) {
         }
     } catch (const std::exception& e) {
         if (current_) current_->activate();
-        for (const auto& [key, old] : moved)
-            if (old >= 0) try {
-                    links_[key]->update(old, false);
-                } catch (const std::exception& e2) {
-                    spdlog::error("rolling back {}: {}", key.pin_name(), e2.what());
-                }
+        for (const auto& [key, old] : moved) try {
+                links_[key]->update(old.get(), false);
+            } catch (const std::exception& e2) {
+                spdlog::error("rolling back {}: {}", key.pin_name(), e2.what());
+            }
         for (const auto& key : added) {
             links_[key]->detach();
             links_.erase(key);
@@ -288,7 +284,6 @@ Rollout::Outcome Rollout::apply(const Revision& rev) {
     // Commit: the previous generation keeps its slot (the rollback target) until the next apply.
     previous_ = std::move(current_);
     current_ = std::move(gen);
-    recovering_ = false;
     built_with_ifaces_ = present;
     auto model = compile::make_plan_model(res.model, out, rev.id);
     model.chains = chains;
@@ -326,7 +321,7 @@ void Rollout::compile_entries() {
     int compiled = 0;
     for (auto& [key, link] : links_) {
         const int fd = current_->entry_fd(key.hook, key.ifname);
-        if (!current_->compiled(key.hook, key.ifname) || fd == link->prog_fd()) continue;
+        if (!current_->compiled(key.hook, key.ifname) || link->runs(fd)) continue;
         try {
             link->update(fd);
             ++compiled;

@@ -113,9 +113,6 @@ private:
     std::map<LinkKey, std::unique_ptr<datapath::HookLink>> links_;
     std::set<std::string> built_with_ifaces_;  // interfaces present when current_ was built
     uint32_t next_gen_ = 1;
-    // After adopt(): a link may run programs we did not adopt, so the first switch does not
-    // insist on the program it expects to replace.
-    bool recovering_ = false;
     // Counters of generations gone from their slot, so totals never go backwards.
     std::map<std::string, PolicyCounters> retired_;
     datapath::GenCounters retired_gen_;

@@ -266,9 +266,9 @@ private:
 class HookLink {
 public:
     static std::unique_ptr<HookLink> attach(const std::string& ifname, Hook hook, int prog_fd);
-    // A link pinned by an earlier process (see pin()); prog_fd is the program it runs now.
+    // A link pinned by an earlier process (see pin()); the kernel says which program it runs.
     static std::unique_ptr<HookLink> adopt(const std::string& pin_path, const std::string& ifname,
-                                           Hook hook, int prog_fd);
+                                           Hook hook);
     ~HookLink();
     // Atomically swaps the program (the old one keeps running until the swap). With
     // expect_current, fails if someone else swapped it since (BPF_F_REPLACE).
@@ -281,7 +281,12 @@ public:
     void release() { released_ = true; }
     const std::string& ifname() const { return ifname_; }
     Hook hook() const { return hook_; }
-    int prog_fd() const { return prog_fd_; }    // -1: adopted, program unknown
+    // Whether the program behind prog_fd is the one attached. By program id, not descriptor:
+    // whoever loaded the attached program may have closed its descriptor since (a generation
+    // re-emitting its entries), and the number may belong to another program by now.
+    bool runs(int prog_fd) const;
+    // A new descriptor of the program attached now (to put it back after a failed switch).
+    Fd program() const;
     std::string mode() const { return mode_; }  // "xdp-native", "xdp-generic", "tcx", "tc-filter"
 private:
     HookLink() = default;
@@ -290,8 +295,8 @@ private:
     std::string mode_;
     std::string pin_path_;
     int ifindex_ = 0;
-    Fd link_;           // bpf_link (XDP, TCX); empty for a clsact filter
-    int prog_fd_ = -1;  // the program attached now (expected old program on update)
+    Fd link_;               // bpf_link (XDP, TCX); empty for a clsact filter
+    uint32_t prog_id_ = 0;  // the program attached now
     bool released_ = false;
 };
 

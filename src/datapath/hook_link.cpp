@@ -28,6 +28,13 @@ constexpr int kAttachTcxEgress = 47;
 // Handle and priority of our clsact filter on kernels without TCX.
 constexpr uint32_t kTcHandle = 0x6d70;  // "mp"
 constexpr uint32_t kTcPriority = 1;
+
+uint32_t prog_id_of(int prog_fd) {
+    bpf_prog_info info{};
+    __u32 len = sizeof info;
+    if (bpf_obj_get_info_by_fd(prog_fd, &info, &len)) fail("reading a program's id", errno);
+    return info.id;
+}
 }  // namespace
 
 std::unique_ptr<HookLink> HookLink::attach(const std::string& ifname, Hook hook, int prog_fd) {
@@ -35,7 +42,7 @@ std::unique_ptr<HookLink> HookLink::attach(const std::string& ifname, Hook hook,
     l->ifname_ = ifname;
     l->hook_ = hook;
     l->ifindex_ = static_cast<int>(detail::ifindex_of(ifname));
-    l->prog_fd_ = prog_fd;
+    l->prog_id_ = prog_id_of(prog_fd);
     if (hook == Hook::xdp) {
         // Native first (fast path), generic where the driver has no XDP support.
         for (auto [flags, mode] : {std::pair{XDP_FLAGS_DRV_MODE, "xdp-native"},
@@ -72,15 +79,18 @@ std::unique_ptr<HookLink> HookLink::attach(const std::string& ifname, Hook hook,
 }
 
 std::unique_ptr<HookLink> HookLink::adopt(const std::string& pin_path, const std::string& ifname,
-                                          Hook hook, int prog_fd) {
+                                          Hook hook) {
     std::unique_ptr<HookLink> l(new HookLink());
     l->ifname_ = ifname;
     l->hook_ = hook;
     l->pin_path_ = pin_path;
-    l->prog_fd_ = prog_fd;
     int fd = bpf_obj_get(pin_path.c_str());
     if (fd < 0) fail("adopting link " + pin_path, errno);
     l->link_ = Fd(fd);
+    bpf_link_info info{};
+    __u32 len = sizeof info;
+    if (bpf_obj_get_info_by_fd(fd, &info, &len)) fail("reading link " + pin_path, errno);
+    l->prog_id_ = info.prog_id;
     l->mode_ = hook == Hook::xdp ? "xdp" : "tcx";
     unsigned idx = if_nametoindex(ifname.c_str());
     l->ifindex_ = static_cast<int>(idx);
@@ -99,9 +109,11 @@ void HookLink::update(int new_prog_fd, bool expect_current) {
     if (link_) {
         // BPF_F_REPLACE: fails instead of clobbering if someone else swapped the program.
         LIBBPF_OPTS(bpf_link_update_opts, opts);
+        Fd current;
         if (expect_current) {
+            current = program();
             opts.flags = BPF_F_REPLACE;
-            opts.old_prog_fd = static_cast<__u32>(prog_fd_);
+            opts.old_prog_fd = static_cast<__u32>(current.get());
         }
         if (bpf_link_update(link_.get(), new_prog_fd, &opts))
             fail("swapping the program on " + ifname_ + " " + std::string(to_string(hook_)), errno);
@@ -112,7 +124,19 @@ void HookLink::update(int new_prog_fd, bool expect_current) {
                     .handle = kTcHandle, .priority = kTcPriority);
         if (int err = bpf_tc_attach(&th, &to)) fail("replacing the TC program on " + ifname_, err);
     }
-    prog_fd_ = new_prog_fd;
+    prog_id_ = prog_id_of(new_prog_fd);
+}
+
+bool HookLink::runs(int prog_fd) const {
+    return prog_id_of(prog_fd) == prog_id_;
+}
+
+Fd HookLink::program() const {
+    Fd fd(bpf_prog_get_fd_by_id(prog_id_));
+    if (!fd)
+        fail("the program on " + ifname_ + " " + std::string(to_string(hook_)) + " is gone",
+             errno);
+    return fd;
 }
 
 void HookLink::pin(const std::string& path) {

@@ -5,7 +5,10 @@
 #include <catch2/catch.hpp>
 
 #include <bpf/bpf.h>
+#include <bpf/libbpf.h>
+#include <net/if.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdlib.h>
 
 #include <cstring>
@@ -38,6 +41,18 @@ struct TempDir {
 
 bool backup_flag(const agent::Rollout& r, uint32_t pc) {
     return r.running_generation()->chains.steps.at(pc).p.backup.backup;
+}
+
+// The XDP program on an interface, as "<name>#<id>".
+std::string xdp_program(const char* ifname) {
+    uint32_t id = 0;
+    if (bpf_xdp_query_id(static_cast<int>(if_nametoindex(ifname)), 0, &id) || !id) return "none";
+    const int fd = bpf_prog_get_fd_by_id(id);
+    bpf_prog_info info{};
+    __u32 len = sizeof info;
+    bpf_obj_get_info_by_fd(fd, &info, &len);
+    close(fd);
+    return std::string(info.name) + "#" + std::to_string(id);
 }
 }  // namespace
 
@@ -107,6 +122,77 @@ TEST_CASE(
     rollout.write_steps(writes);
     CHECK_FALSE(backup_flag(rollout, pc));
     rollout.release_links(true);
+}
+
+TEST_CASE(
+    "rollout: an agent restarted under its pinned links moves them onto its own compiled "
+    "entries",
+    "[bpf][rollout]") {
+    test::PinRoot pins;
+    TempDir policies, state;
+    auto policy = [&](const char* dst) {
+        std::ofstream(policies.path + "/p.yaml")
+            << "apiVersion: mpsteer.dev/v1\nkind: Policy\nmetadata: {name: p}\nspec:\n"
+               "  attach: {hooks: [xdp], interfaces: [lo]}\n  priority: 100\n  select:\n"
+               "    - dst: "
+            << dst << "\n  actions:\n    - drop: {}\n";
+    };
+    // In a private network namespace (gone with this thread), on its lo. Catch's assertions
+    // stay on the main thread: the thread writes down what it saw.
+    std::string failure, before, adopted, after, wiped;
+    std::thread([&] {
+        try {
+            if (unshare(CLONE_NEWNET) != 0) throw std::runtime_error("unshare(CLONE_NEWNET)");
+            agent::Config cfg;
+            cfg.policies_dir = policies.path;
+            cfg.state_dir = state.path;
+            cfg.pin_root = pins.path();
+            cfg.interfaces = {"lo"};
+            auto maps = datapath::StateMaps::open(pins.path());
+            {
+                agent::Rollout first(cfg, maps);
+                policy("192.0.2.7");
+                auto o = first.apply(agent::snapshot(policies.path));
+                if (!o.applied()) throw std::runtime_error("first apply: " + o.message);
+                first.compile_entries();
+                before = xdp_program("lo");
+                first.release_links(false);  // the agent exits; its links stay pinned
+            }
+            // The next agent adopts the generation and the link (which runs the first agent's
+            // compiled entry), then applies a new revision.
+            {
+                agent::Rollout second(cfg, maps);
+                if (!second.adopt()) throw std::runtime_error("nothing adopted");
+                adopted = xdp_program("lo");
+                policy("192.0.2.8");
+                auto o = second.apply(agent::snapshot(policies.path));
+                if (!o.applied()) throw std::runtime_error("second apply: " + o.message);
+                second.compile_entries();
+                after = xdp_program("lo");
+                second.release_links(false);
+            }
+            // The state directory wiped under the pins: the link is adopted all the same.
+            std::filesystem::remove_all(state.path + "/state");
+            agent::Rollout third(cfg, maps);
+            if (third.adopt()) throw std::runtime_error("a generation adopted without a record");
+            policy("192.0.2.9");
+            auto o = third.apply(agent::snapshot(policies.path));
+            if (!o.applied()) throw std::runtime_error("apply after the wipe: " + o.message);
+            third.compile_entries();
+            wiped = xdp_program("lo");
+            third.release_links(true);
+        } catch (const std::exception& e) {
+            failure = e.what();
+        }
+    }).join();
+    INFO(failure);
+    REQUIRE(failure.empty());
+    CHECK(before.rfind("fast_xdp#", 0) == 0);
+    CHECK(adopted == before);
+    CHECK(after.rfind("fast_xdp#", 0) == 0);
+    CHECK(after != before);
+    CHECK(wiped.rfind("fast_xdp#", 0) == 0);
+    CHECK(wiped != after);
 }
 
 TEST_CASE(
