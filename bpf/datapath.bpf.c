@@ -903,6 +903,9 @@ static __always_inline int call_prog(void *ctx, bool xdp, struct mps_pkt_ctx *pc
 	case MPS_ACT_REDIRECT:
 		TAIL(ctx, xdp, MPS_ACT_REDIRECT);
 		break;
+	case MPS_ACT_REJECT:
+		TAIL(ctx, xdp, MPS_ACT_REJECT);
+		break;
 	default:
 		break;
 	}

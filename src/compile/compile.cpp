@@ -175,6 +175,7 @@ struct Builder {
             {Action::Kind::set_backup, MPS_ACT_SET_BACKUP},
             {Action::Kind::no_subflows, MPS_ACT_NO_SUBFLOWS},
             {Action::Kind::redirect, MPS_ACT_REDIRECT},
+            {Action::Kind::reject, MPS_ACT_REJECT},
         };
         auto it = progs.find(a.kind);
         if (it == progs.end()) throw Error("unresolved action_chain " + a.ref);
@@ -198,8 +199,9 @@ struct Builder {
             break;
         default: break;
         }
-        // pass and drop end the chain in the datapath; say so in the table too.
-        bool ends = a.kind == Action::Kind::pass || a.kind == Action::Kind::drop;
+        // pass, drop and reject end the chain in the datapath; say so in the table too.
+        bool ends = a.kind == Action::Kind::pass || a.kind == Action::Kind::drop ||
+                    a.kind == Action::Kind::reject;
         emit(st, ends ? kEnd : next, kEnd, a.describe());
     }
 

@@ -55,6 +55,7 @@ constexpr std::array kProgNames{
     ProgName{MPS_ACT_SET_BACKUP, "act_set_backup"},
     ProgName{MPS_ACT_NO_SUBFLOWS, "act_no_subflows"},
     ProgName{MPS_ACT_REDIRECT, "act_redirect"},
+    ProgName{MPS_ACT_REJECT, "act_reject"},
 };
 // A program's prog-array slot is its value: every one between the interpreter (slot 0) and
 // the entry programs (MPS_JMP_ENTRY..., abi_check.cpp places those below MPS_PROG_MAX).

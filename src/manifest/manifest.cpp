@@ -197,6 +197,7 @@ std::string_view to_string(Action::Kind k) {
     case Action::Kind::set_backup: return "set_backup";
     case Action::Kind::no_subflows: return "no_subflows";
     case Action::Kind::redirect: return "redirect";
+    case Action::Kind::reject: return "reject";
     case Action::Kind::ref: return "action_chain";
     }
     return "?";
@@ -211,6 +212,8 @@ std::string_view to_string(Action::Kind k) {
 //   (bpf_clone_redirect): tc_ingress only, XDP has no clone.
 // - redirect sends a packet out of another interface: xdp (forwarding) and tc_egress; at
 //   tc_ingress the packet is already past the XDP hook meant for that.
+// - reject answers a SYN with a reset sent back through the same interface with bpf_redirect
+//   (tc_egress: into this host's stack; tc_ingress: out to the sender): TC only.
 // - the rest observe, count, drop or rewrite the window and run anywhere.
 std::vector<HookPoint> allowed_hooks(Action::Kind k) {
     using enum HookPoint;
@@ -220,6 +223,7 @@ std::vector<HookPoint> allowed_hooks(Action::Kind k) {
     case Action::Kind::blk_subflow: return {xdp, tc_ingress};
     case Action::Kind::add_subflow: return {tc_ingress};
     case Action::Kind::redirect: return {xdp, tc_egress};
+    case Action::Kind::reject: return {tc_egress, tc_ingress};
     default: return {xdp, tc_egress, tc_ingress};
     }
 }

@@ -104,6 +104,7 @@ struct Action {
         set_backup,
         no_subflows,
         redirect,
+        reject,
         ref,  // `action_chain: NAME` before inlining; never in a Model
     };
     Kind kind = Kind::pass;

@@ -97,7 +97,7 @@ bool overlap(const std::vector<std::string>& a, const std::vector<std::string>& 
 }
 
 bool terminal(Action::Kind k) {
-    return k == Action::Kind::pass || k == Action::Kind::drop;
+    return k == Action::Kind::pass || k == Action::Kind::drop || k == Action::Kind::reject;
 }
 
 }  // namespace

@@ -258,6 +258,7 @@ std::optional<Action> Checker::action(const Doc& d, const std::string& ptr, cons
         {"set_backup", Action::Kind::set_backup},
         {"no_subflows", Action::Kind::no_subflows},
         {"redirect", Action::Kind::redirect},
+        {"reject", Action::Kind::reject},
         {"action_chain", Action::Kind::ref},
     };
     auto kind = kinds.find(key);

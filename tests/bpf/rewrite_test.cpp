@@ -110,9 +110,10 @@ TEST_CASE("rewrite: every rewriting actor loads and verifies", "[bpf][rewrite]")
     mps_step rd = step(MPS_ACT_REDIRECT, 5);
     Env env(
         chain_of({step(MPS_ACT_BLK_SUBFLOW, 1), step(MPS_ACT_ADD_SUBFLOW, 2),
-                  backup_step(true, false), step(MPS_ACT_NO_SUBFLOWS, 4), rd, step(MPS_ACT_PASS)}));
+                  backup_step(true, false), step(MPS_ACT_NO_SUBFLOWS, 4), rd, step(MPS_ACT_PASS),
+                  step(MPS_ACT_REJECT)}));
     for (const char* p : {"act_blk_subflow", "act_add_subflow", "act_set_backup", "act_no_subflows",
-                          "act_redirect"})
+                          "act_redirect", "act_reject"})
         for (const char* s : {"_xdp", "_tc"})
             CHECK(env.generation().prog_fd(std::string(p) + s) >= 0);
 }
@@ -799,4 +800,52 @@ TEST_CASE("rewrite: drop as a guard refuses non-join SYNs to the unique address"
             v6 ? Packet::v6(C6, 40000, "2001:db8:9::9", 80) : Packet::v4(C4, 40000, "10.9.0.9", 80);
         CHECK(verdict(other.flags(tcpf::SYN).option(mptcp::capable_syn())) == XDP_PASS_);
     }
+}
+
+TEST_CASE("rewrite: reject answers a SYN with its reset, back the way it came, and drops the rest",
+          "[bpf][rewrite][reject]") {
+    Env env(chain_of({step(MPS_ACT_REJECT)}));
+    constexpr uint32_t kRedirect = TC_ACT_REDIRECT;
+    for (bool v6 : {false, true}) {
+        for (size_t data : {size_t(0), size_t(30)}) {  // 30: a SYN with data (TCP Fast Open)
+            INFO((v6 ? "IPv6" : "IPv4") << ", SYN payload " << data);
+            Packet syn = from_server(v6)
+                             .reversed()
+                             .seq(0x11223344)
+                             .ack(0)
+                             .flags(tcpf::SYN)
+                             .option(opt::mss(1460))
+                             .option(mptcp::join_syn(0x1234, 5, 1));
+            if (data) syn.payload(data);
+            // Built independently: the SYN's reverse, RST+ACK, seq 0, the SYN (and its data)
+            // acknowledged, no options, window 0; the IP header otherwise the SYN's.
+            Packet want = syn.reversed()
+                              .seq(0)
+                              .ack(0x11223345 + uint32_t(data))
+                              .flags(tcpf::RST | tcpf::ACK)
+                              .window(0);
+            for (Hook h : {Hook::tc_egress, Hook::tc_ingress}) {
+                INFO(name_of(h));
+                Run r = env.run(h, syn.build());
+                CHECK(r.retval == kRedirect);
+                check_frame(r, want.build());
+            }
+            // At XDP (refused by the manifest checks): dropped, untouched.
+            CHECK(env.run(Hook::xdp, syn.build()).retval == XDP_DROP_);
+        }
+        // Anything but a SYN: dropped as it is.
+        Packet base = from_server(v6).reversed();
+        for (Packet p : {Packet(base).flags(tcpf::SYN | tcpf::ACK), Packet(base).payload(100),
+                         Packet(base).flags(tcpf::SYN | tcpf::RST)}) {
+            Bytes f = p.build();
+            for (Hook h : {Hook::tc_egress, Hook::tc_ingress}) {
+                Run r = env.run(h, f);
+                CHECK(r.retval == TC_DROP_);
+                check_frame(r, f);
+            }
+        }
+    }
+    // Every packet counted as a match and a drop (the reset replaces the packet).
+    CHECK(env.steps()[0].runs == 2 * (2 * 3 + 3 * 2));
+    CHECK(env.steps()[0].drops == env.steps()[0].runs);
 }

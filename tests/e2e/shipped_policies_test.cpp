@@ -147,7 +147,7 @@ std::multiset<std::string> download_subflows(const Lab& lab, uint16_t port, Traf
 }  // namespace
 
 TEST_CASE("shipped disjoint-subflows policy: one subflow per client link under a full mesh",
-          "[e2e][policies][drop]") {
+          "[e2e][policies][reject]") {
     datapath::init_libbpf_logging();
     // The policy's addresses are the lab's: the client's links 10.0.1.1 (WiFi) and 10.0.2.1
     // (LTE), the server's 10.0.1.2 and its announced 10.0.2.2.
@@ -182,10 +182,13 @@ TEST_CASE("shipped disjoint-subflows policy: one subflow per client link under a
     CHECK(rx.bytes == tx.bytes);
     CHECK(rx.checksum == tx.checksum);
     CHECK_FALSE(rx.fallback);
-    CHECK(pairs == disjoint);  // MPTCP_INFO still counts the refused joins: they retry
-    // The two refused joins (and their retransmissions) are what the policy dropped.
+    CHECK(pairs == disjoint);
+    // The refused joins failed at once: no subflow of theirs still connecting (a dropped SYN
+    // would stay, counted, and be sent again after a second), and the policy saw each once.
+    CHECK(rx.subflows == 1);
     REQUIRE(agent.wait_status([](const json& s) { return selected(s, "disjoint-subflows") >= 2; },
                               10s));
+    CHECK(selected(agent.status(), "disjoint-subflows") == 2);
     const auto counters = mptcp_counters(lab.server_ns());
     INFO("server MPTCP MIB: MPJoinSynRx " << counters.at("MPJoinSynRx"));
     CHECK(counters.at("MPJoinSynRx") == 3 + 1);  // 3 joins without the policy, 1 with it

@@ -94,7 +94,7 @@ TEST_CASE("the valid examples load without errors", "[manifest]") {
     for (const auto& d : r.diagnostics) INFO(d.format());
     REQUIRE(r.ok());
     CHECK(r.files.size() == 3);
-    CHECK(r.model.policies.size() == 5);
+    CHECK(r.model.policies.size() == 6);
     CHECK(lines_with(r, Severity::warning, kManifests).empty());
     // Sorted by name; the shared selector set and action chain are inlined.
     REQUIRE(r.model.policies[3].name == "ingress-all-selectors");

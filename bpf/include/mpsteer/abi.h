@@ -70,6 +70,7 @@ enum mps_prog {
 	MPS_ACT_SET_BACKUP = 40,  /* insert MP_PRIO B=1 / B=0 */
 	MPS_ACT_NO_SUBFLOWS = 41, /* set the MP_CAPABLE "C" flag on the SYN/ACK */
 	MPS_ACT_REDIRECT = 42,	  /* send the packet out of another interface */
+	MPS_ACT_REJECT = 43,	  /* answer a SYN with a reset, the way it came */
 	MPS_PROG_MAX = 64,
 };
 #define MPS_PROG_IS_ACTOR(p) ((p) >= MPS_ACT_PASS)
