@@ -67,8 +67,8 @@ mps_step cidr(mps_prog prog, const char* addr, uint8_t prefix, uint16_t next) {
 // with miss, dst never does), then record on every packet, then rate_limit on ACKs with a
 // minimum window no TCP window reaches: it does all its work on every ACK but never lowers a
 // window (the lab's RTT samples are tens of microseconds, so any rate would), and the figure
-// is the chain's cost alone, not a cap. On the hooks given. Without selectors the actors run on every
-// TCP packet.
+// is the chain's cost alone, not a cap. On the hooks given. Without selectors the actors run on
+// every TCP packet.
 struct ChainShape {
     bool selectors = true, miss = false, record = true, rate = false;
     std::vector<Hook> hooks = {Hook::xdp, Hook::tc_egress};
@@ -116,17 +116,13 @@ public:
             bool xdp = false;
             for (const auto& e : chains ? chains->entries : std::vector<EntryPoint>{}) {
                 xdp |= e.hook == Hook::xdp;
-                for (const auto& i : ifnames) {
+                for (const auto& i : ifnames)
                     links_.push_back(HookLink::attach(i, e.hook, gen_->entry_fd(e.hook, i)));
-                    programs_.insert({e.hook, gen_->entry_fd(e.hook, i)});
-                }
             }
             if (!xdp)
-                for (const auto& i : ifnames) {
+                for (const auto& i : ifnames)
                     links_.push_back(
                         HookLink::attach(i, Hook::xdp, gen_->prog_fd("bench_bare_pass")));
-                    programs_.insert({Hook::xdp, gen_->prog_fd("bench_bare_pass")});
-                }
         } catch (...) {
             clear();
             throw;
@@ -147,23 +143,6 @@ public:
         return n;
     }
 
-    // Per hook, the kernel's run time of the attached programs per run, in ns (with
-    // kernel.bpf_stats_enabled; a chain's tail calls count in its entry program's time).
-    std::map<Hook, double> ns_per_run() const {
-        std::map<Hook, std::pair<uint64_t, uint64_t>> sum;  // run_time_ns, run_cnt
-        for (const auto& [hook, fd] : programs_) {
-            bpf_prog_info info{};
-            uint32_t len = sizeof info;
-            if (bpf_obj_get_info_by_fd(fd, &info, &len)) continue;
-            sum[hook].first += info.run_time_ns;
-            sum[hook].second += info.run_cnt;
-        }
-        std::map<Hook, double> out;
-        for (const auto& [hook, t] : sum)
-            if (t.second) out[hook] = double(t.first) / double(t.second);
-        return out;
-    }
-
 private:
     void clear() {
         try {
@@ -182,8 +161,32 @@ private:
     StateMaps state_;
     std::unique_ptr<Generation> gen_;
     std::vector<std::unique_ptr<HookLink>> links_;
-    std::set<std::pair<Hook, int>> programs_;  // what links_ run, once per program
 };
+
+// Nanoseconds per run of what a host's interfaces run on each hook (the program attached,
+// whichever attached it, with every program it tail-calls), over the programs' lifetimes; the
+// kernel counts while BPF_STATS_RUN_TIME is enabled.
+std::map<Hook, double> ns_per_run(const std::string& netns, const std::vector<std::string>& ifs) {
+    NetnsGuard in(netns);
+    std::map<Hook, std::set<uint32_t>> ids;  // a program shared by interfaces counts once
+    for (const auto& i : ifs)
+        for (Hook h : {Hook::xdp, Hook::tc_egress, Hook::tc_ingress})
+            for (uint32_t id : attached_programs(i, h)) ids[h].insert(id);
+    std::map<Hook, double> out;
+    for (const auto& [hook, set] : ids) {
+        uint64_t ns = 0, runs = 0;
+        for (uint32_t id : set) {
+            Fd fd(bpf_prog_get_fd_by_id(id));
+            bpf_prog_info info{};
+            uint32_t len = sizeof info;
+            if (!fd || bpf_obj_get_info_by_fd(fd.get(), &info, &len)) continue;
+            ns += info.run_time_ns;
+            runs += info.run_cnt;
+        }
+        if (runs) out[hook] = double(ns) / double(runs);
+    }
+    return out;
+}
 
 struct Case {
     std::string key;
@@ -256,7 +259,7 @@ double median(std::vector<double> v) {
 
 const std::vector<std::string>& live_bench_cases() {
     static const std::vector<std::string> names = {
-        "chain4_rate_limit", "chain4_nomatch",   "shipped_policies", "selectors_only",
+        "chain4_rate_limit", "chain4_nomatch",  "shipped_policies", "selectors_only",
         "record_only",       "chain4_xdp_only", "chain4_tc_only"};
     return names;
 }
@@ -363,9 +366,11 @@ int run_live_bench(bool json, int rounds, int seconds, const std::string& share,
                 c.counts["server_xdp_frames"].push_back(
                     double(rx_frames(lab.server_ns(), server_ifs) - rx_srv0));
             }
-            if (prog_times && cli && srv)
-                for (const auto& [host, a] : {std::pair{"client", cli.get()}, {"server", srv.get()}})
-                    for (const auto& [hook, ns] : a->ns_per_run())
+            if (prog_times)
+                for (const auto& [host, netns, ifs] :
+                     {std::tuple{"client", lab.client_ns(), client_ifs},
+                      std::tuple{"server", lab.server_ns(), server_ifs}})
+                    for (const auto& [hook, ns] : ns_per_run(netns, ifs))
                         c.counts[std::string(host) + "_" + std::string(to_string(hook)) +
                                  "_ns_per_run"]
                             .push_back(ns);

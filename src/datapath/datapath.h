@@ -260,6 +260,10 @@ private:
     std::vector<std::string> missing_;
 };
 
+// The ids of the programs the kernel runs on an interface's hook, whoever attached them: XDP
+// in any mode, TCX links (a clsact filter is not listed). In the caller's network namespace.
+std::vector<uint32_t> attached_programs(const std::string& ifname, Hook hook);
+
 // An attachment of a generation's entry program to one interface and hook. XDP through a
 // bpf_link (native, generic as fallback), TC through a TCX link where the kernel has it and a
 // clsact filter otherwise. Destroying the object detaches unless release() was called.

@@ -134,9 +134,22 @@ bool HookLink::runs(int prog_fd) const {
 Fd HookLink::program() const {
     Fd fd(bpf_prog_get_fd_by_id(prog_id_));
     if (!fd)
-        fail("the program on " + ifname_ + " " + std::string(to_string(hook_)) + " is gone",
-             errno);
+        fail("the program on " + ifname_ + " " + std::string(to_string(hook_)) + " is gone", errno);
     return fd;
+}
+
+std::vector<uint32_t> attached_programs(const std::string& ifname, Hook hook) {
+    const int ifindex = static_cast<int>(detail::ifindex_of(ifname));
+    if (hook == Hook::xdp) {
+        uint32_t id = 0;
+        if (bpf_xdp_query_id(ifindex, 0, &id) || !id) return {};
+        return {id};
+    }
+    uint32_t ids[64], count = 64;
+    const int type = hook == Hook::tc_egress ? kAttachTcxEgress : kAttachTcxIngress;
+    if (bpf_prog_query(ifindex, static_cast<bpf_attach_type>(type), 0, nullptr, ids, &count))
+        return {};
+    return {ids, ids + count};
 }
 
 void HookLink::pin(const std::string& path) {

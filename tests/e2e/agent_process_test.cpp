@@ -60,7 +60,9 @@ std::string slurp(const std::string& path) {
 // One policy: `record` on the hooks and interfaces given.
 std::string record_policy(const std::string& hooks, const std::string& interfaces) {
     return "apiVersion: mpsteer.dev/v1\nkind: Policy\nmetadata:\n  name: counted\nspec:\n"
-           "  attach: {hooks: [" + hooks + "], interfaces: [" + interfaces + "]}\n"
+           "  attach: {hooks: [" +
+           hooks + "], interfaces: [" + interfaces +
+           "]}\n"
            "  priority: 100\n  select:\n    - port: {either: 5201}\n"
            "  actions:\n    - record: {}\n";
 }
@@ -68,19 +70,15 @@ std::string record_policy(const std::string& hooks, const std::string& interface
 // The hooks of an interface that hold a BPF program, as the kernel reports them (XDP in any
 // mode, TCX ingress and egress, a clsact filter), e.g. "xdp tc_ingress".
 std::string programs_on(const std::string& netns, const std::string& ifname) {
-    NetnsGuard in(netns);
-    const int ifindex = static_cast<int>(if_nametoindex(ifname.c_str()));
-    if (ifindex == 0) throw Error("no interface " + ifname + " in " + netns);
     std::string out;
-    uint32_t xdp = 0;
-    if (bpf_xdp_query_id(ifindex, 0, &xdp) == 0 && xdp) out += " xdp";
-    // TCX attach types (Linux 6.6; not in Debian 12's UAPI headers, as in hook_link.cpp).
-    for (auto [type, name] : {std::pair{46, "tc_ingress"}, std::pair{47, "tc_egress"}}) {
-        uint32_t ids[8], count = 8;
-        if (bpf_prog_query(ifindex, static_cast<bpf_attach_type>(type), 0, nullptr, ids, &count) ==
-                0 &&
-            count)
-            out += std::string(" ") + name;
+    {
+        NetnsGuard in(netns);
+        if (if_nametoindex(ifname.c_str()) == 0)
+            throw Error("no interface " + ifname + " in " + netns);
+        for (auto hook :
+             {datapath::Hook::xdp, datapath::Hook::tc_ingress, datapath::Hook::tc_egress})
+            if (!datapath::attached_programs(ifname, hook).empty())
+                out += std::string(" ") + std::string(datapath::to_string(hook));
     }
     const std::string tc = must_in(netns, {"tc", "filter", "show", "dev", ifname, "ingress"}) +
                            must_in(netns, {"tc", "filter", "show", "dev", ifname, "egress"});
@@ -90,8 +88,7 @@ std::string programs_on(const std::string& netns, const std::string& ifname) {
 
 }  // namespace
 
-TEST_CASE("agent process: only the hooks and interfaces a policy names get a program",
-          "[agent]") {
+TEST_CASE("agent process: only the hooks and interfaces a policy names get a program", "[agent]") {
     Lab lab(config("only"));
     AgentHarness h(lab, "only");
     const std::string s1 = lab.server_if(1), s2 = lab.server_if(2), ns = lab.server_ns();
