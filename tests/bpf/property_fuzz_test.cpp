@@ -167,7 +167,7 @@ mps_step backup_then(uint16_t next) {
     return s;
 }
 
-// Every selector and every actor, across four chains.
+// Every selector and every actor, across five chains.
 std::vector<FuzzChain> fuzz_chains() {
     std::vector<FuzzChain> v;
     v.push_back(
@@ -191,6 +191,11 @@ std::vector<FuzzChain> fuzz_chains() {
     v.push_back({"ip_pair to redirect, packet_type to drop, else pass",
                  {sel_ip_pair("10.1.0.1", "10.2.0.1", 3, 1), sel_kinds(MPS_K_ADD_ADDR, 2, 4),
                   step(MPS_ACT_DROP), rd, step(MPS_ACT_PASS)},
+                 true,
+                 false,
+                 true});
+    v.push_back({"SYNs to the port rejected, else pass",
+                 {sel_port(MPS_DIR_DST, 5201, 5201, 1, 2), step(MPS_ACT_REJECT), step(MPS_ACT_PASS)},
                  true,
                  false,
                  true});

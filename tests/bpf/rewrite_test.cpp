@@ -833,10 +833,16 @@ TEST_CASE("rewrite: reject answers a SYN with its reset, back the way it came, a
             // At XDP (refused by the manifest checks): dropped, untouched.
             CHECK(env.run(Hook::xdp, syn.build()).retval == XDP_DROP_);
         }
-        // Anything but a SYN: dropped as it is.
+        // Anything but a SYN, and a SYN whose reply would have to reverse IPv4 options or
+        // IPv6 extension headers: dropped as it is.
         Packet base = from_server(v6).reversed();
+        Packet with_ext = Packet(base).flags(tcpf::SYN);
+        if (v6)
+            with_ext.v6h().ext = {dest_opts()};
+        else
+            with_ext.v4h().options = {1, 1, 1, 1};
         for (Packet p : {Packet(base).flags(tcpf::SYN | tcpf::ACK), Packet(base).payload(100),
-                         Packet(base).flags(tcpf::SYN | tcpf::RST)}) {
+                         Packet(base).flags(tcpf::SYN | tcpf::RST), with_ext}) {
             Bytes f = p.build();
             for (Hook h : {Hook::tc_egress, Hook::tc_ingress}) {
                 Run r = env.run(h, f);
@@ -846,6 +852,6 @@ TEST_CASE("rewrite: reject answers a SYN with its reset, back the way it came, a
         }
     }
     // Every packet counted as a match and a drop (the reset replaces the packet).
-    CHECK(env.steps()[0].runs == 2 * (2 * 3 + 3 * 2));
+    CHECK(env.steps()[0].runs == 2 * (2 * 3 + 4 * 2));
     CHECK(env.steps()[0].drops == env.steps()[0].runs);
 }

@@ -418,6 +418,44 @@ TEST_CASE("actors: a drop guard refuses MP_CAPABLE SYNs to the unique address, j
                   1);
 }
 
+TEST_CASE(
+    "actors: reject answers a SYN with its reset, into this host's stack from tc_egress and "
+    "to the sender from tc_ingress",
+    "[e2e][actors][reject]") {
+    datapath::init_libbpf_logging();
+    Lab lab(config("rj"));
+    Sink sink(lab.server_ns(), kPort);  // a listener: without a policy the connect succeeds
+    // SYNs to the server's path-2 address are refused, on one host's hook at a time.
+    auto refusing = [&](Hook hook, const std::string& ifname) {
+        ChainSet cs;
+        cs.steps = {cidr_step(MPS_SEL_DST, Lab::server_addr(2), 1, MPS_PC_END),
+                    kinds_step(MPS_K_SYN, 2, MPS_PC_END), make_step(MPS_ACT_REJECT, MPS_PC_END)};
+        cs.policies = {"refuse"};
+        cs.entries = {{hook, "", 0}};
+        cs.attachments = {{ifname, hook}};
+        return cs;
+    };
+    for (bool at_server : {true, false}) {
+        INFO((at_server ? "server tc_ingress" : "client tc_egress"));
+        const std::string ns = at_server ? lab.server_ns() : lab.client_ns();
+        Steering steer(at_server ? refusing(Hook::tc_ingress, lab.server_if(2))
+                                 : refusing(Hook::tc_egress, lab.client_if(2)),
+                       ns, Steering::pin_root_for("actors"));
+        e2e::Capture cap(lab.server_ns(), lab.server_if(2));
+        // Refused at once: a dropped SYN would time out instead.
+        CHECK(e2e::connect_error(lab.client_ns(), Lab::server_addr(2), kPort, 2500ms) ==
+              ECONNREFUSED);
+        // One SYN, never sent again; the reset is all the server's interface carries back
+        // (from tc_ingress) or the SYN never reaches it (from the client's tc_egress).
+        CHECK(steer.generation().step_counters()[2].runs == 1);
+        CHECK(cap.problems().empty());
+        CHECK(cap.count("tcp.flags.syn == 1") == (at_server ? 1 : 0));
+        CHECK(cap.count("tcp.flags.reset == 1 && tcp.flags.ack == 1 && tcp.seq_raw == 0") ==
+              (at_server ? 1 : 0));
+    }
+    CHECK(e2e::connect_error(lab.client_ns(), Lab::server_addr(2), kPort, 2500ms) == 0);
+}
+
 TEST_CASE("actors: redirect spreads one client's subflows over the middle host's two uplinks",
           "[e2e][actors][redirect]") {
     datapath::init_libbpf_logging();

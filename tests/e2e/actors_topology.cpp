@@ -137,8 +137,8 @@ std::string Capture::problems() {
 
 // ---- connect ---------------------------------------------------------------------------------
 
-bool try_connect(const std::string& netns, const std::string& addr, uint16_t port,
-                 std::chrono::milliseconds timeout) {
+int connect_error(const std::string& netns, const std::string& addr, uint16_t port,
+                  std::chrono::milliseconds timeout) {
     sockaddr_storage ss{};
     socklen_t sl;
     int family;
@@ -161,20 +161,20 @@ bool try_connect(const std::string& netns, const std::string& addr, uint16_t por
         fd = socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, IPPROTO_MPTCP);
     }
     if (fd < 0) throw lab::Error("MPTCP socket: " + std::string(std::strerror(errno)));
-    bool ok = false;
-    if (connect(fd, reinterpret_cast<sockaddr*>(&ss), sl) == 0) {
-        ok = true;
-    } else if (errno == EINPROGRESS) {
-        pollfd p{fd, POLLOUT, 0};
-        if (poll(&p, 1, static_cast<int>(timeout.count())) > 0) {
-            int err = 0;
-            socklen_t el = sizeof err;
-            getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el);
-            ok = err == 0;
+    int err = 0;
+    if (connect(fd, reinterpret_cast<sockaddr*>(&ss), sl) != 0) {
+        err = errno;
+        if (err == EINPROGRESS) {
+            pollfd p{fd, POLLOUT, 0};
+            err = ETIMEDOUT;
+            if (poll(&p, 1, static_cast<int>(timeout.count())) > 0) {
+                socklen_t el = sizeof err;
+                getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el);
+            }
         }
     }
     close(fd);
-    return ok;
+    return err;
 }
 
 // ---- ss --------------------------------------------------------------------------------------

@@ -39,9 +39,14 @@ private:
     pid_t pid_ = -1;
 };
 
-// An MPTCP connection attempt from `netns` that gives up after `timeout`. True if connected.
-bool try_connect(const std::string& netns, const std::string& addr, uint16_t port,
-                 std::chrono::milliseconds timeout);
+// An MPTCP connection attempt from `netns` that gives up after `timeout`: 0 when connected,
+// else the error (ETIMEDOUT when it gave up, ECONNREFUSED for a reset).
+int connect_error(const std::string& netns, const std::string& addr, uint16_t port,
+                  std::chrono::milliseconds timeout);
+inline bool try_connect(const std::string& netns, const std::string& addr, uint16_t port,
+                        std::chrono::milliseconds timeout) {
+    return connect_error(netns, addr, port, timeout) == 0;
+}
 
 // One TCP subflow as `ss -tni` shows it: the MPTCP subflow flags (ss prints them after
 // "tcp-ulp-mptcp flags:", e.g. "Mec"; B = the peer asked for backup) and the byte counters.
