@@ -423,7 +423,7 @@ TEST_CASE(
     "to the sender from tc_ingress",
     "[e2e][actors][reject]") {
     datapath::init_libbpf_logging();
-    Lab lab(config("rj"));
+    Lab lab(config("j"));
     Sink sink(lab.server_ns(), kPort);  // a listener: without a policy the connect succeeds
     // SYNs to the server's path-2 address are refused, on one host's hook at a time.
     auto refusing = [&](Hook hook, const std::string& ifname) {
