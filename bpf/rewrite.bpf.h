@@ -874,21 +874,15 @@ static __always_inline int act_reject_body(void *ctx, bool xdp)
 	struct mps_pkt_ctx pc;
 	if (pctx_load(ctx, xdp, &pc))
 		return PASS(xdp);
-	int r = 0;
-	if (!xdp) {
-		struct __sk_buff *skb = ctx;
-		r = make_reset(skb, &pc);
-		if (r < 0)
-			gen_count(&pc, MPS_GC_MALFORMED);
-		if (r == -1)
-			return unparseable(ctx_slot(&pc), pc.pc, xdp);
-		step_count(&pc, pc.pc, true, true);
-		if (r > 0)
-			return bpf_redirect(skb->ifindex,
-					    pc.hook == MPS_HOOK_TC_EGRESS ? BPF_F_INGRESS : 0);
-		return DROP(xdp);
-	}
+	int r = xdp ? 0 : make_reset(ctx, &pc);
+	if (r < 0)
+		gen_count(&pc, MPS_GC_MALFORMED);
+	if (r == -1)
+		return unparseable(ctx_slot(&pc), pc.pc, xdp);
 	step_count(&pc, pc.pc, true, true);
+	if (r > 0)
+		return bpf_redirect(((struct __sk_buff *)ctx)->ifindex,
+				    pc.hook == MPS_HOOK_TC_EGRESS ? BPF_F_INGRESS : 0);
 	return DROP(xdp);
 }
 

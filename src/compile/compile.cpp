@@ -199,10 +199,8 @@ struct Builder {
             break;
         default: break;
         }
-        // pass, drop and reject end the chain in the datapath; say so in the table too.
-        bool ends = a.kind == Action::Kind::pass || a.kind == Action::Kind::drop ||
-                    a.kind == Action::Kind::reject;
-        emit(st, ends ? kEnd : next, kEnd, a.describe());
+        // The datapath ends the chain after these; say so in the table too.
+        emit(st, manifest::ends_chain(a.kind) ? kEnd : next, kEnd, a.describe());
     }
 
     void policy_steps(const Policy& p, uint16_t index, int next_policy) {

@@ -228,6 +228,10 @@ std::vector<HookPoint> allowed_hooks(Action::Kind k) {
     }
 }
 
+bool ends_chain(Action::Kind k) {
+    return k == Action::Kind::pass || k == Action::Kind::drop || k == Action::Kind::reject;
+}
+
 bool applicable(Action::Kind k, HookPoint h) {
     auto hooks = allowed_hooks(k);
     return std::find(hooks.begin(), hooks.end(), h) != hooks.end();

@@ -116,9 +116,9 @@ struct Action {
     bool backup = true;  // set_backup
     bool once = true;
     std::optional<uint64_t> after_bytes;  // add_subflow: re-inject on its own past this count
-    std::string interface;             // redirect
-    std::vector<std::string> metrics;  // record (informational)
-    std::string ref;                   // ref: the action chain's name
+    std::string interface;                // redirect
+    std::vector<std::string> metrics;     // record (informational)
+    std::string ref;                      // ref: the action chain's name
     // For an action brought in by `action_chain: NAME`: that entry in the policy (the
     // outermost one for nested chains) and NAME. A problem that depends on the policy (its
     // hooks, what runs before) is reported there, with `pos` as a note.
@@ -132,11 +132,13 @@ std::string_view to_string(Action::Kind k);
 // action accepts, read by the check and by its hint. Sorted; every hook when unrestricted.
 std::vector<HookPoint> allowed_hooks(Action::Kind k);
 bool applicable(Action::Kind k, HookPoint h);  // h is in allowed_hooks(k)
+// pass, drop and reject: nothing after them runs.
+bool ends_chain(Action::Kind k);
 
 struct LuaHook {
-    std::string script;     // as written (relative to the repository)
-    std::string path;       // the file found on disk
-    std::string source;     // its bytes, read beneath the repository with the manifests
+    std::string script;          // as written (relative to the repository)
+    std::string path;            // the file found on disk
+    std::string source;          // its bytes, read beneath the repository with the manifests
     uint32_t every_ms = 0;       // 0: no on_tick
     uint32_t idle_every_ms = 0;  // 0: every_ms also without connections
     nlohmann::json params = nlohmann::json::object();

@@ -83,9 +83,10 @@ json canonical(const Policy& p) {
     j["select"] = sel;
     j["actions"] = act;
     if (p.lua)
-        j["hooks_lua"] = {
-            {"script", p.lua->script}, {"every_ms", p.lua->every_ms},
-            {"idle_every_ms", p.lua->idle_every_ms}, {"params", p.lua->params}};
+        j["hooks_lua"] = {{"script", p.lua->script},
+                          {"every_ms", p.lua->every_ms},
+                          {"idle_every_ms", p.lua->idle_every_ms},
+                          {"params", p.lua->params}};
     return j;
 }
 
@@ -94,10 +95,6 @@ bool overlap(const std::vector<std::string>& a, const std::vector<std::string>& 
     return std::any_of(a.begin(), a.end(), [&](const std::string& x) {
         return std::binary_search(b.begin(), b.end(), x);
     });
-}
-
-bool terminal(Action::Kind k) {
-    return k == Action::Kind::pass || k == Action::Kind::drop || k == Action::Kind::reject;
 }
 
 }  // namespace
@@ -202,7 +199,7 @@ Result load_docs(std::vector<Doc> docs, std::vector<Diagnostic> diags,
                                   "' of policy '" + p->name + "' (use " + where + ")");
                 ok = false;
             }
-            if (i > 0 && terminal(p->actions[i - 1].kind)) {
+            if (i > 0 && ends_chain(p->actions[i - 1].kind)) {
                 context_error(ck, a,
                               "action '" + std::string(to_string(a.kind)) +
                                   "' is never reached: '" +
@@ -211,7 +208,7 @@ Result load_docs(std::vector<Doc> docs, std::vector<Diagnostic> diags,
                 ok = false;
             }
         }
-        if (p->cont && terminal(p->actions.back().kind))
+        if (p->cont && ends_chain(p->actions.back().kind))
             ck.warning(d, "/spec/continue",
                        "'continue' has no effect after '" +
                            std::string(to_string(p->actions.back().kind)) + "'");
@@ -270,7 +267,7 @@ Result load_docs(std::vector<Doc> docs, std::vector<Diagnostic> diags,
             // A policy that selects everything and ends the chain hides the ones after it.
             for (size_t k = 0; k + 1 < chain.size(); ++k) {
                 const Policy& p = chain[k]->first;
-                if (!p.select.empty() || (p.cont && !terminal(p.actions.back().kind))) continue;
+                if (!p.select.empty() || (p.cont && !ends_chain(p.actions.back().kind))) continue;
                 for (size_t later = k + 1; later < chain.size(); ++later)
                     ck.warning(*chain[later]->second, "/spec/priority",
                                "never runs on hook '" + std::string(to_string(h)) + "': policy '" +
@@ -281,7 +278,7 @@ Result load_docs(std::vector<Doc> docs, std::vector<Diagnostic> diags,
             for (size_t k = chain.size(); k-- > 0;) {
                 const Policy& p = chain[k]->first;
                 size_t sel = p.steps() - p.actions.size();
-                bool goes_on = p.cont && !terminal(p.actions.back().kind);
+                bool goes_on = p.cont && !ends_chain(p.actions.back().kind);
                 longest = sel + std::max(p.actions.size() + (goes_on ? longest : 0), longest);
                 if (longest > kMaxChain && p.steps() <= kMaxChain && !reported.count(p.name)) {
                     reported.insert(p.name);

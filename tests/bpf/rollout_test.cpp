@@ -39,6 +39,17 @@ struct TempDir {
     std::string path;
 };
 
+// The agent's configuration for a test: its directories, and the interfaces it manages.
+agent::Config config_of(const TempDir& policies, const TempDir& state, const test::PinRoot& pins,
+                        std::vector<std::string> interfaces) {
+    agent::Config cfg;
+    cfg.policies_dir = policies.path;
+    cfg.state_dir = state.path;
+    cfg.pin_root = pins.path();
+    cfg.interfaces = std::move(interfaces);
+    return cfg;
+}
+
 bool backup_flag(const agent::Rollout& r, uint32_t pc) {
     return r.running_generation()->chains.steps.at(pc).p.backup.backup;
 }
@@ -66,11 +77,8 @@ TEST_CASE(
         << "apiVersion: mpsteer.dev/v1\nkind: Policy\nmetadata: {name: p}\nspec:\n"
            "  attach: {hooks: [tc_egress]}\n  priority: 100\n  select:\n    - dst: 192.0.2.7\n"
            "  actions:\n    - set_backup: {backup: true}\n";
-    agent::Config cfg;
-    cfg.policies_dir = policies.path;
-    cfg.state_dir = state.path;
-    cfg.pin_root = pins.path();
-    cfg.interfaces = {"mps-absent0"};  // no such interface: nothing is attached
+    const auto cfg = config_of(policies, state, pins,
+                               {"mps-absent0"});  // no such interface: nothing is attached
     auto maps = datapath::StateMaps::open(pins.path());
     agent::Rollout rollout(cfg, maps);
     auto outcome = rollout.apply(agent::snapshot(policies.path));
@@ -143,11 +151,7 @@ TEST_CASE(
     std::thread([&] {
         try {
             if (unshare(CLONE_NEWNET) != 0) throw std::runtime_error("unshare(CLONE_NEWNET)");
-            agent::Config cfg;
-            cfg.policies_dir = policies.path;
-            cfg.state_dir = state.path;
-            cfg.pin_root = pins.path();
-            cfg.interfaces = {"lo"};
+            const auto cfg = config_of(policies, state, pins, {"lo"});
             auto maps = datapath::StateMaps::open(pins.path());
             {
                 agent::Rollout first(cfg, maps);
@@ -204,11 +208,7 @@ TEST_CASE(
     fs::copy_file(
         fs::path(MPS_SOURCE_DIR) / "tests/unit/manifests/invalid/87-programs-per-path.yaml",
         policies.path + "/limits.yaml");
-    agent::Config cfg;
-    cfg.policies_dir = policies.path;
-    cfg.state_dir = state.path;
-    cfg.pin_root = pins.path();
-    cfg.interfaces = {"mps-absent0"};
+    const auto cfg = config_of(policies, state, pins, {"mps-absent0"});
     auto maps = datapath::StateMaps::open(pins.path());
     agent::Rollout rollout(cfg, maps);
     auto outcome = rollout.apply(agent::snapshot(policies.path));
@@ -228,11 +228,8 @@ TEST_CASE("rollout: a policy naming an interface outside --interfaces attaches n
         << "apiVersion: mpsteer.dev/v1\nkind: Policy\nmetadata: {name: on-lo}\nspec:\n"
            "  attach: {interfaces: [lo], hooks: [tc_egress]}\n  priority: 100\n"
            "  actions:\n    - record: {}\n";
-    agent::Config cfg;
-    cfg.policies_dir = policies.path;
-    cfg.state_dir = state.path;
-    cfg.pin_root = pins.path();
-    cfg.interfaces = {"mps-absent0"};  // the operator manages this one only
+    const auto cfg =
+        config_of(policies, state, pins, {"mps-absent0"});  // the operator manages this one only
     auto maps = datapath::StateMaps::open(pins.path());
     agent::Rollout rollout(cfg, maps);
     auto outcome = rollout.apply(agent::snapshot(policies.path));
