@@ -249,7 +249,8 @@ void add_bench_command(CLI::App& app) {
         ->check(CLI::Range(1, 60))
         ->capture_default_str();
     cmd->add_flag("--prog-times", prog_times,
-                  "--live: also the kernel's run time per program run at each hook "
+                  "--live: also the kernel's run time per program run at each hook and the "
+                  "programs' own CPU seconds per GB, beside the whole machine's "
                   "(kernel.bpf_stats_enabled: every run then pays two clock reads, so compare "
                   "throughput only between runs alike)");
     static std::string share = default_share();

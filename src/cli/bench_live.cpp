@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -166,24 +167,27 @@ private:
 // Nanoseconds per run of what a host's interfaces run on each hook (the program attached,
 // whichever attached it, with every program it tail-calls), over the programs' lifetimes; the
 // kernel counts while BPF_STATS_RUN_TIME is enabled.
-std::map<Hook, double> ns_per_run(const std::string& netns, const std::vector<std::string>& ifs) {
+struct ProgTime {
+    uint64_t ns = 0, runs = 0;
+};
+std::map<Hook, ProgTime> prog_times_of(const std::string& netns,
+                                       const std::vector<std::string>& ifs) {
     NetnsGuard in(netns);
     std::map<Hook, std::set<uint32_t>> ids;  // a program shared by interfaces counts once
     for (const auto& i : ifs)
         for (Hook h : {Hook::xdp, Hook::tc_egress, Hook::tc_ingress})
             for (uint32_t id : attached_programs(i, h)) ids[h].insert(id);
-    std::map<Hook, double> out;
+    std::map<Hook, ProgTime> out;
     for (const auto& [hook, set] : ids) {
-        uint64_t ns = 0, runs = 0;
+        ProgTime& t = out[hook];
         for (uint32_t id : set) {
             Fd fd(bpf_prog_get_fd_by_id(id));
             bpf_prog_info info{};
             uint32_t len = sizeof info;
             if (!fd || bpf_obj_get_info_by_fd(fd.get(), &info, &len)) continue;
-            ns += info.run_time_ns;
-            runs += info.run_cnt;
+            t.ns += info.run_time_ns;
+            t.runs += info.run_cnt;
         }
-        if (runs) out[hook] = double(ns) / double(runs);
     }
     return out;
 }
@@ -198,7 +202,7 @@ struct Case {
 };
 
 struct Sample {
-    double gbps = 0, cpu_s_per_gb = 0;
+    double gbps = 0, cpu_s_per_gb = 0, gb = 0;
     int extra_subflows = 0;  // the receiver's, open at the end of the transfer
 };
 
@@ -225,7 +229,8 @@ Sample transfer(const Lab& lab, std::chrono::seconds length) {
     if (got.subflows < 1) spdlog::warn("bench: the transfer ran on one subflow");
     Sample s;
     s.gbps = double(got.bytes) * 8 / secs / 1e9;
-    s.cpu_s_per_gb = got.bytes ? cpu / (double(got.bytes) / 1e9) : 0;
+    s.gb = double(got.bytes) / 1e9;
+    s.cpu_s_per_gb = got.bytes ? cpu / s.gb : 0;
     s.extra_subflows = int(got.subflows);
     return s;
 }
@@ -359,6 +364,14 @@ int run_live_bench(bool json, int rounds, int seconds, const std::string& share,
             const AgentCounts agent0 = agent ? agent_counts() : AgentCounts{};
             const uint64_t rx_cli0 = rx_frames(lab.client_ns(), client_ifs),
                            rx_srv0 = rx_frames(lab.server_ns(), server_ifs);
+            using HostTimes = std::map<Hook, ProgTime>;
+            const std::array<std::tuple<const char*, std::string, std::vector<std::string>>, 2>
+                hosts = {std::tuple{"client", lab.client_ns(), client_ifs},
+                         std::tuple{"server", lab.server_ns(), server_ifs}};
+            std::array<HostTimes, 2> times0;
+            if (prog_times)
+                for (size_t h = 0; h < hosts.size(); ++h)
+                    times0[h] = prog_times_of(std::get<1>(hosts[h]), std::get<2>(hosts[h]));
             Sample s = transfer(lab, std::chrono::seconds(seconds));
             if (c.bare || c.chains || c.shipped) {
                 c.counts["client_xdp_frames"].push_back(
@@ -366,14 +379,24 @@ int run_live_bench(bool json, int rounds, int seconds, const std::string& share,
                 c.counts["server_xdp_frames"].push_back(
                     double(rx_frames(lab.server_ns(), server_ifs) - rx_srv0));
             }
-            if (prog_times)
-                for (const auto& [host, netns, ifs] :
-                     {std::tuple{"client", lab.client_ns(), client_ifs},
-                      std::tuple{"server", lab.server_ns(), server_ifs}})
-                    for (const auto& [hook, ns] : ns_per_run(netns, ifs))
-                        c.counts[std::string(host) + "_" + std::string(to_string(hook)) +
-                                 "_ns_per_run"]
-                            .push_back(ns);
+            if (prog_times) {
+                // The programs' own run time per GB moved: with the whole machine's CPU per
+                // GB it shows whether the programs' instructions are what a case costs.
+                double prog_ns = 0;
+                for (size_t h = 0; h < hosts.size(); ++h) {
+                    const auto& [host, netns, ifs] = hosts[h];
+                    for (const auto& [hook, t] : prog_times_of(netns, ifs)) {
+                        const ProgTime was = times0[h].count(hook) ? times0[h].at(hook) : ProgTime{};
+                        const double ns = double(t.ns - was.ns), runs = double(t.runs - was.runs);
+                        prog_ns += ns;
+                        if (runs > 0)
+                            c.counts[std::string(host) + "_" + std::string(to_string(hook)) +
+                                     "_ns_per_run"]
+                                .push_back(ns / runs);
+                    }
+                }
+                c.counts["programs_cpu_s_per_gb"].push_back(s.gb > 0 ? prog_ns / 1e9 / s.gb : 0);
+            }
             if (c.chains) {
                 c.counts["client_chain_packets"].push_back(double(cli->packets()));
                 c.counts["server_chain_packets"].push_back(double(srv->packets()));
@@ -434,6 +457,19 @@ int run_live_bench(bool json, int rounds, int seconds, const std::string& share,
             j["throughput_vs_bare_xdp_min"] = *std::min_element(t.begin(), t.end());
             j["throughput_vs_bare_xdp_max"] = *std::max_element(t.begin(), t.end());
             j["cpu_per_gb_vs_bare_xdp"] = median(u);
+            if (c.counts.count("programs_cpu_s_per_gb") && bare.counts.count("programs_cpu_s_per_gb")) {
+                // Per round, what the case's programs took more than the bare program's,
+                // beside what the whole machine took more: both in CPU seconds per GB.
+                const auto& p = c.counts.at("programs_cpu_s_per_gb");
+                const auto& pb = bare.counts.at("programs_cpu_s_per_gb");
+                std::vector<double> dp, dm;
+                for (size_t i = 0; i < p.size() && i < pb.size(); ++i) {
+                    dp.push_back(p[i] - pb[i]);
+                    dm.push_back(c.cpu_s_per_gb[i] - bare.cpu_s_per_gb[i]);
+                }
+                j["programs_cpu_s_per_gb_over_bare"] = median(dp);
+                j["machine_cpu_s_per_gb_over_bare"] = median(dm);
+            }
         }
         out[c.key] = j;
     }
