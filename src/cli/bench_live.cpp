@@ -42,16 +42,16 @@ using namespace std::chrono_literals;
 
 constexpr uint16_t kPort = 5201;
 
-// Busy jiffies of every CPU (all but idle and iowait), from the first line of /proc/stat.
+// Jiffies this machine's CPUs ran anything: user, nice, system, irq, softirq (/proc/stat's
+// first line). Not idle or iowait; not steal (the hypervisor running someone else: on a busy
+// host it moves from round to round); not guest, which user already holds.
 uint64_t busy_jiffies() {
     std::ifstream in("/proc/stat");
     std::string cpu;
     uint64_t v[10] = {};
     in >> cpu;
     for (auto& x : v) in >> x;
-    uint64_t all = 0;
-    for (auto x : v) all += x;
-    return all - v[3] - v[4];
+    return v[0] + v[1] + v[2] + v[5] + v[6];
 }
 
 mps_step cidr(mps_prog prog, const char* addr, uint8_t prefix, uint16_t next) {
@@ -362,6 +362,7 @@ int run_live_bench(bool json, int rounds, int seconds, const std::string& share,
                 return n;
             };
             const AgentCounts agent0 = agent ? agent_counts() : AgentCounts{};
+            const ProcessUse agent_use0 = agent ? process_use(agent->pid()) : ProcessUse{};
             const uint64_t rx_cli0 = rx_frames(lab.client_ns(), client_ifs),
                            rx_srv0 = rx_frames(lab.server_ns(), server_ifs);
             using HostTimes = std::map<Hook, ProgTime>;
@@ -404,6 +405,10 @@ int run_live_bench(bool json, int rounds, int seconds, const std::string& share,
                     double(cli->windows_lowered() + srv->windows_lowered()));
             }
             if (agent) {
+                // The agent's own CPU while the data moved (its hooks, events, status): part
+                // of the machine's, not of the programs'.
+                const double agent_s = process_use(agent->pid()).cpu_s - agent_use0.cpu_s;
+                c.counts["agent_cpu_s_per_gb"].push_back(s.gb > 0 ? agent_s / s.gb : 0);
                 agent->wait_status_update(3s);
                 const AgentCounts agent1 = agent_counts();
                 c.counts["client_chain_packets"].push_back(double(agent1.packets - agent0.packets));
