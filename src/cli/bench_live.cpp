@@ -43,8 +43,8 @@ using namespace std::chrono_literals;
 constexpr uint16_t kPort = 5201;
 
 // Jiffies this machine's CPUs ran anything: user, nice, system, irq, softirq (/proc/stat's
-// first line). Not idle or iowait; not steal (the hypervisor running someone else: on a busy
-// host it moves from round to round); not guest, which user already holds.
+// first line). Not idle or iowait; not steal (the hypervisor running other guests: not this
+// machine's work); not guest, which user already holds.
 uint64_t busy_jiffies() {
     std::ifstream in("/proc/stat");
     std::string cpu;
@@ -164,9 +164,9 @@ private:
     std::vector<std::unique_ptr<HookLink>> links_;
 };
 
-// Nanoseconds per run of what a host's interfaces run on each hook (the program attached,
-// whichever attached it, with every program it tail-calls), over the programs' lifetimes; the
-// kernel counts while BPF_STATS_RUN_TIME is enabled.
+// Run time and runs so far of what a host's interfaces run on each hook (the program attached,
+// whichever attached it, with every program it tail-calls); the kernel counts while
+// BPF_STATS_RUN_TIME is enabled.
 struct ProgTime {
     uint64_t ns = 0, runs = 0;
 };
