@@ -282,6 +282,12 @@ int run_live_bench(bool json, int rounds, int seconds, const std::string& share,
     Lab lab(cfg);
     const std::vector<std::string> client_ifs = {lab.client_if(1), lab.client_if(2)};
     const std::vector<std::string> server_ifs = {lab.server_if(1), lab.server_if(2)};
+    struct Host {
+        std::string name, netns;
+        std::vector<std::string> ifs;
+    };
+    const std::array<Host, 2> hosts = {Host{"client", lab.client_ns(), client_ifs},
+                                       Host{"server", lab.server_ns(), server_ifs}};
 
     std::vector<Case> cases;
     auto add = [&](const char* key, std::optional<ChainSet> chains, bool bare, bool shipped) {
@@ -363,35 +369,28 @@ int run_live_bench(bool json, int rounds, int seconds, const std::string& share,
             };
             const AgentCounts agent0 = agent ? agent_counts() : AgentCounts{};
             const ProcessUse agent_use0 = agent ? process_use(agent->pid()) : ProcessUse{};
-            const uint64_t rx_cli0 = rx_frames(lab.client_ns(), client_ifs),
-                           rx_srv0 = rx_frames(lab.server_ns(), server_ifs);
-            using HostTimes = std::map<Hook, ProgTime>;
-            const std::array<std::tuple<const char*, std::string, std::vector<std::string>>, 2>
-                hosts = {std::tuple{"client", lab.client_ns(), client_ifs},
-                         std::tuple{"server", lab.server_ns(), server_ifs}};
-            std::array<HostTimes, 2> times0;
-            if (prog_times)
-                for (size_t h = 0; h < hosts.size(); ++h)
-                    times0[h] = prog_times_of(std::get<1>(hosts[h]), std::get<2>(hosts[h]));
-            Sample s = transfer(lab, std::chrono::seconds(seconds));
-            if (c.bare || c.chains || c.shipped) {
-                c.counts["client_xdp_frames"].push_back(
-                    double(rx_frames(lab.client_ns(), client_ifs) - rx_cli0));
-                c.counts["server_xdp_frames"].push_back(
-                    double(rx_frames(lab.server_ns(), server_ifs) - rx_srv0));
+            std::array<uint64_t, 2> rx0;
+            std::array<std::map<Hook, ProgTime>, 2> times0;
+            for (size_t h = 0; h < hosts.size(); ++h) {
+                rx0[h] = rx_frames(hosts[h].netns, hosts[h].ifs);
+                if (prog_times) times0[h] = prog_times_of(hosts[h].netns, hosts[h].ifs);
             }
+            Sample s = transfer(lab, std::chrono::seconds(seconds));
+            if (c.bare || c.chains || c.shipped)
+                for (size_t h = 0; h < hosts.size(); ++h)
+                    c.counts[hosts[h].name + "_xdp_frames"].push_back(
+                        double(rx_frames(hosts[h].netns, hosts[h].ifs) - rx0[h]));
             if (prog_times) {
                 // The programs' own run time per GB moved: with the whole machine's CPU per
                 // GB it shows whether the programs' instructions are what a case costs.
                 double prog_ns = 0;
                 for (size_t h = 0; h < hosts.size(); ++h) {
-                    const auto& [host, netns, ifs] = hosts[h];
-                    for (const auto& [hook, t] : prog_times_of(netns, ifs)) {
+                    for (const auto& [hook, t] : prog_times_of(hosts[h].netns, hosts[h].ifs)) {
                         const ProgTime was = times0[h].count(hook) ? times0[h].at(hook) : ProgTime{};
                         const double ns = double(t.ns - was.ns), runs = double(t.runs - was.runs);
                         prog_ns += ns;
                         if (runs > 0)
-                            c.counts[std::string(host) + "_" + std::string(to_string(hook)) +
+                            c.counts[hosts[h].name + "_" + std::string(to_string(hook)) +
                                      "_ns_per_run"]
                                 .push_back(ns / runs);
                     }
