@@ -14,9 +14,9 @@
 #include <bpf/bpf_endian.h>
 #include "mpsteer/abi.h"
 #include "mpsteer/parse.h"
-#include "shim.bpf.h"
 #include "state_maps.bpf.h"
 #include "chain.bpf.h"
+#include "shim.bpf.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -830,19 +830,9 @@ static __always_inline int missed_tail_call(const struct mps_pkt_ctx *pc, __u32 
 			bpf_tail_call_static(ctx, &jmp_tc, slot);                                  \
 	} while (0)
 
-/* Make the XDP metadata (only when a program needs it: the helper costs ~8 ns; when that fails,
- * metadata left by an earlier run over the same buffer, as BPF_PROG_TEST_RUN repeats, may
- * already be there), count the hop and store the context. Nonzero: the chain cannot go on. */
-static __always_inline int hand_over(void *ctx, bool xdp, struct mps_pkt_ctx *pc, bool meta_ready)
+/* Count the hop and store the context. Nonzero: the chain cannot go on. */
+static __always_inline int hand_over(void *ctx, bool xdp, struct mps_pkt_ctx *pc)
 {
-	if (xdp && !meta_ready && bpf_xdp_adjust_meta(ctx, -(int)sizeof(struct mps_pkt_ctx))) {
-		struct xdp_md *x = ctx;
-		if ((void *)(long)x->data_meta + sizeof(struct mps_pkt_ctx) >
-		    (void *)(long)x->data) {
-			gen_count(pc, MPS_GC_NO_META);
-			return -1;
-		}
-	}
 	pc->hops++;
 	return pctx_store(ctx, xdp, pc);
 }
@@ -850,8 +840,7 @@ static __always_inline int hand_over(void *ctx, bool xdp, struct mps_pkt_ctx *pc
 /* Hand the packet to the program of step pc->pc (an actor, or a selector too costly to run
  * inline), or with `more` to the interpreter (slot 0) to go on after MPS_INLINE_STEPS steps.
  * Returns only when that fails. */
-static __always_inline int call_prog(void *ctx, bool xdp, struct mps_pkt_ctx *pc, bool meta_ready,
-				     bool more)
+static __always_inline int call_prog(void *ctx, bool xdp, struct mps_pkt_ctx *pc, bool more)
 {
 	__u32 at = pc->pc;
 	const struct mps_step *st = load_step(pc);
@@ -860,7 +849,7 @@ static __always_inline int call_prog(void *ctx, bool xdp, struct mps_pkt_ctx *pc
 		gen_count(pc, MPS_GC_CHAIN_TOO_LONG);
 		return PASS(xdp);
 	}
-	if (hand_over(ctx, xdp, pc, meta_ready))
+	if (hand_over(ctx, xdp, pc))
 		return PASS(xdp);
 	if (more) {
 		TAIL(ctx, xdp, MPS_PROG_NONE);
@@ -939,7 +928,7 @@ static __always_inline int continue_chain(void *ctx, bool xdp, struct mps_pkt_ct
 					  __u8 flags)
 {
 	if (!step_inline(load_step(pc)->prog))
-		return call_prog(ctx, xdp, pc, true, false);
+		return call_prog(ctx, xdp, pc, false);
 	if (pctx_store(ctx, xdp, pc))
 		return PASS(xdp);
 	TAIL(ctx, xdp, MPS_PROG_NONE);
@@ -1071,17 +1060,7 @@ __noinline int learn_close_tc(struct __sk_buff *ctx, struct mps_pkt_ctx *pc, int
 	return 0;
 }
 
-/* The end of a chain that handed the packet over: the context goes with the packet no further.
- * Left as XDP metadata it would ride on the skb, where GRO merges only segments whose
- * metadata is byte for byte the same. */
-static __always_inline int chain_done(void *ctx, bool xdp, bool meta_ready)
-{
-	if (xdp && meta_ready)
-		bpf_xdp_adjust_meta(ctx, (int)sizeof(struct mps_pkt_ctx));
-	return PASS(xdp);
-}
-
-static __always_inline int run_chain(void *ctx, bool xdp, struct mps_pkt_ctx *pc, bool meta_ready)
+static __always_inline int run_chain(void *ctx, bool xdp, struct mps_pkt_ctx *pc)
 {
 	struct tuple t;
 	if (load_tuple(ctx, xdp, pc, &t))
@@ -1093,14 +1072,14 @@ static __always_inline int run_chain(void *ctx, bool xdp, struct mps_pkt_ctx *pc
 	case WALK_DROP:
 		return DROP(xdp);
 	case WALK_PROG:
-		return call_prog(ctx, xdp, pc, meta_ready, false);
+		return call_prog(ctx, xdp, pc, false);
 	case WALK_MORE:
-		return call_prog(ctx, xdp, pc, meta_ready, true);
+		return call_prog(ctx, xdp, pc, true);
 	case WALK_MALFORMED:
 		gen_count(pc, MPS_GC_MALFORMED);
 		return unparseable(ctx_slot(pc), pc->pc, xdp);
 	default:
-		return chain_done(ctx, xdp, meta_ready);
+		return PASS(xdp);
 	}
 }
 
@@ -1160,7 +1139,7 @@ static __always_inline int entry(void *ctx, bool xdp, __u8 hook, __u32 ifindex, 
 		else
 			learn_close_tc(ctx, &pc, rst);
 	}
-	return run_chain(ctx, xdp, &pc, false);
+	return run_chain(ctx, xdp, &pc);
 }
 
 SEC("xdp")
@@ -1206,7 +1185,7 @@ static __always_inline int resume(void *ctx, bool xdp)
 	struct mps_pkt_ctx pc;
 	if (pctx_load(ctx, xdp, &pc))
 		return PASS(xdp);
-	return run_chain(ctx, xdp, &pc, true);
+	return run_chain(ctx, xdp, &pc);
 }
 
 SEC("xdp")
@@ -1238,7 +1217,7 @@ int interp_tc(struct __sk_buff *ctx)
 		__u32 at = pc.pc;                                                                  \
 		pc.pc = m ? st->on_match : st->on_miss;                                            \
 		if (pc.pc == MPS_PC_END)                                                           \
-			return chain_done(ctx, xdp, true);                                         \
+			return PASS(xdp);                                                          \
 		return continue_chain(ctx, xdp, &pc, at, st->flags);                               \
 	}                                                                                          \
 	SEC("xdp") int name##_xdp(struct xdp_md *ctx)                                              \
@@ -1270,7 +1249,7 @@ SELECTOR(sel_flow_bytes, sel_flow_bytes(ctx, xdp, &pc, st))
 		__u32 at = pc.pc;                                                                  \
 		pc.pc = st->on_match;                                                              \
 		if (pc.pc == MPS_PC_END)                                                           \
-			return chain_done(ctx, xdp, true);                                         \
+			return PASS(xdp);                                                          \
 		return continue_chain(ctx, xdp, &pc, at, st->flags);                               \
 	}                                                                                          \
 	SEC("xdp") int name##_xdp(struct xdp_md *ctx)                                              \

@@ -768,7 +768,7 @@ static __always_inline int act_add_subflow_body(void *ctx, bool xdp)
 	step_count(&pc, at, r > 0, false); /* applied: this packet triggered the carrier */
 	pc.pc = st->on_match;
 	if (pc.pc == MPS_PC_END)
-		return chain_done(ctx, xdp, true);
+		return PASS(xdp);
 	return continue_chain(ctx, xdp, &pc, at, st->flags);
 }
 
@@ -987,7 +987,7 @@ static __always_inline int act_redirect_body(void *ctx, bool xdp)
 	step_count(&pc, at, false, false);
 	pc.pc = st->on_match;
 	if (pc.pc == MPS_PC_END)
-		return chain_done(ctx, xdp, true);
+		return PASS(xdp);
 	return continue_chain(ctx, xdp, &pc, at, st->flags);
 }
 

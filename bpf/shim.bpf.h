@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
  * The context shim: one body serves XDP and TC through a constant `xdp` flag, and the
- * per-packet context travels in XDP metadata or skb->cb (compiled entries write it the same way).
+ * per-packet context travels in a per-CPU map at XDP (xdp_pkt_ctx, chain.bpf.h) or in skb->cb
+ * at TC (compiled entries write it the same way).
  */
 #ifndef MPSTEER_SHIM_BPF_H
 #define MPSTEER_SHIM_BPF_H
@@ -24,11 +25,11 @@ static __always_inline void *ctx_end(void *ctx, bool xdp)
 static __always_inline int pctx_load(void *ctx, bool xdp, struct mps_pkt_ctx *pc)
 {
 	if (xdp) {
-		struct xdp_md *x = ctx;
-		void *meta = (void *)(long)x->data_meta;
-		if (meta + sizeof(*pc) > (void *)(long)x->data)
+		__u32 zero = 0;
+		struct mps_pkt_ctx *c = bpf_map_lookup_elem(&xdp_pkt_ctx, &zero);
+		if (!c)
 			return -1;
-		__builtin_memcpy(pc, meta, sizeof(*pc));
+		__builtin_memcpy(pc, c, sizeof(*pc));
 	} else {
 		struct __sk_buff *s = ctx;
 		__u32 *w = (__u32 *)pc;
@@ -44,11 +45,11 @@ static __always_inline int pctx_load(void *ctx, bool xdp, struct mps_pkt_ctx *pc
 static __always_inline int pctx_store(void *ctx, bool xdp, const struct mps_pkt_ctx *pc)
 {
 	if (xdp) {
-		struct xdp_md *x = ctx;
-		void *meta = (void *)(long)x->data_meta;
-		if (meta + sizeof(*pc) > (void *)(long)x->data)
+		__u32 zero = 0;
+		struct mps_pkt_ctx *c = bpf_map_lookup_elem(&xdp_pkt_ctx, &zero);
+		if (!c)
 			return -1;
-		__builtin_memcpy(meta, pc, sizeof(*pc));
+		__builtin_memcpy(c, pc, sizeof(*pc));
 	} else {
 		struct __sk_buff *s = ctx;
 		const __u32 *w = (const __u32 *)pc;

@@ -259,7 +259,6 @@ nlohmann::json render_status(const AgentStatus& a, const DatapathStatus& dp,
                                    {"malformed", g[MPS_GC_MALFORMED]},
                                    {"missed_tail_calls", g[MPS_GC_MISSED_TAIL_CALL]},
                                    {"chain_too_long", g[MPS_GC_CHAIN_TOO_LONG]},
-                                   {"no_meta", g[MPS_GC_NO_META]},
                                    {"events_lost", g[MPS_GC_EVENTS_LOST]},
                                    {"unparseable_drops", g[MPS_GC_UNPARSEABLE_DROPS]}};
     nlohmann::json policies = nlohmann::json::array();

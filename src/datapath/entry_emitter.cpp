@@ -172,7 +172,6 @@ public:
         end_ = a_.label();
         not_live_ = a_.label();
         not_ours_ = a_.label();
-        no_meta_ = a_.label();
         Label live = a_.label();
 
         a_.alu64(BPF_MOV, kCtx, R1);
@@ -216,11 +215,6 @@ public:
         tail_call(MPS_JMP_PREFLIGHT + static_cast<int>(hook_));
         a_.ret(pass());
 
-        if (a_.used(no_meta_)) {
-            a_.bind(no_meta_);
-            count_gen(MPS_GC_NO_META);
-            a_.ret(pass());
-        }
         return a_.finish();
     }
 
@@ -566,20 +560,17 @@ private:
         count_gen(MPS_GC_PACKETS);
         Reg base = kCtx;
         int16_t at = offsetof(__sk_buff, cb);
-        if (xdp_) {
-            a_.alu64(BPF_MOV, R1, kCtx);
-            a_.alu64(BPF_MOV, R2, -static_cast<int32_t>(sizeof(mps_pkt_ctx)));
-            a_.call(BPF_FUNC_xdp_adjust_meta);
-            a_.jmp64(BPF_JNE, R0, 0, no_meta_);
-            Label room = a_.label();
-            a_.load(BPF_W, R2, kCtx, offsetof(xdp_md, data_meta));
-            a_.load(BPF_W, R3, kCtx, offsetof(xdp_md, data));
-            a_.alu64(BPF_MOV, R1, R2);
-            a_.alu64(BPF_ADD, R1, sizeof(mps_pkt_ctx));
-            a_.jmp64(BPF_JLE, R1, R3, room);
+        if (xdp_) {  // the per-CPU context (bpf/chain.bpf.h: xdp_pkt_ctx)
+            a_.store(BPF_W, FP, kKey, static_cast<int32_t>(0));
+            a_.ld_map(R1, maps_.xdp_ctx);
+            a_.alu64(BPF_MOV, R2, FP);
+            a_.alu64(BPF_ADD, R2, kKey);
+            a_.call(BPF_FUNC_map_lookup_elem);
+            Label found = a_.label();
+            a_.jmp64(BPF_JNE, R0, 0, found);
             a_.ret(pass());
-            a_.bind(room);
-            base = R2;
+            a_.bind(found);
+            base = R0;
             at = 0;
         }
         const int32_t flags =
@@ -650,7 +641,7 @@ private:
     std::vector<Label> step_labels_;
     std::vector<uint8_t> reach_;
     bool mixed_ = false;
-    Label end_, not_live_, not_ours_, no_meta_;
+    Label end_, not_live_, not_ours_;
 };
 
 }  // namespace

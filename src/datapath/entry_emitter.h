@@ -27,6 +27,7 @@ struct EntryMaps {
     int jmp;    // jmp_xdp or jmp_tc: step programs, entry and preflight programs
     int step_counters;
     int gen_counters;
+    int xdp_ctx;  // xdp_pkt_ctx: the per-packet context at XDP
 };
 
 // The program for the chain that starts at `first` on hook h, running while mps_slots.active

@@ -223,9 +223,9 @@ void Generation::emit_entries() {
     for (const auto& e : chains_.entries)
         if (e.pc != MPS_PC_END) chains.insert({e.hook, e.pc});
     for (auto [hook, first] : chains) {
-        const EntryMaps maps{dp_->map_fd("bss"),
-                             dp_->map_fd(hook == Hook::xdp ? "jmp_xdp" : "jmp_tc"),
-                             dp_->map_fd("step_counters"), dp_->map_fd("gen_counters")};
+        const EntryMaps maps{
+            dp_->map_fd("bss"), dp_->map_fd(hook == Hook::xdp ? "jmp_xdp" : "jmp_tc"),
+            dp_->map_fd("step_counters"), dp_->map_fd("gen_counters"), dp_->map_fd("xdp_pkt_ctx")};
         auto insns = emit_entry(chains_.steps, first, hook, live_, maps);
         if (!insns) {
             spdlog::debug("{} chain at pc {}: no compiled entry (the entry program runs it)",

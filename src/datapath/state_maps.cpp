@@ -147,18 +147,18 @@ mps_flow from_layout1(const FlowLayout1& o) {
     return f;
 }
 
-// Copies every entry of the hash map `from` into `to` (values of `value_size`), each value
-// passed through `convert`. Entries that no longer fit (a smaller new table) are dropped by
-// the LRU, as any eviction. Returns the entries copied.
-uint64_t copy_entries(int from, int to, uint32_t value_size,
+// Copies every entry of the hash map `from` (values of `in_size`) into `to` (values of
+// `out_size`), each value passed through `convert`. Entries that no longer fit (a smaller new
+// table) are dropped by the LRU, as any eviction. Returns the entries copied.
+uint64_t copy_entries(int from, int to, uint32_t in_size, uint32_t out_size,
                       const std::function<void(const uint8_t* in, uint8_t* out)>& convert) {
     uint64_t total = 0;
     std::vector<uint8_t> out;
     for_each_batch(from, "reading the previous layout's state",
                    [&](uint8_t* keys, uint8_t* values, uint32_t n) {
-                       out.resize(size_t(n) * value_size);
+                       out.resize(size_t(n) * out_size);
                        for (uint32_t i = 0; i < n; ++i)
-                           convert(&values[size_t(i) * value_size], &out[size_t(i) * value_size]);
+                           convert(&values[size_t(i) * in_size], &out[size_t(i) * out_size]);
                        uint32_t written = n;
                        if (bpf_map_update_batch(to, keys, out.data(), &written, nullptr))
                            fail("writing the carried-over state", errno);
@@ -178,6 +178,14 @@ void carry_over(const std::string& dir, const StateMaps& m) {
     Fd old_flows_fd(old_flows);
     const std::string old_names[] = {"flows",        "conns",     "events",       "announces",
                                      "add_requests", "prio_sent", "table_inserts"};
+    bpf_map_info info{};
+    uint32_t len = sizeof info;
+    if (bpf_obj_get_info_by_fd(old_flows, &info, &len) || info.key_size != sizeof(mps_flow_key) ||
+        info.value_size != sizeof(FlowLayout1)) {  // not what that layout pinned: never read it
+        spdlog::warn("state tables: {}/flows{} is not a flow table of layout {}; left alone", dir,
+                     old, kPreviousLayout);
+        return;
+    }
     if (count_entries(m.flows()) != 0) {  // a later agent ran already: the old pins are stale
         for (const auto& name : old_names) fs::remove(dir + "/" + name + old);
         spdlog::info("state tables: removed the stale pins of layout {}", kPreviousLayout);
@@ -187,7 +195,7 @@ void carry_over(const std::string& dir, const StateMaps& m) {
         return [size](const uint8_t* in, uint8_t* out) { std::memcpy(out, in, size); };
     };
     const uint64_t flows = copy_entries(
-        old_flows, m.flows(), sizeof(FlowLayout1),
+        old_flows, m.flows(), sizeof(FlowLayout1), sizeof(mps_flow),
         [](const uint8_t* in, uint8_t* out) {
             FlowLayout1 o;
             std::memcpy(&o, in, sizeof o);
@@ -210,7 +218,7 @@ void carry_over(const std::string& dir, const StateMaps& m) {
         int fd = bpf_obj_get((dir + "/" + t.name + old).c_str());
         if (fd < 0) continue;
         Fd from(fd);
-        carried += ", " + std::to_string(copy_entries(fd, t.to, t.value, as_is(t.value))) +
+        carried += ", " + std::to_string(copy_entries(fd, t.to, t.value, t.value, as_is(t.value))) +
                    " " + t.name;
     }
     for (const auto& name : old_names) fs::remove(dir + "/" + name + old);

@@ -304,8 +304,7 @@ TEST_CASE("actor get_connect: a full ring buffer loses the event, not the keys",
         INFO(name_of(h));
         Env env(chain_of({step(MPS_ACT_GET_CONNECT)}));
         // 256 KiB of ring buffer holds fewer than 3000 events of this size: 3000 connections,
-        // each reported once. One run per packet: with repeat > 1 an XDP test run keeps its
-        // data_meta between runs and the entry's bpf_xdp_adjust_meta fails from the second run.
+        // each reported once.
         const uint16_t first = 20000, count = 3000;
         for (uint16_t i = 0; i < count; i++) {
             env.run(h, cli(false, uint16_t(first + i)).flags(tcpf::SYN).option(mptcp::capable_syn()));

@@ -407,9 +407,10 @@ TEST_CASE("chain: hooks have their own entries", "[bpf][chain]") {
 
 TEST_CASE("chain: the frame leaves XDP without the metadata its programs passed along",
           "[bpf][chain]") {
-    // Program steps pass the context as XDP metadata; left there it would ride on the skb, and
-    // GRO merges only segments whose metadata is the same. Each chain ends in a different place:
-    // an actor, the interpreter after an actor, a selector program, rate_limit.
+    // Program steps pass the context in a per-CPU map at XDP, not as metadata: metadata would
+    // ride on the skb, and GRO merges only segments whose metadata is the same. Each chain ends
+    // in a different place: an actor, the interpreter after an actor, a selector program,
+    // rate_limit.
     const std::vector<std::pair<const char*, std::vector<mps_step>>> chains = {
         {"record last", {step(MPS_ACT_RECORD, END)}},
         {"record, then pass", {step(MPS_ACT_RECORD, 1), step(MPS_ACT_PASS)}},

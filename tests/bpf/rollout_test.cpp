@@ -289,6 +289,29 @@ TEST_CASE("state tables: sized when created, kept at their size when adopted, me
                       Catch::Contains("outside 1024.."));
 }
 
+TEST_CASE("state tables: a previous-layout pin of another shape is never read, only left",
+          "[bpf][rollout]") {
+    // Anything root put at the old layout's name: a hash table whose values are smaller than
+    // that layout's flows, holding an entry (read with the old stride it would overrun).
+    test::PinRoot pins;
+    const std::string maps_dir = pins.path() + "/maps";
+    std::filesystem::create_directories(maps_dir);
+    const std::string old_pin = maps_dir + "/flows_v1";
+    int fd = bpf_map_create(BPF_MAP_TYPE_HASH, "flows", sizeof(mps_flow_key), 8, 16, nullptr);
+    REQUIRE(fd >= 0);
+    mps_flow_key key{};
+    key.family = 4;
+    uint64_t value = 42;
+    REQUIRE(bpf_map_update_elem(fd, &key, &value, BPF_ANY) == 0);
+    REQUIRE(bpf_obj_pin(fd, old_pin.c_str()) == 0);
+    close(fd);
+
+    auto maps = datapath::StateMaps::open(pins.path());
+    mps_flow f{};
+    CHECK(bpf_map_lookup_elem(maps.flows(), &key, &f) != 0);  // nothing carried over
+    CHECK(std::filesystem::exists(old_pin));                  // and nothing removed
+}
+
 TEST_CASE("state tables: an upgrade carries the previous layout's flows and connections over",
           "[bpf][rollout]") {
     // What an agent of layout 1 left pinned: a flow with both directions first, a connection.

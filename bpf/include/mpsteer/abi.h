@@ -282,10 +282,9 @@ enum mps_gen_counter {
 	MPS_GC_MALFORMED = 2, /* passed untouched, or dropped under a guard */
 	MPS_GC_MISSED_TAIL_CALL = 3,
 	MPS_GC_CHAIN_TOO_LONG = 4,
-	MPS_GC_NO_META = 5,	      /* XDP driver without data_meta: chain skipped */
-	MPS_GC_EVENTS_LOST = 6,	      /* ring buffer full */
-	MPS_GC_UNPARSEABLE_DROPS = 7, /* malformed or fragment, dropped: MPS_STEPF_GUARDED */
-	MPS_GC_MAX = 8,
+	MPS_GC_EVENTS_LOST = 5,	      /* ring buffer full */
+	MPS_GC_UNPARSEABLE_DROPS = 6, /* malformed or fragment, dropped: MPS_STEPF_GUARDED */
+	MPS_GC_MAX = 7,
 };
 
 /* rate_limit rates in bytes/s, the manifest's range (1 kbit/s .. 400 Gbit/s): rates from
