@@ -356,15 +356,16 @@ static __always_inline void sample_rtt(void *ctx, bool xdp, struct mps_pkt_ctx *
 		return;
 	if (load_timestamps(ctx, xdp, pc, &tsval, &tsecr))
 		return;
-	__u64 now = bpf_ktime_get_ns();
 	if (egress) {
 		MPS_FLOW_DIR(f, d)->ts_val = tsval;
-		MPS_FLOW_DIR(f, d)->ts_sent_ns = now;
+		MPS_FLOW_DIR(f, d)->ts_sent_ns = bpf_ktime_get_ns();
 		return;
 	}
+	/* Most packets arriving while a sample is open echo an older TSval: they leave before
+	 * the clock read (a helper call, per packet). */
 	if ((__s32)(tsecr - MPS_FLOW_DIR(f, od)->ts_val) < 0)
 		return;
-	__u64 sample = (now - MPS_FLOW_DIR(f, od)->ts_sent_ns) / 1000;
+	__u64 sample = (bpf_ktime_get_ns() - MPS_FLOW_DIR(f, od)->ts_sent_ns) / 1000;
 	MPS_FLOW_DIR(f, od)->ts_sent_ns = 0;
 	if (sample == 0 || sample >= 60000000)
 		return;
@@ -584,12 +585,6 @@ static __always_inline int sel_flow_bytes(void *ctx, bool xdp, struct mps_pkt_ct
 /* An actor answers 1 (applied), 0 (not applicable) or -1 (malformed: pass untouched);
  * afterwards the chain continues at on_match. pass and drop are verdicts of the interpreter. */
 
-static __always_inline int act_record(void *ctx, bool xdp, struct mps_pkt_ctx *pc)
-{
-	__u8 from_a;
-	return account(ctx, xdp, pc, &from_a) != NULL;
-}
-
 static __always_inline struct mps_event *event_new(__u32 type, const struct mps_pkt_ctx *pc,
 						   const struct tuple *t)
 {
@@ -708,17 +703,14 @@ static __always_inline void csum_replace2(__sum16 *sum, __be16 old, __be16 new)
  * options are walked (a malformed packet is never modified) only when a window is to be
  * lowered: most ACKs of a flow under its cap leave after the flags and one lookup.
  */
-static __always_inline int act_rate_limit(void *ctx, bool xdp, struct mps_pkt_ctx *pc,
-					  const struct mps_step *st)
+static __always_inline int rate_limit_flow(void *ctx, bool xdp, struct mps_pkt_ctx *pc,
+					   const struct mps_step *st, struct mps_flow *f,
+					   __u8 from_a)
 {
 	struct tcphdr *tcp = view_tcp(ctx, xdp, pc);
 	if (!tcp)
 		return -1;
-	if (tcp->syn || tcp->rst || !tcp->ack)
-		return 0;
-	__u8 from_a;
-	struct mps_flow *f = lookup_flow(ctx, xdp, pc, &from_a);
-	if (!f)
+	if (tcp->syn || tcp->rst || !tcp->ack || !f)
 		return 0;
 	__u32 d = from_a ? 0 : 1;
 	/* The shift is in effect only when both SYNs carried the option (RFC 7323): without
@@ -765,6 +757,19 @@ static __always_inline int act_rate_limit(void *ctx, bool xdp, struct mps_pkt_ct
 		bpf_l4_csum_replace(ctx, off + offsetof(struct tcphdr, check), oldn, newn, 2);
 	}
 	return 1;
+}
+
+static __always_inline int act_rate_limit(void *ctx, bool xdp, struct mps_pkt_ctx *pc,
+					  const struct mps_step *st)
+{
+	struct tcphdr *tcp = view_tcp(ctx, xdp, pc);
+	if (!tcp)
+		return -1;
+	if (tcp->syn || tcp->rst || !tcp->ack) /* before the lookup: nothing to lower */
+		return 0;
+	__u8 from_a;
+	struct mps_flow *f = lookup_flow(ctx, xdp, pc, &from_a);
+	return rate_limit_flow(ctx, xdp, pc, st, f, from_a);
 }
 
 /* ---- chain mechanics -------------------------------------------------------------------- */
@@ -1261,7 +1266,54 @@ SELECTOR(sel_flow_bytes, sel_flow_bytes(ctx, xdp, &pc, st))
 		return name##_body(ctx, false);                                                    \
 	}
 
-ACTOR(act_record, act_record(ctx, xdp, &pc))
+/*
+ * record, and a rate_limit step right after it (the usual pair) on the flow record found: live,
+ * entering one more program and looking the flow up again cost more than the rate_limit's own
+ * work. The pair counts and fails as the two steps would.
+ */
+static __always_inline int act_record_body(void *ctx, bool xdp)
+{
+	struct mps_pkt_ctx pc;
+	if (pctx_load(ctx, xdp, &pc))
+		return PASS(xdp);
+	const struct mps_step *st = load_step(&pc);
+	__u8 from_a;
+	struct mps_flow *f = account(ctx, xdp, &pc, &from_a);
+	step_count(&pc, pc.pc, f != NULL, false);
+	__u32 at = pc.pc;
+	__u8 flags = st->flags;
+	pc.pc = st->on_match;
+	if (pc.pc == MPS_PC_END)
+		return PASS(xdp);
+	st = load_step(&pc);
+	if (st->prog == MPS_ACT_RATE_LIMIT) {
+		int r = rate_limit_flow(ctx, xdp, &pc, st, f, from_a);
+		if (r < 0) {
+			gen_count(&pc, MPS_GC_MALFORMED);
+			return unparseable(ctx_slot(&pc), pc.pc, xdp);
+		}
+		step_count(&pc, pc.pc, r > 0, false);
+		at = pc.pc;
+		flags = st->flags;
+		pc.pc = st->on_match;
+		if (pc.pc == MPS_PC_END)
+			return PASS(xdp);
+	}
+	return continue_chain(ctx, xdp, &pc, at, flags);
+}
+
+SEC("xdp")
+int act_record_xdp(struct xdp_md *ctx)
+{
+	return act_record_body(ctx, true);
+}
+
+SEC("tc")
+int act_record_tc(struct __sk_buff *ctx)
+{
+	return act_record_body(ctx, false);
+}
+
 ACTOR(act_get_connect, act_get_connect(ctx, xdp, &pc))
 ACTOR(act_get_subflow, act_get_subflow(ctx, xdp, &pc))
 ACTOR(act_rate_limit, act_rate_limit(ctx, xdp, &pc, st))

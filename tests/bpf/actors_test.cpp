@@ -514,17 +514,29 @@ void handshake(Env& env, Hook h, const RateCase& c) {
     }
 }
 
-void run_rate_cases(bool modifying) {
+// The chains rate_limit runs in: alone, and right after record, whose program then does both
+// on the flow it looked up (datapath.bpf.c, act_record_body). Its step index in each.
+struct RateChain {
+    const char* name;
+    std::vector<mps_step> steps;
+    uint16_t at;
+};
+std::vector<RateChain> rate_chains() {
+    return {{"alone", {act_rate(0, 0, 0)}, 0},
+            {"after record", {step(MPS_ACT_RECORD, 1), act_rate(0, 0, 0)}, 1}};
+}
+
+void run_rate_cases(bool modifying, const RateChain& chain) {
     // One generation per hook; each case rewrites the actor's parameters and uses its own flow.
     for (Hook h : kHooks) {
-        Env env(chain_of({act_rate(0, 0, 0)}));
+        Env env(chain_of(chain.steps));
         uint16_t port = 30000;
         for (RateCase c : rate_cases()) {
             c.port = port++;
             bool mod = expected_window(c).has_value();
             if (mod != modifying) continue;
-            INFO(c.name << " via " << name_of(h));
-            env.set_step(0, act_rate(c.rate, c.rtt_us, c.min_window));
+            INFO(c.name << " via " << name_of(h) << ", " << chain.name);
+            env.set_step(chain.at, act_rate(c.rate, c.rtt_us, c.min_window));
             handshake(env, h, c);
             if (c.flow_rate || c.flow_srtt) {
                 auto k = flow_key_of(cli(c.v6, c.port));
@@ -543,8 +555,15 @@ void run_rate_cases(bool modifying) {
             Bytes want = win ? rate_packet(c, *win).build() : in;
             if (r.out != want) FAIL_CHECK("unexpected output\n" << describe_frame(r.out, want));
             CHECK(checksum_errors(r.out) == "");
-            CHECK(step_delta(before, after, 0).runs == 1);
-            CHECK(step_delta(before, after, 0).matched == (win ? 1u : 0u));
+            CHECK(step_delta(before, after, chain.at).runs == 1);
+            CHECK(step_delta(before, after, chain.at).matched == (win ? 1u : 0u));
+            if (chain.at) {  // record counted the packet, and the packet into its flow
+                CHECK(step_delta(before, after, 0).runs == 1);
+                CHECK(step_delta(before, after, 0).matched == 1);
+                auto f = env.flow(flow_key_of(cli(c.v6, c.port)));
+                REQUIRE(f);
+                CHECK(f->dir_ab.bytes + f->dir_ba.bytes == 33);
+            }
         }
     }
 }
@@ -553,18 +572,20 @@ void run_rate_cases(bool modifying) {
 
 TEST_CASE("actor rate_limit: lowers the window, honours the scale, fixes the checksum",
           "[bpf][actor]") {
-    run_rate_cases(true);
+    for (const auto& chain : rate_chains()) run_rate_cases(true, chain);
 }
 
 TEST_CASE("actor rate_limit: leaves the window alone when it should", "[bpf][actor]") {
-    run_rate_cases(false);
+    for (const auto& chain : rate_chains()) run_rate_cases(false, chain);
 }
 
 TEST_CASE("actor rate_limit: never touches SYN, RST, non-ACK or unknown flows", "[bpf][actor]") {
     for (bool v6 : {false, true}) {
         for (Hook h : kHooks) {
-            INFO((v6 ? "v6 " : "v4 ") << name_of(h));
-            Env env(chain_of({act_rate(1000, 1000, 0)}));
+          for (const auto& chain : rate_chains()) {
+            INFO((v6 ? "v6 " : "v4 ") << name_of(h) << ", " << chain.name);
+            Env env(chain_of(chain.steps));
+            env.set_step(chain.at, act_rate(1000, 1000, 0));
             // a flow never seen: no scale known
             Bytes unknown = cli(v6, 45000).window(60000).payload(4).build();
             expect_untouched(env.run(h, unknown), unknown, h);
@@ -581,6 +602,7 @@ TEST_CASE("actor rate_limit: never touches SYN, RST, non-ACK or unknown flows", 
                 Bytes in = p.build();
                 expect_untouched(env.run(h, in), in, h);
             }
+          }
         }
     }
 }
