@@ -561,11 +561,7 @@ private:
         Reg base = kCtx;
         int16_t at = offsetof(__sk_buff, cb);
         if (xdp_) {  // the per-CPU context (bpf/chain.bpf.h: xdp_pkt_ctx)
-            a_.store(BPF_W, FP, kKey, static_cast<int32_t>(0));
-            a_.ld_map(R1, maps_.xdp_ctx);
-            a_.alu64(BPF_MOV, R2, FP);
-            a_.alu64(BPF_ADD, R2, kKey);
-            a_.call(BPF_FUNC_map_lookup_elem);
+            lookup(maps_.xdp_ctx, 0);
             Label found = a_.label();
             a_.jmp64(BPF_JNE, R0, 0, found);
             a_.ret(pass());
@@ -606,14 +602,19 @@ private:
         a_.call(BPF_FUNC_tail_call);
     }
 
-    // Adds one to the u64 at each offset of a per-CPU array element (clobbers R0-R5).
-    void count(int map, uint32_t key, const std::vector<int16_t>& fields) {
-        Label none = a_.label();
+    // R0 = the array element `key` of `map`, or 0 (clobbers R0-R5).
+    void lookup(int map, uint32_t key) {
         a_.store(BPF_W, FP, kKey, static_cast<int32_t>(key));
         a_.ld_map(R1, map);
         a_.alu64(BPF_MOV, R2, FP);
         a_.alu64(BPF_ADD, R2, kKey);
         a_.call(BPF_FUNC_map_lookup_elem);
+    }
+
+    // Adds one to the u64 at each offset of a per-CPU array element (clobbers R0-R5).
+    void count(int map, uint32_t key, const std::vector<int16_t>& fields) {
+        Label none = a_.label();
+        lookup(map, key);
         a_.jmp64(BPF_JEQ, R0, 0, none);
         for (int16_t f : fields) {
             a_.load(BPF_DW, R1, R0, f);
