@@ -324,6 +324,10 @@ struct SendOptions {
     std::chrono::milliseconds duration{0};    // 0: no time limit
     const std::atomic<bool>* stop = nullptr;  // set to end early
     bool plain_tcp = false;                   // send_stream: TCP instead of MPTCP
+    // Source: client messages to read before the stream starts (kRequestBytes each), the
+    // server answering all but the last with a reply of that size, as a web server does
+    // after a TLS 1.3 handshake (2: ClientHello, then Finished with the request). 0: none.
+    int requests = 0;
 
     static SendOptions of_bytes(uint64_t n) {
         SendOptions o;
@@ -361,9 +365,13 @@ private:
     TrafficStats result_;
     std::thread thread_;
 };
+// With `requests`, the client side of the Source's exchange before the stream: the time
+// (from the connection being up) includes the exchange, the bytes and checksum are the stream's.
 TrafficStats receive_stream(const std::string& netns, const std::string& addr, uint16_t port,
                             std::chrono::milliseconds timeout,
-                            const std::function<void(uint64_t)>& progress = {});
+                            const std::function<void(uint64_t)>& progress = {}, int requests = 0);
+// The size of every request and reply of SendOptions::requests.
+constexpr size_t kRequestBytes = 256;
 
 // Many connections at once. A listener inside `netns` (any address; with ipv6 both
 // families) that accepts every MPTCP connection and reads each to its end, discarding it,

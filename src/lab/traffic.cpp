@@ -116,6 +116,39 @@ int accept_one(int listen_fd, const std::atomic<bool>& stop) {
     return -1;
 }
 
+// Reads one message of an exchange (exactly n bytes), polling so that `stop` or the deadline
+// ends the wait; `who` names the side in errors.
+void read_message(int fd, size_t n, const std::atomic<bool>& stop, Clock::time_point deadline,
+                  const std::string& who) {
+    std::vector<uint8_t> buf(n);
+    for (size_t got = 0; got < n;) {
+        if (stop) throw Error(who + ": stopped during the exchange");
+        if (Clock::now() > deadline) throw Error(who + ": no message within the timeout");
+        pollfd p{fd, POLLIN, 0};
+        if (::poll(&p, 1, 100) <= 0) continue;
+        ssize_t r = recv(fd, buf.data() + got, n - got, 0);
+        if (r > 0) {
+            got += size_t(r);
+        } else if (r == 0) {
+            throw Error(who + ": the peer closed during the exchange");
+        } else if (errno != EINTR) {
+            throw Error(errstr(who + ": recv"));
+        }
+    }
+}
+
+// Writes one message of an exchange (n bytes, small enough for any send buffer).
+void write_message(int fd, size_t n, const std::string& who) {
+    const std::vector<uint8_t> msg(n, 'm');
+    for (size_t sent = 0; sent < n;) {
+        ssize_t r = send(fd, msg.data() + sent, n - sent, MSG_NOSIGNAL);
+        if (r > 0)
+            sent += size_t(r);
+        else if (r < 0 && errno != EINTR)
+            throw Error(errstr(who + ": send"));
+    }
+}
+
 }  // namespace
 
 // ---- sink ----------------------------------------------------------------------------------
@@ -256,11 +289,21 @@ TrafficStats send_stream(const std::string& netns, const std::string& addr, uint
 
 TrafficStats receive_stream(const std::string& netns, const std::string& addr, uint16_t port,
                             std::chrono::milliseconds timeout,
-                            const std::function<void(uint64_t)>& progress) {
+                            const std::function<void(uint64_t)>& progress, int requests) {
     int fd = connect_stream(netns, addr, port);
     TrafficStats s;
     s.checksum = kFnvOffset;
     auto t0 = Clock::now();
+    try {
+        const std::atomic<bool> never{false};
+        for (int i = 0; i < requests; i++) {
+            write_message(fd, kRequestBytes, "receive");
+            if (i + 1 < requests) read_message(fd, kRequestBytes, never, t0 + timeout, "receive");
+        }
+    } catch (...) {
+        close(fd);
+        throw;
+    }
     std::vector<uint8_t> buf(1 << 18);
     for (;;) {
         if (Clock::now() - t0 > timeout) {
@@ -302,7 +345,17 @@ Source::Source(const std::string& netns, uint16_t port, const SendOptions& opt)
             SendOptions o = opt;
             if (!o.stop) o.stop = &stop_;
             try {
-                result_ = send_on(fd, o);
+                const auto deadline = Clock::now() + std::chrono::seconds(30);
+                try {
+                    for (int i = 0; i < o.requests; i++) {
+                        read_message(fd, kRequestBytes, *o.stop, deadline, "source");
+                        if (i + 1 < o.requests) write_message(fd, kRequestBytes, "source");
+                    }
+                } catch (...) {
+                    close(fd);
+                    throw;
+                }
+                result_ = send_on(fd, o);  // closes fd
             } catch (const std::exception& e) {
                 error_ = e.what();
             }

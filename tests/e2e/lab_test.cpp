@@ -65,3 +65,34 @@ TEST_CASE("lab: two subflows over two paths, tokens as the kernel reports", "[e2
     CHECK_FALSE(std::filesystem::exists("/run/netns/" + prefix + "-cli"));
     CHECK_FALSE(std::filesystem::exists("/run/netns/" + prefix + "-srv"));
 }
+
+TEST_CASE("lab: a download after request/reply exchanges starts after the last request",
+          "[e2e][lab]") {
+    LabConfig cfg;
+    cfg.tag = "lx" + std::to_string(getpid() % 1000000);
+    cfg.ipv6 = false;
+    cfg.path[0] = PathShape{25, 0};  // RTT 50 ms: the exchange's round trips show in the time
+    Lab lab(cfg);
+
+    SECTION("each exchange is one round trip more, and only the stream is counted") {
+        SendOptions opt = SendOptions::of_bytes(10'000);
+        opt.requests = 2;
+        Source source(lab.server_ns(), 7101, opt);
+        TrafficStats rx = receive_stream(lab.client_ns(), Lab::server_addr(1), 7101, 10s, {}, 2);
+        TrafficStats tx = source.wait(10s);
+        CHECK(rx.bytes == 10'000);
+        CHECK(rx.checksum == tx.checksum);
+        // Request, reply, request, then the stream's first byte: two round trips at least
+        // (the delay line holds every frame 25 ms each way), where no exchange takes one half.
+        CHECK(rx.seconds >= 0.099);
+    }
+    SECTION("a client that closes inside the exchange ends the source with an error") {
+        SendOptions opt = SendOptions::of_bytes(10'000);
+        opt.requests = 1;
+        Source source(lab.server_ns(), 7102, opt);
+        // 100 bytes of a 256-byte request, then the close.
+        send_stream(lab.client_ns(), Lab::server_addr(1), 7102, SendOptions::of_bytes(100));
+        REQUIRE_THROWS_WITH(source.wait(10s),
+                            Catch::Contains("source: the peer closed during the exchange"));
+    }
+}
