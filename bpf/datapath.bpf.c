@@ -812,9 +812,16 @@ static __always_inline int act_rate_limit(void *ctx, bool xdp, struct mps_pkt_ct
  * bpf/README.md). The actor then tail-calls the interpreter (slot 0) to continue at its on_match
  * step.
  */
+/* Step `at` of the packet's generation. */
+static __always_inline const struct mps_step *step_at(const struct mps_pkt_ctx *pc, __u32 at)
+{
+	return &mps_slots.tables[ctx_slot(pc)].steps[at & (MPS_MAX_STEPS - 1)];
+}
+
+/* The step the packet is at. */
 static __always_inline const struct mps_step *load_step(const struct mps_pkt_ctx *pc)
 {
-	return &mps_slots.tables[ctx_slot(pc)].steps[pc->pc & (MPS_MAX_STEPS - 1)];
+	return step_at(pc, pc->pc);
 }
 
 static __always_inline void step_count(const struct mps_pkt_ctx *pc, __u32 at, bool matched,
@@ -969,6 +976,36 @@ static __always_inline int continue_chain(void *ctx, bool xdp, struct mps_pkt_ct
 	TAIL(ctx, xdp, MPS_PROG_NONE);
 	return missed_tail_call(pc, at, flags, xdp);
 }
+
+/* A step program that cannot read its packet: counted, and the packet passes untouched
+ * (unparseable()). */
+static __always_inline int step_malformed(const struct mps_pkt_ctx *pc, bool xdp)
+{
+	gen_count(pc, MPS_GC_MALFORMED);
+	return unparseable(ctx_slot(pc), pc->pc, xdp);
+}
+
+/* A step program's end: step `at` (with its `flags`) is done and counted; the chain goes on
+ * at `next`, the end passing the packet. */
+static __always_inline int step_next(void *ctx, bool xdp, struct mps_pkt_ctx *pc, __u32 at,
+				     __u8 flags, __u16 next)
+{
+	pc->pc = next;
+	if (pc->pc == MPS_PC_END)
+		return PASS(xdp);
+	return continue_chain(ctx, xdp, pc, at, flags);
+}
+
+/* The XDP and the TC program of one body (an attach type per program). */
+#define XDP_AND_TC(name)                                                                           \
+	SEC("xdp") int name##_xdp(struct xdp_md *ctx)                                              \
+	{                                                                                          \
+		return name##_body(ctx, true);                                                     \
+	}                                                                                          \
+	SEC("tc") int name##_tc(struct __sk_buff *ctx)                                             \
+	{                                                                                          \
+		return name##_body(ctx, false);                                                    \
+	}
 
 /*
  * Steps one program runs inline before it hands the chain to a fresh interpreter (slot 0, a
@@ -1215,25 +1252,14 @@ int preflight_tc_ingress(struct __sk_buff *skb)
 }
 
 /* Slot 0: where actors come back to continue the chain. */
-static __always_inline int resume(void *ctx, bool xdp)
+static __always_inline int interp_body(void *ctx, bool xdp)
 {
 	struct mps_pkt_ctx pc;
 	if (pctx_load(ctx, xdp, &pc))
 		return PASS(xdp);
 	return run_chain(ctx, xdp, &pc);
 }
-
-SEC("xdp")
-int interp_xdp(struct xdp_md *ctx)
-{
-	return resume(ctx, true);
-}
-
-SEC("tc")
-int interp_tc(struct __sk_buff *ctx)
-{
-	return resume(ctx, false);
-}
+XDP_AND_TC(interp)
 
 /* Selectors with their own program (they look up and update flow state). */
 #define SELECTOR(name, expr)                                                                       \
@@ -1244,25 +1270,12 @@ int interp_tc(struct __sk_buff *ctx)
 			return PASS(xdp);                                                          \
 		const struct mps_step *st = load_step(&pc);                                        \
 		int m = (expr);                                                                    \
-		if (m < 0) {                                                                       \
-			gen_count(&pc, MPS_GC_MALFORMED);                                          \
-			return unparseable(ctx_slot(&pc), pc.pc, xdp);                             \
-		}                                                                                  \
+		if (m < 0)                                                                         \
+			return step_malformed(&pc, xdp);                                           \
 		step_count(&pc, pc.pc, m, false);                                                  \
-		__u32 at = pc.pc;                                                                  \
-		pc.pc = m ? st->on_match : st->on_miss;                                            \
-		if (pc.pc == MPS_PC_END)                                                           \
-			return PASS(xdp);                                                          \
-		return continue_chain(ctx, xdp, &pc, at, st->flags);                               \
+		return step_next(ctx, xdp, &pc, pc.pc, st->flags, m ? st->on_match : st->on_miss); \
 	}                                                                                          \
-	SEC("xdp") int name##_xdp(struct xdp_md *ctx)                                              \
-	{                                                                                          \
-		return name##_body(ctx, true);                                                     \
-	}                                                                                          \
-	SEC("tc") int name##_tc(struct __sk_buff *ctx)                                             \
-	{                                                                                          \
-		return name##_body(ctx, false);                                                    \
-	}
+	XDP_AND_TC(name)
 
 SELECTOR(sel_token, sel_token(ctx, xdp, &pc, st))
 SELECTOR(sel_sequence, sel_sequence(ctx, xdp, &pc, st))
@@ -1276,25 +1289,12 @@ SELECTOR(sel_flow_bytes, sel_flow_bytes(ctx, xdp, &pc, st))
 			return PASS(xdp);                                                          \
 		const struct mps_step *st = load_step(&pc);                                        \
 		int r = (expr);                                                                    \
-		if (r < 0) {                                                                       \
-			gen_count(&pc, MPS_GC_MALFORMED);                                          \
-			return unparseable(ctx_slot(&pc), pc.pc, xdp);                             \
-		}                                                                                  \
+		if (r < 0)                                                                         \
+			return step_malformed(&pc, xdp);                                           \
 		step_count(&pc, pc.pc, r > 0, false);                                              \
-		__u32 at = pc.pc;                                                                  \
-		pc.pc = st->on_match;                                                              \
-		if (pc.pc == MPS_PC_END)                                                           \
-			return PASS(xdp);                                                          \
-		return continue_chain(ctx, xdp, &pc, at, st->flags);                               \
+		return step_next(ctx, xdp, &pc, pc.pc, st->flags, st->on_match);                   \
 	}                                                                                          \
-	SEC("xdp") int name##_xdp(struct xdp_md *ctx)                                              \
-	{                                                                                          \
-		return name##_body(ctx, true);                                                     \
-	}                                                                                          \
-	SEC("tc") int name##_tc(struct __sk_buff *ctx)                                             \
-	{                                                                                          \
-		return name##_body(ctx, false);                                                    \
-	}
+	XDP_AND_TC(name)
 
 /*
  * record, and a rate_limit step right after it (the usual pair) on the flow record found: live,
@@ -1310,39 +1310,17 @@ static __always_inline int act_record_body(void *ctx, bool xdp)
 	__u8 from_a;
 	struct mps_flow *f = account(ctx, xdp, &pc, &from_a);
 	step_count(&pc, pc.pc, f != NULL, false);
-	__u32 at = pc.pc;
-	__u8 flags = st->flags;
+	if (st->on_match == MPS_PC_END || step_at(&pc, st->on_match)->prog != MPS_ACT_RATE_LIMIT)
+		return step_next(ctx, xdp, &pc, pc.pc, st->flags, st->on_match);
 	pc.pc = st->on_match;
-	if (pc.pc == MPS_PC_END)
-		return PASS(xdp);
 	st = load_step(&pc);
-	if (st->prog == MPS_ACT_RATE_LIMIT) {
-		int r = rate_limit_flow(ctx, xdp, &pc, st, f, from_a);
-		if (r < 0) {
-			gen_count(&pc, MPS_GC_MALFORMED);
-			return unparseable(ctx_slot(&pc), pc.pc, xdp);
-		}
-		step_count(&pc, pc.pc, r > 0, false);
-		at = pc.pc;
-		flags = st->flags;
-		pc.pc = st->on_match;
-		if (pc.pc == MPS_PC_END)
-			return PASS(xdp);
-	}
-	return continue_chain(ctx, xdp, &pc, at, flags);
+	int r = rate_limit_flow(ctx, xdp, &pc, st, f, from_a);
+	if (r < 0)
+		return step_malformed(&pc, xdp);
+	step_count(&pc, pc.pc, r > 0, false);
+	return step_next(ctx, xdp, &pc, pc.pc, st->flags, st->on_match);
 }
-
-SEC("xdp")
-int act_record_xdp(struct xdp_md *ctx)
-{
-	return act_record_body(ctx, true);
-}
-
-SEC("tc")
-int act_record_tc(struct __sk_buff *ctx)
-{
-	return act_record_body(ctx, false);
-}
+XDP_AND_TC(act_record)
 
 ACTOR(act_get_connect, act_get_connect(ctx, xdp, &pc))
 ACTOR(act_get_subflow, act_get_subflow(ctx, xdp, &pc))

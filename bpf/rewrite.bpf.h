@@ -766,20 +766,9 @@ static __always_inline int act_add_subflow_body(void *ctx, bool xdp)
 		}
 	}
 	step_count(&pc, at, r > 0, false); /* applied: this packet triggered the carrier */
-	pc.pc = st->on_match;
-	if (pc.pc == MPS_PC_END)
-		return PASS(xdp);
-	return continue_chain(ctx, xdp, &pc, at, st->flags);
+	return step_next(ctx, xdp, &pc, at, st->flags, st->on_match);
 }
-
-SEC("xdp") int act_add_subflow_xdp(struct xdp_md *ctx)
-{
-	return act_add_subflow_body(ctx, true);
-}
-SEC("tc") int act_add_subflow_tc(struct __sk_buff *ctx)
-{
-	return act_add_subflow_body(ctx, false);
-}
+XDP_AND_TC(act_add_subflow)
 
 /* ---- reject ----------------------------------------------------------------------------- */
 
@@ -885,15 +874,7 @@ static __always_inline int act_reject_body(void *ctx, bool xdp)
 				    pc.hook == MPS_HOOK_TC_EGRESS ? BPF_F_INGRESS : 0);
 	return DROP(xdp);
 }
-
-SEC("xdp") int act_reject_xdp(struct xdp_md *ctx)
-{
-	return act_reject_body(ctx, true);
-}
-SEC("tc") int act_reject_tc(struct __sk_buff *ctx)
-{
-	return act_reject_body(ctx, false);
-}
+XDP_AND_TC(act_reject)
 
 /* ---- redirect --------------------------------------------------------------------------- */
 
@@ -985,19 +966,8 @@ static __always_inline int act_redirect_body(void *ctx, bool xdp)
 		}
 	}
 	step_count(&pc, at, false, false);
-	pc.pc = st->on_match;
-	if (pc.pc == MPS_PC_END)
-		return PASS(xdp);
-	return continue_chain(ctx, xdp, &pc, at, st->flags);
+	return step_next(ctx, xdp, &pc, at, st->flags, st->on_match);
 }
-
-SEC("xdp") int act_redirect_xdp(struct xdp_md *ctx)
-{
-	return act_redirect_body(ctx, true);
-}
-SEC("tc") int act_redirect_tc(struct __sk_buff *ctx)
-{
-	return act_redirect_body(ctx, false);
-}
+XDP_AND_TC(act_redirect)
 
 #endif
