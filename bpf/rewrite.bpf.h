@@ -760,10 +760,8 @@ static __always_inline int act_add_subflow_body(void *ctx, bool xdp)
 			return TC_ACT_SHOT;
 		}
 		r = add_subflow_trigger(skb, &pc, st);
-		if (r < 0) {
-			gen_count(&pc, MPS_GC_MALFORMED);
-			return PASS(xdp);
-		}
+		if (r < 0)
+			return step_malformed(&pc, xdp);
 	}
 	step_count(&pc, at, r > 0, false); /* applied: this packet triggered the carrier */
 	return step_next(ctx, xdp, &pc, at, st->flags, st->on_match);

@@ -342,6 +342,31 @@ TEST_CASE("unparseable packets are dropped where a drop-on-failure guard could d
     }
 }
 
+TEST_CASE("add_subflow hands a packet it cannot read to the guard behind it, as every step does",
+          "[bpf][malformed][guard]") {
+    // add_subflow -> packet_type(MP_JOIN) (fail drop) -> drop: add_subflow is the first step to
+    // walk the options, so the bad one is found there.
+    std::vector<mps_step> s = {step(MPS_ACT_ADD_SUBFLOW, 1), sel_kinds(MPS_K_MP_JOIN, 2, END),
+                               step(MPS_ACT_DROP)};
+    s[1].flags |= MPS_STEPF_FAIL_DROP;
+    for (bool guarded : {true, false}) {
+        if (!guarded) s[1].flags &= ~MPS_STEPF_FAIL_DROP;
+        Env env(chain_of(s));
+        for (Hook h : {Hook::tc_egress, Hook::tc_ingress}) {
+            INFO((guarded ? "guarded " : "open ") << name_of(h));
+            Bytes in = with_options(false, {30, 24, 0x10, 0, 1, 1, 8, 0}).build();
+            Snap before = Snap::of(env);
+            Run r = env.run(h, in);
+            Snap after = Snap::of(env);
+            CHECK(r.retval == retval_of(guarded ? Verdict::drop : Verdict::pass, h));
+            CHECK(r.out == in);
+            CHECK(gen_delta(before, after, MPS_GC_MALFORMED) == 1);
+            CHECK(gen_delta(before, after, MPS_GC_UNPARSEABLE_DROPS) == (guarded ? 1u : 0u));
+            CHECK(env.steps()[1].runs == 0);  // the selector never saw it
+        }
+    }
+}
+
 TEST_CASE("a guard behind another policy's steps still covers unparseable packets",
           "[bpf][malformed][guard]") {
     // record (fail pass) -> port 9 (fail pass) -> drop (fail drop): the entry step is guarded
