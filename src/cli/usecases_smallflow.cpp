@@ -51,6 +51,8 @@ constexpr int kSmallPerRound = 20;
 // Client messages before the response in the second regime: a TLS 1.3 handshake (ClientHello,
 // then Finished with the request), one round trip more before the server sends.
 constexpr int kTlsRequests = 2;
+// The small downloads' regimes: sent at once, and after the handshake.
+constexpr int kRegimeRequests[] = {0, kTlsRequests};
 const PathShape kFastPath{10, 50000};  // WiFi-like: RTT 20 ms, 50 Mbit/s
 const PathShape kSlowPath{10, 1500};   // loaded LTE cell: RTT 20 ms, 1.5 Mbit/s
 
@@ -128,10 +130,19 @@ Download download(const Lab& lab, uint16_t port, uint64_t bytes, bool trace, int
     return d;
 }
 
+// The q-quantile of sorted samples (nearest rank).
+double quantile(const std::vector<double>& sorted, double q) {
+    if (sorted.empty()) return 0;
+    size_t i = size_t(q * double(sorted.size()) + 0.999999);
+    return sorted[std::clamp<size_t>(i, 1, sorted.size()) - 1];
+}
+
 // What one mode measured in one round.
 struct Round {
-    std::vector<double> small_ms, small_path2_kb;
-    std::vector<double> tls_ms, tls_path2_kb;  // the same downloads after a TLS 1.3-like handshake
+    // Per regime (kRegimeRequests), each sorted: completion times and KB via path 2.
+    struct Smalls {
+        std::vector<double> ms, path2_kb;
+    } small[2];
     unsigned small_with_extra = 0, damaged = 0;
     Download large;
     // Round 1 only: one more large download, sampled with `ss` every 20 ms for the plot. Not
@@ -158,18 +169,15 @@ Round run_mode(const Lab& lab, bool with_mpsteer, const Options& opt, const std:
     // Ports differ per round and mode: no connection meets a TIME_WAIT of the last one.
     const uint16_t port0 = uint16_t(6000 + 100 * (2 * round + with_mpsteer));
     for (int i = 0; i < kSmallPerRound; i++) {
-        check_stop();
-        Download d = download(lab, uint16_t(port0 + i), kSmallBytes, false);
-        r.small_ms.push_back(d.ms);
-        r.small_path2_kb.push_back(double(d.path2_bytes) / 1e3);
-        r.small_with_extra += d.extra_subflows > 0 || d.established_at.has_value();
-        r.damaged += !d.intact;
-        check_stop();
-        Download t = download(lab, uint16_t(port0 + 50 + i), kSmallBytes, false, kTlsRequests);
-        r.tls_ms.push_back(t.ms);
-        r.tls_path2_kb.push_back(double(t.path2_bytes) / 1e3);
-        r.small_with_extra += t.extra_subflows > 0 || t.established_at.has_value();
-        r.damaged += !t.intact;
+        for (int g = 0; g < 2; g++) {
+            check_stop();
+            Download d =
+                download(lab, uint16_t(port0 + 50 * g + i), kSmallBytes, false, kRegimeRequests[g]);
+            r.small[g].ms.push_back(d.ms);
+            r.small[g].path2_kb.push_back(double(d.path2_bytes) / 1e3);
+            r.small_with_extra += d.extra_subflows > 0 || d.established_at.has_value();
+            r.damaged += !d.intact;
+        }
     }
     check_stop();
     r.large = download(lab, uint16_t(port0 + 98), kLargeBytes, false);
@@ -179,14 +187,16 @@ Round run_mode(const Lab& lab, bool with_mpsteer, const Options& opt, const std:
         r.traced = download(lab, uint16_t(port0 + 99), kLargeBytes, true);
         r.damaged += !r.traced.intact;
     }
-    std::sort(r.small_ms.begin(), r.small_ms.end());
-    std::sort(r.tls_ms.begin(), r.tls_ms.end());
+    for (auto& g : r.small) {
+        std::sort(g.ms.begin(), g.ms.end());
+        std::sort(g.path2_kb.begin(), g.path2_kb.end());
+    }
     spdlog::info(
         "smallflow round {} {}: 100 KB p50 {:.1f} ms (after a handshake {:.1f} ms), {} of {} "
         "with an extra subflow; "
         "{} MB: announced after {} B, subflow after {} B, {:.0f} ms",
-        round + 1, with_mpsteer ? "mpsteer" : "kernel", r.small_ms[r.small_ms.size() / 2],
-        r.tls_ms[r.tls_ms.size() / 2], r.small_with_extra, 2 * kSmallPerRound,
+        round + 1, with_mpsteer ? "mpsteer" : "kernel", quantile(r.small[0].ms, 0.5),
+        quantile(r.small[1].ms, 0.5), r.small_with_extra, 2 * kSmallPerRound,
         kLargeBytes / 1'000'000, r.large.announced_at.value_or(0),
         r.large.established_at.value_or(0), r.large.ms);
     if (round == 0)
@@ -194,13 +204,6 @@ Round run_mode(const Lab& lab, bool with_mpsteer, const Options& opt, const std:
                      with_mpsteer ? "mpsteer" : "kernel", kLargeBytes / 1'000'000,
                      r.traced.announced_at.value_or(0));
     return r;
-}
-
-// The q-quantile of sorted samples (nearest rank).
-double quantile(const std::vector<double>& sorted, double q) {
-    if (sorted.empty()) return 0;
-    size_t i = size_t(q * double(sorted.size()) + 0.999999);
-    return sorted[std::clamp<size_t>(i, 1, sorted.size()) - 1];
 }
 
 // "101.7 (99.8-103.0)": over all rounds, then the spread of the per-round values.
@@ -243,23 +246,16 @@ Report small_flows(const Options& opt) {
     struct Regime {
         const char* key;
         const char* label;
-        const char* series;  // in the CDF's legend, after the mode
-        std::vector<double> Round::*ms;
-        std::vector<double> Round::*path2_kb;
+        const char* series;          // in the CDF's legend, after the mode
         std::vector<double> all[2];  // [kernel, mpsteer], sorted
     };
-    Regime regimes[] = {
-        {"small", "100 KB download", "", &Round::small_ms, &Round::small_path2_kb, {}},
-        {"tls",
-         "100 KB after a TLS-like handshake",
-         ", after a handshake",
-         &Round::tls_ms,
-         &Round::tls_path2_kb,
-         {}}};
-    for (Regime& g : regimes) {
+    Regime regimes[] = {{"small", "100 KB download", "", {}},
+                        {"tls", "100 KB after a TLS-like handshake", ", after a handshake", {}}};
+    for (int i = 0; i < 2; i++) {
+        Regime& g = regimes[i];
         for (int m = 0; m < 2; m++) {
             for (const auto& rd : rounds[m])
-                g.all[m].insert(g.all[m].end(), (rd.*g.ms).begin(), (rd.*g.ms).end());
+                g.all[m].insert(g.all[m].end(), rd.small[i].ms.begin(), rd.small[i].ms.end());
             std::sort(g.all[m].begin(), g.all[m].end());
         }
         for (auto [suffix, q] : {std::pair{"p50", 0.5}, std::pair{"p90", 0.9}}) {
@@ -270,7 +266,7 @@ Report small_flows(const Options& opt) {
             double value[2];
             for (int m = 0; m < 2; m++) {
                 std::vector<double> per_round;
-                for (const auto& rd : rounds[m]) per_round.push_back(quantile(rd.*g.ms, q));
+                for (const auto& rd : rounds[m]) per_round.push_back(quantile(rd.small[i].ms, q));
                 value[m] = quantile(g.all[m], q);
                 f.cells.push_back({value[m], with_spread(value[m], per_round, 1), {}});
             }
@@ -287,10 +283,8 @@ Report small_flows(const Options& opt) {
         for (int m = 0; m < 2; m++) {
             std::vector<double> kb, per_round;
             for (const auto& rd : rounds[m]) {
-                kb.insert(kb.end(), (rd.*g.path2_kb).begin(), (rd.*g.path2_kb).end());
-                std::vector<double> one = rd.*g.path2_kb;
-                std::sort(one.begin(), one.end());
-                per_round.push_back(quantile(one, 0.5));
+                kb.insert(kb.end(), rd.small[i].path2_kb.begin(), rd.small[i].path2_kb.end());
+                per_round.push_back(quantile(rd.small[i].path2_kb, 0.5));
             }
             std::sort(kb.begin(), kb.end());
             f.cells.push_back(

@@ -149,6 +149,27 @@ void write_message(int fd, size_t n, const std::string& who) {
     }
 }
 
+// The exchange of SendOptions::requests on a connected socket, from the client's side or the
+// source's: `requests` client messages, each but the last answered. Closes fd when it fails.
+void exchange(int fd, int requests, bool client, const std::atomic<bool>& stop,
+              Clock::time_point deadline, const std::string& who) {
+    try {
+        for (int i = 0; i < requests; i++) {
+            const bool answered = i + 1 < requests;
+            if (client) {
+                write_message(fd, kRequestBytes, who);
+                if (answered) read_message(fd, kRequestBytes, stop, deadline, who);
+            } else {
+                read_message(fd, kRequestBytes, stop, deadline, who);
+                if (answered) write_message(fd, kRequestBytes, who);
+            }
+        }
+    } catch (...) {
+        close(fd);
+        throw;
+    }
+}
+
 }  // namespace
 
 // ---- sink ----------------------------------------------------------------------------------
@@ -294,16 +315,8 @@ TrafficStats receive_stream(const std::string& netns, const std::string& addr, u
     TrafficStats s;
     s.checksum = kFnvOffset;
     auto t0 = Clock::now();
-    try {
-        const std::atomic<bool> never{false};
-        for (int i = 0; i < requests; i++) {
-            write_message(fd, kRequestBytes, "receive");
-            if (i + 1 < requests) read_message(fd, kRequestBytes, never, t0 + timeout, "receive");
-        }
-    } catch (...) {
-        close(fd);
-        throw;
-    }
+    const std::atomic<bool> never{false};
+    exchange(fd, requests, true, never, t0 + timeout, "receive");
     std::vector<uint8_t> buf(1 << 18);
     for (;;) {
         if (Clock::now() - t0 > timeout) {
@@ -345,16 +358,8 @@ Source::Source(const std::string& netns, uint16_t port, const SendOptions& opt)
             SendOptions o = opt;
             if (!o.stop) o.stop = &stop_;
             try {
-                const auto deadline = Clock::now() + std::chrono::seconds(30);
-                try {
-                    for (int i = 0; i < o.requests; i++) {
-                        read_message(fd, kRequestBytes, *o.stop, deadline, "source");
-                        if (i + 1 < o.requests) write_message(fd, kRequestBytes, "source");
-                    }
-                } catch (...) {
-                    close(fd);
-                    throw;
-                }
+                exchange(fd, o.requests, false, *o.stop, Clock::now() + std::chrono::seconds(30),
+                         "source");
                 result_ = send_on(fd, o);  // closes fd
             } catch (const std::exception& e) {
                 error_ = e.what();
