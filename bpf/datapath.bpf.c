@@ -412,6 +412,33 @@ static __always_inline __u64 tick_ns(void)
 	return c->ns;
 }
 
+/* Moves `total - *held` into `*into` and `*held` to `total`, once whichever CPUs race. */
+static __always_inline void move_counted(__u64 *held, __u64 total, __u64 *into)
+{
+	__u64 was = *held;
+	if (total > was && __sync_val_compare_and_swap(held, was, total) == was)
+		__sync_fetch_and_add(into, total - was);
+}
+
+/*
+ * Adds to the flow's connection entry what the flow counted since the last time. Once per tick
+ * and at a FIN or RST, not per packet: on every packet it was a second hash lookup, the
+ * costliest part of record (README, "Performance"). A connection's entry thus lags its linked
+ * flows by up to a tick while they send; readers that need it exact add the flows' part
+ * (bytes_seen(), the agent's read).
+ */
+static __always_inline void conn_catch_up(struct mps_flow *f, __u64 now)
+{
+	__u32 tok = f->conn_token;
+	struct mps_conn *c = bpf_map_lookup_elem(&conns, &tok);
+	if (!c)
+		return;
+	move_counted(&f->conn_packets, f->dir_ab.packets + f->dir_ba.packets, &c->packets);
+	move_counted(&f->conn_bytes, f->dir_ab.bytes + f->dir_ba.bytes, &c->bytes);
+	if (now > c->last_ns)
+		c->last_ns = now;
+}
+
 /*
  * Per-packet accounting (record, flow_bytes): packets, payload bytes, timestamps-based RTT.
  * Runs once per packet however many steps ask. Returns the flow (or NULL). The times are to
@@ -449,19 +476,13 @@ static __always_inline struct mps_flow *account(void *ctx, bool xdp, struct mps_
 	__u32 payload = pc->l4_len - tcp->doff * 4;
 	__sync_fetch_and_add(&MPS_FLOW_DIR(f, d)->packets, 1);
 	__sync_fetch_and_add(&MPS_FLOW_DIR(f, d)->bytes, payload);
-	if (f->last_ns != now)
+	/* Forward only: CPUs that read the coarse clock as the tick turned may hold one tick
+	 * apart, and a flow seen from both would otherwise move back and forth. */
+	bool new_tick = now > f->last_ns;
+	if (new_tick)
 		f->last_ns = now;
-
-	if (f->conn_token) {
-		__u32 tok = f->conn_token;
-		struct mps_conn *c = bpf_map_lookup_elem(&conns, &tok);
-		if (c) {
-			__sync_fetch_and_add(&c->packets, 1);
-			__sync_fetch_and_add(&c->bytes, payload);
-			if (c->last_ns != now)
-				c->last_ns = now;
-		}
-	}
+	if (f->conn_token && (new_tick || tcp->fin || tcp->rst))
+		conn_catch_up(f, now);
 	sample_rtt(ctx, xdp, pc, f, d);
 	return f;
 }
@@ -578,17 +599,20 @@ static __always_inline int sel_sequence(void *ctx, bool xdp, struct mps_pkt_ctx 
 }
 
 /* Payload bytes counted so far on the subflow (both directions) or, with `conn`, on its
- * connection once the agent has linked the two (until then the subflow is all there is). A
- * connection has carried at least what any of its subflows has: its entry is created by the
- * agent a little after the first packets, which its counters then miss. */
+ * connection once linked (until then the subflow is all there is): the entry's count plus
+ * what this flow has not handed over yet (conn_catch_up()); the other subflows' last tick is
+ * not in it. A connection has carried at least what any of its subflows has, even when its
+ * entry was made anew. */
 static __always_inline __u64 bytes_seen(const struct mps_flow *f, bool conn)
 {
 	__u64 seen = f->dir_ab.bytes + f->dir_ba.bytes;
 	if (conn && f->conn_token) {
+		__u64 held = f->conn_bytes;
 		__u32 tok = f->conn_token;
 		struct mps_conn *c = bpf_map_lookup_elem(&conns, &tok);
-		if (c && c->bytes > seen)
-			seen = c->bytes;
+		__u64 total = c ? c->bytes + (seen > held ? seen - held : 0) : 0;
+		if (total > seen)
+			seen = total;
 	}
 	return seen;
 }

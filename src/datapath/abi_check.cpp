@@ -167,7 +167,7 @@ MPS_ABI_FIELD(mps_flow_dir, wscale_known, 33);
 MPS_ABI_FIELD(mps_flow_dir, wscale_sent, 34);
 MPS_ABI_FIELD(mps_flow_dir, pad, 35);
 
-MPS_ABI_SIZE(mps_flow, 168);
+MPS_ABI_SIZE(mps_flow, 184);
 MPS_ABI_FIELD(mps_flow, dir_ab, 0);
 MPS_ABI_FIELD(mps_flow, last_ns, 40);
 MPS_ABI_FIELD(mps_flow, conn_token, 48);
@@ -184,6 +184,8 @@ MPS_ABI_FIELD(mps_flow, key, 88);
 MPS_ABI_FIELD(mps_flow, idsn, 104);
 MPS_ABI_FIELD(mps_flow, token, 120);
 MPS_ABI_FIELD(mps_flow, dir_ba, 128);
+MPS_ABI_FIELD(mps_flow, conn_packets, 168);
+MPS_ABI_FIELD(mps_flow, conn_bytes, 176);
 // The directions' counters, written from two CPUs, never share a cache line.
 static_assert(offsetof(mps_flow, dir_ba) - sizeof(mps_flow_dir) >= 64, "flow directions too close");
 

@@ -108,11 +108,7 @@ int EventReader::on_sample(void* self_ptr, void* data, size_t size) {
             mps_conn c{};
             c.token[0] = std::min(tok[0], tok[1]);
             c.token[1] = std::max(tok[0], tok[1]);
-            c.subflows = 1;
-            if (have_flow) {  // what the first subflow carried before this entry existed
-                c.packets = f.dir_ab.packets + f.dir_ba.packets;
-                c.bytes = f.dir_ab.bytes + f.dir_ba.bytes;
-            }
+            c.subflows = 1;  // its counters start at zero: a linked flow hands over all it counted
             if (bpf_map_update_elem(state.conns(), &c.token[0], &c, BPF_NOEXIST) == 0)
                 conn_insert_count.fetch_add(1, std::memory_order_release);
             mps_conn alias{};

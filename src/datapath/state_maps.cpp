@@ -111,39 +111,23 @@ uint64_t memlock_of(int fd) {
 }
 
 // ---- carrying state over from the previous layout --------------------------------------------
-// Layout 1 of struct mps_flow: both directions first, in one cache line. Frozen here so that an
-// agent upgraded over a running one keeps its live flows (keys, tokens, counters, RTT).
-struct FlowLayout1 {
-    mps_flow_dir dir[2];
-    __u64 first_ns, last_ns;
-    __u64 key[2];
-    __u64 idsn[2];
-    __u32 token[2];
-    __u32 conn_token, srtt_us, rttvar_us, ended;
-    __u64 rate_bps;
-    __u8 role, backup, pad[6];
-};
-static_assert(sizeof(FlowLayout1) == 168 && offsetof(FlowLayout1, rate_bps) == 152,
-              "layout 1 as it was pinned");
-constexpr int kPreviousLayout = 1;
-static_assert(MPS_STATE_LAYOUT == kPreviousLayout + 1, "carry over from the layout before this one");
+// Layout 2 of struct mps_flow is layout 3 without conn_packets and conn_bytes at its end. Its
+// connection entries counted every linked packet as it came, so a carried flow's counters are
+// all held by its connection already (an unlinked flow's, none).
+constexpr int kPreviousLayout = 2;
+static_assert(MPS_STATE_LAYOUT == kPreviousLayout + 1,
+              "carry over from the layout before this one");
+constexpr size_t kPreviousFlowSize = offsetof(mps_flow, conn_packets);
+static_assert(kPreviousFlowSize == 168 && sizeof(mps_flow) == kPreviousFlowSize + 16,
+              "layout 2 as it was pinned, extended at its end");
 
-mps_flow from_layout1(const FlowLayout1& o) {
+mps_flow from_previous_layout(const uint8_t* in) {
     mps_flow f{};
-    f.dir_ab = o.dir[0];
-    f.dir_ba = o.dir[1];
-    f.first_ns = o.first_ns;
-    f.last_ns = o.last_ns;
-    std::memcpy(f.key, o.key, sizeof f.key);
-    std::memcpy(f.idsn, o.idsn, sizeof f.idsn);
-    std::memcpy(f.token, o.token, sizeof f.token);
-    f.conn_token = o.conn_token;
-    f.srtt_us = o.srtt_us;
-    f.rttvar_us = o.rttvar_us;
-    f.ended = o.ended;
-    f.rate_bps = o.rate_bps;
-    f.role = o.role;
-    f.backup = o.backup;
+    std::memcpy(&f, in, kPreviousFlowSize);
+    if (f.conn_token) {
+        f.conn_packets = f.dir_ab.packets + f.dir_ba.packets;
+        f.conn_bytes = f.dir_ab.bytes + f.dir_ba.bytes;
+    }
     return f;
 }
 
@@ -181,7 +165,7 @@ void carry_over(const std::string& dir, const StateMaps& m) {
     bpf_map_info info{};
     uint32_t len = sizeof info;
     if (bpf_obj_get_info_by_fd(old_flows, &info, &len) || info.key_size != sizeof(mps_flow_key) ||
-        info.value_size != sizeof(FlowLayout1)) {  // not what that layout pinned: never read it
+        info.value_size != kPreviousFlowSize) {  // not what that layout pinned: never read it
         spdlog::warn("state tables: {}/flows{} is not a flow table of layout {}; left alone", dir,
                      old, kPreviousLayout);
         return;
@@ -194,14 +178,11 @@ void carry_over(const std::string& dir, const StateMaps& m) {
     auto as_is = [](size_t size) {
         return [size](const uint8_t* in, uint8_t* out) { std::memcpy(out, in, size); };
     };
-    const uint64_t flows = copy_entries(
-        old_flows, m.flows(), sizeof(FlowLayout1), sizeof(mps_flow),
-        [](const uint8_t* in, uint8_t* out) {
-            FlowLayout1 o;
-            std::memcpy(&o, in, sizeof o);
-            const mps_flow f = from_layout1(o);
-            std::memcpy(out, &f, sizeof f);
-        });
+    const uint64_t flows = copy_entries(old_flows, m.flows(), kPreviousFlowSize, sizeof(mps_flow),
+                                        [](const uint8_t* in, uint8_t* out) {
+                                            const mps_flow f = from_previous_layout(in);
+                                            std::memcpy(out, &f, sizeof f);
+                                        });
     struct Table {
         const char* name;
         int to;

@@ -142,6 +142,9 @@ std::vector<Connection> DatapathBackend::read(std::optional<uint32_t> only) {
             if (bpf_map_lookup_elem(state_.flows(), &fnext, &f) == 0 && f.conn_token) {
                 auto it = conns.find(f.conn_token);
                 if (it != conns.end()) {
+                    // The entry has the flow's counters as of its last tick (abi.h).
+                    it->second.packets += f.dir_ab.packets + f.dir_ba.packets - f.conn_packets;
+                    it->second.bytes += f.dir_ab.bytes + f.dir_ba.bytes - f.conn_bytes;
                     it->second.subflows.push_back(make_subflow(ids_, fnext, f));
                     live |= !(f.ended & MPS_FLOW_CLOSED);
                 }

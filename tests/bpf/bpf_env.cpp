@@ -254,6 +254,10 @@ Env::Env(const dp::ChainSet& chains, const dp::TableSizes& sizes)
 
 Env::~Env() = default;
 
+void next_clock_tick() {
+    usleep(25000);  // two and a half ticks at the slowest HZ (100)
+}
+
 Run raw_run(int prog_fd, const Bytes& frame, bool xdp, uint32_t repeat) {
     // Our own BPF_PROG_TEST_RUN rather than dp::test_run: for XDP the kernel copies out from
     // data_meta, and ctx_out.data says how many bytes of metadata to skip (see

@@ -132,6 +132,10 @@ private:
     std::vector<dp::Event> pending_;
 };
 
+// Sleeps until the kernel's clock tick (CONFIG_HZ >= 100) has turned, so the datapath's tick
+// clock (tick_ns() in bpf/datapath.bpf.c) reads a later time than before.
+void next_clock_tick();
+
 // Counter deltas between two snapshots.
 struct Snap {
     std::vector<dp::StepCounters> steps;

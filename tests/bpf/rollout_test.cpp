@@ -296,7 +296,7 @@ TEST_CASE("state tables: a previous-layout pin of another shape is never read, o
     test::PinRoot pins;
     const std::string maps_dir = pins.path() + "/maps";
     std::filesystem::create_directories(maps_dir);
-    const std::string old_pin = maps_dir + "/flows_v1";
+    const std::string old_pin = maps_dir + "/flows_v" + std::to_string(MPS_STATE_LAYOUT - 1);
     int fd = bpf_map_create(BPF_MAP_TYPE_HASH, "flows", sizeof(mps_flow_key), 8, 16, nullptr);
     REQUIRE(fd >= 0);
     mps_flow_key key{};
@@ -314,36 +314,42 @@ TEST_CASE("state tables: a previous-layout pin of another shape is never read, o
 
 TEST_CASE("state tables: an upgrade carries the previous layout's flows and connections over",
           "[bpf][rollout]") {
-    // What an agent of layout 1 left pinned: a flow with both directions first, a connection.
+    // What an agent of layout 2 left pinned: flows of 168 bytes (this layout without the
+    // connection's share at its end), one linked to a connection and one not.
+    static_assert(MPS_STATE_LAYOUT == 3, "this test pins the layout before this one");
     test::PinRoot pins;
     const std::string maps_dir = pins.path() + "/maps";
     std::filesystem::create_directories(maps_dir);
     auto pinned = [&](const char* name, bpf_map_type type, uint32_t key, uint32_t value) {
         int fd = bpf_map_create(type, name, key, value, 1024, nullptr);
         REQUIRE(fd >= 0);
-        REQUIRE(bpf_obj_pin(fd, (maps_dir + "/" + name + "_v1").c_str()) == 0);
+        REQUIRE(bpf_obj_pin(fd, (maps_dir + "/" + name + "_v2").c_str()) == 0);
         return fd;
     };
     int old_flows = pinned("flows", BPF_MAP_TYPE_LRU_HASH, sizeof(mps_flow_key), 168);
     int old_conns = pinned("conns", BPF_MAP_TYPE_LRU_HASH, sizeof(__u32), sizeof(mps_conn));
-    mps_flow_key key{};
-    key.a[0] = 0x0100000a;
-    key.b[0] = 0x0200000a;
-    key.port_a = 40000;
-    key.port_b = 443;
-    key.family = 4;
-    uint8_t v1[168] = {};
-    auto put = [&](size_t off, auto value) { std::memcpy(v1 + off, &value, sizeof value); };
-    put(0, uint64_t{7});                    // dir[0].packets
-    put(40 + 8, uint64_t{5000});            // dir[1].bytes
-    put(40 + 16, uint32_t{900});            // dir[1].isn
-    put(96, uint64_t{0x1122334455667788});  // key[0]
-    put(132, uint32_t{0xabcdef01});         // token[1]
-    put(136, uint32_t{0x01020304});         // conn_token
-    put(140, uint32_t{21000});              // srtt_us
-    put(152, uint64_t{125000});             // rate_bps
-    put(160, uint8_t{MPS_ROLE_JOIN});       // role
-    REQUIRE(bpf_map_update_elem(old_flows, &key, v1, BPF_ANY) == 0);
+    mps_flow_key linked{}, unlinked{};
+    linked.a[0] = unlinked.a[0] = 0x0100000a;
+    linked.b[0] = unlinked.b[0] = 0x0200000a;
+    linked.port_a = 40000;
+    unlinked.port_a = 40001;
+    linked.port_b = unlinked.port_b = 443;
+    linked.family = unlinked.family = 4;
+    uint8_t v2[168] = {};
+    auto put = [&](size_t off, auto value) { std::memcpy(v2 + off, &value, sizeof value); };
+    put(0, uint64_t{7});                    // dir_ab.packets
+    put(8, uint64_t{100});                  // dir_ab.bytes
+    put(128, uint64_t{3});                  // dir_ba.packets
+    put(128 + 8, uint64_t{5000});           // dir_ba.bytes
+    put(128 + 16, uint32_t{900});           // dir_ba.isn
+    put(88, uint64_t{0x1122334455667788});  // key[0]
+    put(124, uint32_t{0xabcdef01});         // token[1]
+    put(52, uint32_t{21000});               // srtt_us
+    put(64, uint64_t{125000});              // rate_bps
+    put(72, uint8_t{MPS_ROLE_JOIN});        // role
+    REQUIRE(bpf_map_update_elem(old_flows, &unlinked, v2, BPF_ANY) == 0);
+    put(48, uint32_t{0x01020304});  // conn_token
+    REQUIRE(bpf_map_update_elem(old_flows, &linked, v2, BPF_ANY) == 0);
     __u32 token = 0x01020304;
     mps_conn conn{};
     conn.bytes = 123456;
@@ -353,23 +359,72 @@ TEST_CASE("state tables: an upgrade carries the previous layout's flows and conn
     close(old_conns);
 
     auto maps = datapath::StateMaps::open(pins.path());
-    mps_flow f{};
-    REQUIRE(bpf_map_lookup_elem(maps.flows(), &key, &f) == 0);
-    CHECK(f.dir_ab.packets == 7);
-    CHECK(f.dir_ba.bytes == 5000);
-    CHECK(f.dir_ba.isn == 900);
-    CHECK(f.key[0] == 0x1122334455667788ull);
-    CHECK(f.token[1] == 0xabcdef01u);
-    CHECK(f.conn_token == 0x01020304u);
-    CHECK(f.srtt_us == 21000u);
-    CHECK(f.rate_bps == 125000u);
-    CHECK(f.role == MPS_ROLE_JOIN);
+    for (const auto* key : {&linked, &unlinked}) {
+        const bool is_linked = key == &linked;
+        INFO((is_linked ? "linked" : "unlinked"));
+        mps_flow f{};
+        REQUIRE(bpf_map_lookup_elem(maps.flows(), key, &f) == 0);
+        CHECK(f.dir_ab.packets == 7);
+        CHECK(f.dir_ba.bytes == 5000);
+        CHECK(f.dir_ba.isn == 900);
+        CHECK(f.key[0] == 0x1122334455667788ull);
+        CHECK(f.token[1] == 0xabcdef01u);
+        CHECK(f.conn_token == (is_linked ? 0x01020304u : 0u));
+        CHECK(f.srtt_us == 21000u);
+        CHECK(f.rate_bps == 125000u);
+        CHECK(f.role == MPS_ROLE_JOIN);
+        // The previous layout's connection counted each linked packet already: nothing of the
+        // flow's counters is still to be handed over, and all of an unlinked flow's is.
+        CHECK(f.conn_packets == (is_linked ? 10u : 0u));
+        CHECK(f.conn_bytes == (is_linked ? 5100u : 0u));
+    }
     mps_conn c{};
     REQUIRE(bpf_map_lookup_elem(maps.conns(), &token, &c) == 0);
     CHECK(c.bytes == 123456u);
     CHECK(c.subflows == 2u);
     // The old pins are gone; the programs still holding them keep their own references.
-    CHECK_FALSE(std::filesystem::exists(maps_dir + "/flows_v1"));
-    CHECK_FALSE(std::filesystem::exists(maps_dir + "/conns_v1"));
+    CHECK_FALSE(std::filesystem::exists(maps_dir + "/flows_v2"));
+    CHECK_FALSE(std::filesystem::exists(maps_dir + "/conns_v2"));
     CHECK(std::filesystem::exists(maps_dir + "/flows_v" + std::to_string(MPS_STATE_LAYOUT)));
+}
+
+TEST_CASE("state tables: the agent reads a connection with what its flows have not handed over",
+          "[bpf][rollout]") {
+    // The datapath adds a flow's counts to its connection once per tick: the entry alone lags.
+    test::PinRoot pins;
+    auto maps = datapath::StateMaps::open(pins.path());
+    const uint32_t tok = 0x00c0ffee;
+    mps_conn c{};
+    c.token[0] = tok;
+    c.token[1] = tok + 1;
+    c.bytes = 1000;  // what both subflows handed over, and a closed third one before them
+    c.packets = 10;
+    REQUIRE(bpf_map_update_elem(maps.conns(), &tok, &c, BPF_ANY) == 0);
+    auto flow = [&](uint16_t port, uint32_t conn_token, uint64_t bytes, uint64_t held) {
+        mps_flow_key k{};
+        k.a[0] = 0x0100000a;
+        k.b[0] = 0x0200000a;
+        k.port_a = port;
+        k.port_b = 443;
+        k.family = 4;
+        mps_flow f{};
+        f.conn_token = conn_token;
+        f.dir_ab.bytes = bytes - bytes / 4;
+        f.dir_ba.bytes = bytes / 4;
+        f.dir_ab.packets = bytes / 100;
+        f.conn_bytes = held;
+        f.conn_packets = held / 100;
+        REQUIRE(bpf_map_update_elem(maps.flows(), &k, &f, BPF_ANY) == 0);
+    };
+    flow(40000, tok, 600, 400);  // 200 not handed over yet
+    flow(40001, tok, 300, 300);  // all handed over
+    flow(40002, 0, 5000, 0);     // another connection's, unlinked
+    lua::FlowIds ids;
+    lua::StepWriteQueue queue;
+    lua::DatapathBackend backend(maps, ids, queue);
+    auto conn = backend.connection(tok);
+    REQUIRE(conn);
+    CHECK(conn->bytes == 1200);
+    CHECK(conn->packets == 12);
+    CHECK(conn->subflows.size() == 2);
 }

@@ -301,10 +301,11 @@ TEST_CASE("selector flow_bytes(subflow): bytes seen before this packet, both dir
     }
 }
 
-TEST_CASE("selector flow_bytes(connection): a connection linked late counts its subflow's bytes",
-          "[bpf][selector][state]") {
+TEST_CASE(
+    "selector flow_bytes(connection): a connection linked late counts all its subflow carried",
+    "[bpf][selector][state]") {
     // The agent creates the connection entry after the first packets: the subflow has carried
-    // 900 bytes, the fresh entry none. The connection has carried at least the subflow's.
+    // 900 bytes, the fresh entry none. The flow hands over everything it counted.
     const uint32_t tok = 0x00c0ffee;
     for (Hook h : kHooks) {
         INFO(name_of(h));
@@ -322,10 +323,70 @@ TEST_CASE("selector flow_bytes(connection): a connection linked late counts its 
         f->conn_token = tok;
         env.put_flow(k, *f);
         expect_match(env, h, cli(false).payload(150), false, 1);  // 900 before it
-        expect_match(env, h, cli(false).payload(10), true, 1);    // 1050 (the entry: 150)
+        expect_match(env, h, cli(false).payload(10), true, 1);    // 1050
+        next_clock_tick();
+        expect_match(env, h, cli(false).payload(5), true, 1);  // 1060
         auto conn = env.conn(tok);
         REQUIRE(conn);
-        CHECK(conn->bytes == 160);
+        CHECK(conn->bytes == 1065);
+        CHECK(conn->packets == 5);  // the SYN too
+    }
+}
+
+TEST_CASE("actor record: a linked flow hands its counts to the connection at the tick and at a FIN",
+          "[bpf][actor][state]") {
+    // Not per packet (that would be a second hash lookup on each): what the entry lacks at any
+    // moment is what the flow counted since it last handed over, from both hooks' packets.
+    const uint32_t tok = 0x00c0ffee;
+    for (bool rst : {false, true}) {
+        INFO((rst ? "RST" : "FIN"));
+        Env env(chain_of({step(MPS_ACT_RECORD)}));
+        mps_conn c{};
+        c.token[0] = tok;
+        c.token[1] = tok + 1;
+        c.bytes = 7;  // another subflow's, handed over before
+        c.packets = 1;
+        REQUIRE(bpf_map_update_elem(env.state().conns(), &tok, &c, BPF_ANY) == 0);
+        env.run(Hook::tc_egress, cli(false).flags(tcpf::SYN));
+        auto k = flow_key_of(cli(false));
+        auto f = env.flow(k);
+        REQUIRE(f);
+        f->conn_token = tok;
+        env.put_flow(k, *f);
+        auto held_with_flow = [&] {
+            auto cn = env.conn(tok);
+            auto fl = env.flow(k);
+            REQUIRE(cn);
+            REQUIRE(fl);
+            CHECK(fl->conn_bytes <= fl->dir_ab.bytes + fl->dir_ba.bytes);
+            return std::pair<uint64_t, uint64_t>{
+                cn->bytes + fl->dir_ab.bytes + fl->dir_ba.bytes - fl->conn_bytes,
+                cn->packets + fl->dir_ab.packets + fl->dir_ba.packets - fl->conn_packets};
+        };
+        uint64_t bytes = 7, packets = 2;  // with the SYN
+        // Packets from both hooks, some within one tick, some across.
+        for (int i = 0; i < 20; ++i) {
+            env.run(i % 2 ? Hook::xdp : Hook::tc_egress,
+                    (i % 2 ? srv(false) : cli(false)).payload(100 + i));
+            bytes += 100 + i;
+            ++packets;
+            CHECK(held_with_flow() == std::pair<uint64_t, uint64_t>{bytes, packets});
+            if (i % 7 == 6) next_clock_tick();
+        }
+        next_clock_tick();
+        env.run(Hook::xdp, srv(false).payload(40));  // first of a tick: hands over
+        bytes += 40;
+        ++packets;
+        auto conn = env.conn(tok);
+        REQUIRE(conn);
+        CHECK(conn->bytes == bytes);
+        CHECK(conn->packets == packets);
+        env.run(Hook::tc_egress, cli(false).payload(3));  // the same tick: the flow keeps it
+        env.run(Hook::tc_egress, cli(false).flags(rst ? tcpf::RST : tcpf::FIN | tcpf::ACK));
+        conn = env.conn(tok);
+        REQUIRE(conn);
+        CHECK(conn->bytes == bytes + 3);
+        CHECK(conn->packets == packets + 2);
     }
 }
 
@@ -352,14 +413,20 @@ TEST_CASE("selector flow_bytes(connection): bytes of every subflow of the connec
                 f->conn_token = tok;
                 env.put_flow(k, *f);
             }
+            // Each packet the first of its tick, so each subflow has handed over the others'
+            // bytes before the next reads the connection.
+            next_clock_tick();
             expect_match(env, h, cli(v6, 40000).payload(60), true, 1);  // 1000 before
+            next_clock_tick();
             expect_match(env, h, srv(v6, 40001).payload(30), true, 1);  // 1060
+            next_clock_tick();
             expect_match(env, h, cli(v6, 40001).payload(20), true, 1);  // 1090
+            next_clock_tick();
             expect_match(env, h, cli(v6, 40000).payload(1), false, 1);  // 1110
             auto conn = env.conn(tok);
             REQUIRE(conn);
             CHECK(conn->bytes == 1111);
-            CHECK(conn->packets == 4);
+            CHECK(conn->packets == 6);  // the SYNs too
         }
     }
 }

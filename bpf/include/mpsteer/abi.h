@@ -22,7 +22,7 @@
  * entries. */
 
 /* Bumped whenever a shared (cross-generation) map changes layout; pinned names carry it. */
-#define MPS_STATE_LAYOUT 2
+#define MPS_STATE_LAYOUT 3
 
 /* The shared hash maps are sized by the agent when it creates them (TableSizes in
  * src/datapath/datapath.h); every load reuses them, so the objects' own sizes are placeholders. */
@@ -349,8 +349,12 @@ struct mps_flow {
 	__u64 first_ns; /* to the clock tick (the coarse clock) */
 	__u64 key[2];	/* MP_CAPABLE key of side a / b as on the wire (0: unseen) */
 	__u64 idsn[2];	/* IDSN of side a / b, filled by the agent from the keys */
-	__u32 token[2];	/* token of side a / b (0: unknown) */
+	__u32 token[2]; /* token of side a / b (0: unknown) */
 	struct mps_flow_dir dir_ba;
+	/* Of both directions' counters, what the connection entry (conn_token) holds: the
+	 * datapath adds the rest once per clock tick and at a FIN or RST, not per packet, so a
+	 * connection's exact count is its entry's plus each linked flow's counters minus these. */
+	__u64 conn_packets, conn_bytes;
 };
 /* A pointer to direction d (0: a to b, 1: b to a) of the flow f points to. */
 #define MPS_FLOW_DIR(f, d) ((d) ? &(f)->dir_ba : &(f)->dir_ab)
@@ -362,8 +366,9 @@ enum mps_role { MPS_ROLE_UNKNOWN = 0, MPS_ROLE_INITIAL = 1, MPS_ROLE_JOIN = 2 };
 #define MPS_FLOW_CLOSED 0x04
 
 /* Connection state, created by the agent when it derives the tokens from the keys. The entry
- * under the lower token holds the counters; the one under the higher token is an alias (its
- * key differs from token[0]) so either token finds it. */
+ * under the lower token holds the counters (its linked flows' as of their last clock tick, see
+ * mps_flow.conn_bytes); the one under the higher token is an alias (its key differs from
+ * token[0]) so either token finds it. */
 struct mps_conn {
 	__u64 packets, bytes;
 	__u64 first_ns, last_ns; /* to the clock tick (the coarse clock) */
