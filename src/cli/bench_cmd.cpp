@@ -153,7 +153,8 @@ int run_bench(bool json, uint32_t repeat, int rounds) {
     // table twice the size it holds (as an agent sized for its load would run).
     std::vector<StateMaps> filled;
     filled.reserve(3);
-    for (auto [key, n] : {std::pair{"chain4_flows1k_ns", 1u << 10}, {"chain4_flows64k_ns", 1u << 16},
+    for (auto [key, n] : {std::pair{"chain4_flows1k_ns", 1u << 10},
+                          {"chain4_flows64k_ns", 1u << 16},
                           {"chain4_flows1m_ns", 1u << 20}}) {
         TableSizes sizes;
         sizes.flows = std::max(2 * n, TableSizes::kMinFlows);
@@ -276,8 +277,8 @@ void add_bench_command(CLI::App& app) {
     cmd->callback([cmd] {
         try {
             if (live)
-                set_exit_code(run_live_bench(json, cmd->count("--rounds") ? rounds : 9, seconds, share,
-                                             cases, prog_times));
+                set_exit_code(run_live_bench(json, cmd->count("--rounds") ? rounds : 9, seconds,
+                                             share, cases, prog_times));
             else
                 set_exit_code(run_bench(json, repeat, rounds));
         } catch (const std::exception& e) {

@@ -386,7 +386,8 @@ int run_live_bench(bool json, int rounds, int seconds, const std::string& share,
                 double prog_ns = 0;
                 for (size_t h = 0; h < hosts.size(); ++h) {
                     for (const auto& [hook, t] : prog_times_of(hosts[h].netns, hosts[h].ifs)) {
-                        const ProgTime was = times0[h].count(hook) ? times0[h].at(hook) : ProgTime{};
+                        const ProgTime was =
+                            times0[h].count(hook) ? times0[h].at(hook) : ProgTime{};
                         const double ns = double(t.ns - was.ns), runs = double(t.runs - was.runs);
                         prog_ns += ns;
                         if (runs > 0)
@@ -461,7 +462,8 @@ int run_live_bench(bool json, int rounds, int seconds, const std::string& share,
             j["throughput_vs_bare_xdp_min"] = *std::min_element(t.begin(), t.end());
             j["throughput_vs_bare_xdp_max"] = *std::max_element(t.begin(), t.end());
             j["cpu_per_gb_vs_bare_xdp"] = median(u);
-            if (c.counts.count("programs_cpu_s_per_gb") && bare.counts.count("programs_cpu_s_per_gb")) {
+            if (c.counts.count("programs_cpu_s_per_gb") &&
+                bare.counts.count("programs_cpu_s_per_gb")) {
                 // Per round, what the case's programs took more than the bare program's,
                 // beside what the whole machine took more: both in CPU seconds per GB.
                 const auto& p = c.counts.at("programs_cpu_s_per_gb");

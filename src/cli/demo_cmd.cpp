@@ -356,9 +356,9 @@ int agent_demo(const std::string& share, int seconds, const std::string& plot_di
 
     std::printf("mpsteer status --state-dir %s\n", agent.state_dir().c_str());
     std::fflush(stdout);
-    std::system(
-        (std::filesystem::read_symlink("/proc/self/exe").string() + " status --state-dir " + agent.state_dir())
-            .c_str());
+    std::system((std::filesystem::read_symlink("/proc/self/exe").string() + " status --state-dir " +
+                 agent.state_dir())
+                    .c_str());
     agent.stop();
     const bool ok = small_ok && large_ok && small_joins == 0 && large_joins >= 1;
     std::printf(

@@ -149,7 +149,8 @@ void print_text(const Report& r, const Options& opt) {
         }
         std::printf("\n");
     }
-    std::printf("  targets apply to the mpsteer columns: %s\n\n", r.met() ? "all met" : "NOT ALL MET");
+    std::printf("  targets apply to the mpsteer columns: %s\n\n",
+                r.met() ? "all met" : "NOT ALL MET");
 }
 
 nlohmann::ordered_json to_json(const Report& r) {
@@ -164,7 +165,8 @@ nlohmann::ordered_json to_json(const Report& r) {
         nlohmann::ordered_json fig;
         fig["key"] = f.key;
         fig["label"] = f.label;
-        fig["target"] = f.target.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(f.target);
+        fig["target"] =
+            f.target.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(f.target);
         for (size_t i = 0; i < f.cells.size(); i++) {
             fig["values"][r.columns[i]] = f.cells[i].value;
             if (f.cells[i].met) fig["met"][r.columns[i]] = *f.cells[i].met;

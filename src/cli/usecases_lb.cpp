@@ -175,7 +175,8 @@ Report load_balancer(const Options& opt) {
         };
     };
     const std::vector<Spec> specs = {
-        {"connections", "connections", "", [&](const LbTally& t, bool) { return number(t.connections); }},
+        {"connections", "connections", "",
+         [&](const LbTally& t, bool) { return number(t.connections); }},
         {"with_extra_subflow", "connections with >= 2 subflows", "100 %",
          [](const LbTally& t, bool mpsteer) {
              Cell c{t.with_extra_subflow, percent(t.with_extra_subflow, t.connections), {}};

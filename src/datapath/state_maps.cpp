@@ -83,7 +83,8 @@ void for_each_batch(int fd, const char* what,
     uint32_t len = sizeof info;
     if (bpf_obj_get_info_by_fd(fd, &info, &len)) fail("reading a state map's info", errno);
     constexpr uint32_t kBatch = 4096;
-    std::vector<uint8_t> keys(size_t(kBatch) * info.key_size), values(size_t(kBatch) * info.value_size);
+    std::vector<uint8_t> keys(size_t(kBatch) * info.key_size),
+        values(size_t(kBatch) * info.value_size);
     uint64_t token = 0;  // the kernel's cursor: a bucket index for hash tables
     for (bool first = true;; first = false) {
         uint32_t n = kBatch;
@@ -360,7 +361,8 @@ std::vector<TableInfo> StateMaps::tables(bool count) const {
                     inserts += n;
             if (t.inserts == MPS_TI_FLOWS) inserts -= std::min(inserts, flows_removed);
             info.entries = count_entries(t.fd);
-            if (t.inserts >= 0) info.evictions = inserts > *info.entries ? inserts - *info.entries : 0;
+            if (t.inserts >= 0)
+                info.evictions = inserts > *info.entries ? inserts - *info.entries : 0;
         }
         out.push_back(std::move(info));
     }

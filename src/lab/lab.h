@@ -208,7 +208,8 @@ public:
     std::string backend_ns(int backend) const { return prefix_ + "-b" + std::to_string(backend); }
     // family 4 or 6
     static std::string vip(int family);                          // 203.0.113.10, 2001:db8:113::10
-    static std::string unique_addr(int backend, int family);     // 198.51.100.2<b-1>, 2001:db8:100::2<b-1>
+    // 198.51.100.2<b-1>, 2001:db8:100::2<b-1>
+    static std::string unique_addr(int backend, int family);
     static std::string client_addr(int path, int family);
 
 private:

@@ -66,12 +66,14 @@ void LoadBalancerLab::build() {
                  "net.ipv4.fib_multipath_hash_policy=1", "net.ipv6.fib_multipath_hash_policy=1"});
 
     for (int p = 1; p <= 2; p++)
-        veth_pair({cli, prefix_ + "-c" + n(p), "10.0." + n(p) + ".1/24", "fd00:0:" + n(p) + "::1/64"},
-                  {lb, prefix_ + "-r" + n(p), "10.0." + n(p) + ".2/24", "fd00:0:" + n(p) + "::2/64"});
+        veth_pair(
+            {cli, prefix_ + "-c" + n(p), "10.0." + n(p) + ".1/24", "fd00:0:" + n(p) + "::1/64"},
+            {lb, prefix_ + "-r" + n(p), "10.0." + n(p) + ".2/24", "fd00:0:" + n(p) + "::2/64"});
     for (int b = 1; b <= kBackends; b++)
-        veth_pair({lb, prefix_ + "-l" + n(b), "10.1." + n(b) + ".1/24", "fd00:1:" + n(b) + "::1/64"},
-                  {backend_ns(b), prefix_ + "-v" + n(b), "10.1." + n(b) + ".2/24",
-                   "fd00:1:" + n(b) + "::2/64"});
+        veth_pair(
+            {lb, prefix_ + "-l" + n(b), "10.1." + n(b) + ".1/24", "fd00:1:" + n(b) + "::1/64"},
+            {backend_ns(b), prefix_ + "-v" + n(b), "10.1." + n(b) + ".2/24",
+             "fd00:1:" + n(b) + "::2/64"});
 
     // The client: path 1 by default, its path-2 address out of path 2.
     const std::string c2 = prefix_ + "-c2";

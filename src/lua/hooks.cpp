@@ -284,7 +284,8 @@ Clock::time_point HookSet::tick(Clock::time_point now) {
             s->on_tick();
             if (s->disabled()) continue;
             const bool idle = s->spec().idle_every_ms && backend_.no_connections();
-            auto every = std::chrono::milliseconds(idle ? s->spec().idle_every_ms : s->spec().every_ms);
+            auto every =
+                std::chrono::milliseconds(idle ? s->spec().idle_every_ms : s->spec().every_ms);
             auto nt = s->next_tick() + every;  // on the grid: no drift
             if (nt <= now) nt = now + every;   // missed ticks are skipped, not queued
             s->schedule_at(nt, idle);

@@ -156,8 +156,9 @@ std::optional<Policy> Checker::policy(const Doc& d) {
                 ok = false;
             } else if (!lua.every_ms || *us / 1000 < lua.every_ms) {
                 error(d, "/spec/hooks/idle_every",
-                      lua.every_ms ? "must be at least every (" + std::to_string(lua.every_ms) + "ms)"
-                                   : "needs every: without ticks there is nothing to slow down");
+                      lua.every_ms
+                          ? "must be at least every (" + std::to_string(lua.every_ms) + "ms)"
+                          : "needs every: without ticks there is nothing to slow down");
                 ok = false;
             } else {
                 lua.idle_every_ms = uint32_t(*us / 1000);

@@ -31,6 +31,8 @@ private:
     sha256_ctx ctx_;
 };
 
-inline Sha256Digest sha256(const void* data, size_t size) { return Sha256().update(data, size).digest(); }
+inline Sha256Digest sha256(const void* data, size_t size) {
+    return Sha256().update(data, size).digest();
+}
 
 }  // namespace mpsteer::net

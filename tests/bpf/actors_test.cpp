@@ -307,7 +307,8 @@ TEST_CASE("actor get_connect: a full ring buffer loses the event, not the keys",
         // each reported once.
         const uint16_t first = 20000, count = 3000;
         for (uint16_t i = 0; i < count; i++) {
-            env.run(h, cli(false, uint16_t(first + i)).flags(tcpf::SYN).option(mptcp::capable_syn()));
+            env.run(h,
+                    cli(false, uint16_t(first + i)).flags(tcpf::SYN).option(mptcp::capable_syn()));
             env.run(h, cli(false, uint16_t(first + i)).option(mptcp::capable_ack(0x77 + i, 0x88)));
         }
         CHECK(env.gen().values[MPS_GC_EVENTS_LOST] > 0);
@@ -613,7 +614,8 @@ namespace {
 
 // A completed MPTCP handshake on cli(v6) / srv(v6): ISNs 100 / 900, window shifts 7 / 9, keys.
 void handshake(Env& env, Hook h, bool v6, uint64_t ka = 0x1111, uint64_t kb = 0x2222) {
-    env.run(h, cli(v6).flags(tcpf::SYN).seq(100).option(opt::wscale(7)).option(mptcp::capable_syn()));
+    env.run(h,
+            cli(v6).flags(tcpf::SYN).seq(100).option(opt::wscale(7)).option(mptcp::capable_syn()));
     env.run(h, srv(v6)
                    .flags(tcpf::SYN | tcpf::ACK)
                    .seq(900)
@@ -667,9 +669,17 @@ TEST_CASE("flow learning: a spoofed SYN, SYN/ACK or MP_CAPABLE cannot rewrite a 
             env.put_flow(key, *was);
 
             const Packet forged[] = {
-                cli(v6).flags(tcpf::SYN).seq(5555).option(opt::wscale(1)).option(mptcp::capable_syn()),
-                cli(v6).flags(tcpf::SYN).seq(5555).option(mptcp::capable({0, 0x81, 0x99, {}, {}, {}})),
-                srv(v6).flags(tcpf::SYN | tcpf::ACK).seq(7777).option(opt::wscale(0))
+                cli(v6)
+                    .flags(tcpf::SYN)
+                    .seq(5555)
+                    .option(opt::wscale(1))
+                    .option(mptcp::capable_syn()),
+                cli(v6).flags(tcpf::SYN).seq(5555).option(
+                    mptcp::capable({0, 0x81, 0x99, {}, {}, {}})),
+                srv(v6)
+                    .flags(tcpf::SYN | tcpf::ACK)
+                    .seq(7777)
+                    .option(opt::wscale(0))
                     .option(mptcp::capable_synack(0x99, 0x81)),
                 srv(v6).flags(tcpf::SYN | tcpf::ACK).seq(7777).option(mptcp::join_synack(9, 9, 1)),
                 cli(v6).option(mptcp::capable_ack(0x99, 0x98)),

@@ -247,7 +247,8 @@ CpuPin::~CpuPin() {
 }
 
 Env::Env(const dp::ChainSet& chains, const dp::TableSizes& sizes)
-    : state_(dp::StateMaps::open(root_.path(), sizes)), gen_(dp::Generation::build(chains, 1, state_)) {
+    : state_(dp::StateMaps::open(root_.path(), sizes)),
+      gen_(dp::Generation::build(chains, 1, state_)) {
     reader_ = std::make_unique<dp::EventReader>(
         state_, [this](const dp::Event& e) { pending_.push_back(e); });
 }

@@ -194,11 +194,12 @@ std::vector<FuzzChain> fuzz_chains() {
                  true,
                  false,
                  true});
-    v.push_back({"SYNs to the port rejected, else pass",
-                 {sel_port(MPS_DIR_DST, 5201, 5201, 1, 2), step(MPS_ACT_REJECT), step(MPS_ACT_PASS)},
-                 true,
-                 false,
-                 true});
+    v.push_back(
+        {"SYNs to the port rejected, else pass",
+         {sel_port(MPS_DIR_DST, 5201, 5201, 1, 2), step(MPS_ACT_REJECT), step(MPS_ACT_PASS)},
+         true,
+         false,
+         true});
     FuzzChain guard{"guard: MP_JOIN passes, anything else to the port drops",
                     {sel_port(MPS_DIR_DST, 5201, 5201, 1, END), sel_kinds(MPS_K_MP_JOIN, END, 2),
                      step(MPS_ACT_DROP)},
