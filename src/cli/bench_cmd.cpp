@@ -19,10 +19,12 @@
 #include "cli/commands.h"
 #include "datapath/datapath.h"
 #include "datapath/frames.h"
+#include "lab/stats.h"
 
 namespace mpsteer::cli {
 namespace {
 using namespace mpsteer::datapath;
+using lab::median;
 
 mps_step cidr(mps_prog prog, const char* addr, uint8_t prefix) {
     auto s = make_step(prog, 0, MPS_PC_END);
@@ -180,10 +182,6 @@ int run_bench(bool json, uint32_t repeat, int rounds) {
     for (int round = 0; round < rounds; ++round)
         for (auto& c : cases) c.samples.push_back(test_run(c.fd, frame, true, repeat).duration_ns);
     nlohmann::ordered_json out;
-    auto median = [](std::vector<double> v) {
-        std::sort(v.begin(), v.end());
-        return v[v.size() / 2];
-    };
     for (auto& c : cases) out[c.key] = median(c.samples);
     // Ratios per round (both figures from the same round), then their median: a round that
     // another task disturbed moves both sides of its ratio.

@@ -33,6 +33,7 @@
 #include "cli/bench_live.h"
 #include "datapath/datapath.h"
 #include "lab/lab.h"
+#include "lab/stats.h"
 
 namespace mpsteer::cli {
 namespace {
@@ -252,12 +253,6 @@ ProcessUse process_use(pid_t pid) {
     if (f.size() > 12)
         u.cpu_s = double(std::stoull(f[11]) + std::stoull(f[12])) / double(sysconf(_SC_CLK_TCK));
     return u;
-}
-
-double median(std::vector<double> v) {
-    if (v.empty()) return 0;
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
 }
 
 }  // namespace

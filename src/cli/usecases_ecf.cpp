@@ -24,6 +24,7 @@
 #include "cli/agent_process.h"
 #include "cli/usecases.h"
 #include "lab/lab.h"
+#include "lab/stats.h"
 
 #ifndef IPPROTO_MPTCP
 #define IPPROTO_MPTCP 262
@@ -72,12 +73,6 @@ struct Samples {
     std::map<std::string, std::vector<double>> bulk_mbit;                         // regime
     Plot::Series path_rate[2];  // one 8 MB transfer: goodput per path over time
 };
-
-double quantile(std::vector<double> v, double q) {
-    if (v.empty()) return 0;
-    std::sort(v.begin(), v.end());
-    return v[std::min(v.size() - 1, size_t(q * double(v.size())))];
-}
 
 void set_rmem(const Lab& lab, const std::string& rmem) {
     must_in(lab.server_ns(), {"sysctl", "-qw", "net.ipv4.tcp_rmem=" + rmem});

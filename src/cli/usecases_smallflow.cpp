@@ -37,6 +37,7 @@
 #include "cli/agent_process.h"
 #include "cli/usecases.h"
 #include "lab/lab.h"
+#include "lab/stats.h"
 
 namespace mpsteer::cli::usecases {
 namespace {
@@ -128,13 +129,6 @@ Download download(const Lab& lab, uint16_t port, uint64_t bytes, bool trace, int
     d.intact = rx.bytes == bytes && tx.checksum == rx.checksum && !rx.fallback;
     d.extra_subflows = rx.subflows;
     return d;
-}
-
-// The q-quantile of sorted samples (nearest rank).
-double quantile(const std::vector<double>& sorted, double q) {
-    if (sorted.empty()) return 0;
-    size_t i = size_t(q * double(sorted.size()) + 0.999999);
-    return sorted[std::clamp<size_t>(i, 1, sorted.size()) - 1];
 }
 
 // What one mode measured in one round.

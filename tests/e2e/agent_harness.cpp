@@ -27,13 +27,6 @@ std::string mpsteer_bin() {
     return MPSTEER_BIN;
 }
 
-double percentile(std::vector<double> v, double p) {
-    if (v.empty()) return 0;
-    std::sort(v.begin(), v.end());
-    size_t rank = static_cast<size_t>(std::ceil(p / 100.0 * v.size()));
-    return v[std::clamp<size_t>(rank, 1, v.size()) - 1];
-}
-
 // ---- policies ------------------------------------------------------------------------------
 
 namespace {

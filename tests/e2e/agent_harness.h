@@ -115,7 +115,4 @@ private:
     uint64_t rev_counter_ = 0;
 };
 
-// Percentile of a sample (nearest rank), p in [0, 100].
-double percentile(std::vector<double> v, double p);
-
 }  // namespace mpsteer::agent_e2e

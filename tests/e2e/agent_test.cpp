@@ -24,6 +24,7 @@
 
 #include "agent_harness.h"
 #include "lab/lab.h"
+#include "lab/stats.h"
 
 using namespace mpsteer;
 using namespace mpsteer::lab;
@@ -282,7 +283,7 @@ TEST_CASE("agent: 200 revisions (valid and invalid) under a live 500 MB MPTCP tr
         "modified %d, removed %d; %d without a build), apply p50 %.0f ms p99 %.0f ms, "
         "%.1f MB transferred meanwhile, max missed tail calls %llu\n",
         kRevisions, secs, valid - 1, invalid, added, modified, removed, unchanged,
-        percentile(apply_ms, 50), percentile(apply_ms, 99), during / 1e6,
+        quantile(apply_ms, 0.5), quantile(apply_ms, 0.99), during / 1e6,
         static_cast<unsigned long long>(max_missed));
     CHECK(invalid > 0);
     CHECK(added > 0);
@@ -373,8 +374,8 @@ TEST_CASE("agent: kill -9 at random points of an apply, 20 times, every restart 
     std::printf(
         "agent e2e: %d kills (%d before an apply started, %d during one, %d after it), "
         "restart-to-converged p50 %.0f ms, max %.0f ms\n",
-        kKills, before_apply, mid_apply, after_apply, percentile(converge_ms, 50),
-        percentile(converge_ms, 100));
+        kKills, before_apply, mid_apply, after_apply, quantile(converge_ms, 0.5),
+        quantile(converge_ms, 1.0));
     CHECK(mid_apply > 0);
     check_transfer(t, 100'000'000);
 }

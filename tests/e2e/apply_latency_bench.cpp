@@ -18,9 +18,11 @@
 
 #include "agent_harness.h"
 #include "lab/lab.h"
+#include "lab/stats.h"
 
 using namespace mpsteer;
 using namespace mpsteer::agent_e2e;
+using mpsteer::lab::quantile;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
@@ -85,9 +87,9 @@ int main(int argc, char** argv) {
             "\"min_ms\": %.1f, \"debounce_ms\": %d, \"generations_built\": %u, "
             "\"agent_apply_p50_ms\": %.1f, \"agent_apply_p99_ms\": %.1f, \"target_p99_ms\": 200, "
             "\"seed\": %llu}\n",
-            lat.size(), percentile(lat, 50), percentile(lat, 99), sum / lat.size(),
-            percentile(lat, 100), percentile(lat, 0), debounce, built, percentile(apply, 50),
-            percentile(apply, 99), static_cast<unsigned long long>(seed));
+            lat.size(), quantile(lat, 0.5), quantile(lat, 0.99), sum / lat.size(),
+            quantile(lat, 1.0), quantile(lat, 0.0), debounce, built, quantile(apply, 0.5),
+            quantile(apply, 0.99), static_cast<unsigned long long>(seed));
         return 0;
     } catch (const std::exception& e) {
         std::cerr << "apply_latency_bench: " << e.what() << '\n';

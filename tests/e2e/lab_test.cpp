@@ -9,6 +9,7 @@
 #include <future>
 
 #include "lab/lab.h"
+#include "lab/stats.h"
 
 using namespace mpsteer::lab;
 using namespace std::chrono_literals;
@@ -95,4 +96,17 @@ TEST_CASE("lab: a download after request/reply exchanges starts after the last r
         REQUIRE_THROWS_WITH(source.wait(10s),
                             Catch::Contains("source: the peer closed during the exchange"));
     }
+}
+
+TEST_CASE("lab: quantiles by nearest rank, as every benchmark reports them", "[e2e][lab]") {
+    std::vector<double> twenty;
+    for (int i = 20; i >= 1; --i) twenty.push_back(i);  // unsorted on purpose
+    CHECK(quantile(twenty, 0.5) == 10);
+    CHECK(quantile(twenty, 0.95) == 19);  // 0.95 * 20 is not exactly 19 in binary
+    CHECK(quantile(twenty, 0.99) == 20);
+    CHECK(quantile(twenty, 0.0) == 1);
+    CHECK(quantile(twenty, 1.0) == 20);
+    CHECK(median({5, 1, 3}) == 3);
+    CHECK(median({4, 1, 3, 2}) == 2);  // of an even count, the lower middle
+    CHECK(median({}) == 0);
 }

@@ -35,6 +35,7 @@
 #include "agent_harness.h"
 #include "datapath/datapath.h"
 #include "lab/lab.h"
+#include "lab/stats.h"
 #include "lua/datapath_backend.h"
 #include "lua/event_thread.h"
 
@@ -155,13 +156,10 @@ struct Genl {
     }
 };
 
-double pct(std::vector<double> v, double p) {
-    return v.empty() ? 0 : percentile(std::move(v), p);
-}
-
 void print_row(const char* what, const std::vector<double>& v) {
     std::printf("  %-58s n=%4zu  p50 %8.1f us  p99 %8.1f us  max %8.1f us\n", what, v.size(),
-                pct(v, 50), pct(v, 99), v.empty() ? 0 : *std::max_element(v.begin(), v.end()));
+                quantile(v, 0.50), quantile(v, 0.99),
+                v.empty() ? 0 : *std::max_element(v.begin(), v.end()));
 }
 
 // ---- latency -------------------------------------------------------------------------------
@@ -375,13 +373,14 @@ void latency(int n) {
     std::printf("  %-34s %9s %9s %9s %9s %7s  %s\n", "mode", "p50 us", "p99 us", "hdl p50",
                 "hdl p99", "CPU %", "target");
     for (const auto& r : rounds)
-        std::printf("  %-34s %9.1f %9.1f %9.1f %9.1f %7.1f  %s\n", r.name.c_str(), pct(r.total, 50),
-                    pct(r.total, 99), pct(r.agent, 50), pct(r.agent, 99), r.cpu_pct,
-                    r.total.empty()          ? "no samples"
-                    : pct(r.total, 99) <= 50 ? "met"
-                                             : "NOT met");
-    std::printf("  %-34s %9.1f %9.1f\n", "kernel netlink SET_FLAGS", pct(nl_us, 50),
-                pct(nl_us, 99));
+        std::printf("  %-34s %9.1f %9.1f %9.1f %9.1f %7.1f  %s\n", r.name.c_str(),
+                    quantile(r.total, 0.50), quantile(r.total, 0.99), quantile(r.agent, 0.50),
+                    quantile(r.agent, 0.99), r.cpu_pct,
+                    r.total.empty()                 ? "no samples"
+                    : quantile(r.total, 0.99) <= 50 ? "met"
+                                                    : "NOT met");
+    std::printf("  %-34s %9.1f %9.1f\n", "kernel netlink SET_FLAGS", quantile(nl_us, 0.50),
+                quantile(nl_us, 0.99));
 }
 
 // ---- small-flow completion time ------------------------------------------------------------
@@ -405,7 +404,7 @@ void summary(const char* what, const std::vector<double>& ms, unsigned joined) {
     for (double v : ms) mean += v / double(ms.size());
     std::printf(
         "  %-34s n=%3zu  p50 %7.1f ms  p90 %7.1f ms  mean %7.1f ms  (%u with a 2nd subflow)\n",
-        what, ms.size(), pct(ms, 50), pct(ms, 90), mean, joined);
+        what, ms.size(), quantile(ms, 0.50), quantile(ms, 0.90), mean, joined);
 }
 
 void smallflow(int n) {
