@@ -433,8 +433,8 @@ static __always_inline void conn_catch_up(struct mps_flow *f, __u64 now)
 	struct mps_conn *c = bpf_map_lookup_elem(&conns, &tok);
 	if (!c)
 		return;
-	move_counted(&f->conn_packets, f->dir_ab.packets + f->dir_ba.packets, &c->packets);
-	move_counted(&f->conn_bytes, f->dir_ab.bytes + f->dir_ba.bytes, &c->bytes);
+	move_counted(&f->conn_packets, MPS_FLOW_PACKETS(f), &c->packets);
+	move_counted(&f->conn_bytes, MPS_FLOW_BYTES(f), &c->bytes);
 	if (now > c->last_ns)
 		c->last_ns = now;
 }
@@ -605,7 +605,7 @@ static __always_inline int sel_sequence(void *ctx, bool xdp, struct mps_pkt_ctx 
  * entry was made anew. */
 static __always_inline __u64 bytes_seen(const struct mps_flow *f, bool conn)
 {
-	__u64 seen = f->dir_ab.bytes + f->dir_ba.bytes;
+	__u64 seen = MPS_FLOW_BYTES(f);
 	if (conn && f->conn_token) {
 		__u64 held = f->conn_bytes;
 		__u32 tok = f->conn_token;

@@ -126,8 +126,8 @@ mps_flow from_previous_layout(const uint8_t* in) {
     mps_flow f{};
     std::memcpy(&f, in, kPreviousFlowSize);
     if (f.conn_token) {
-        f.conn_packets = f.dir_ab.packets + f.dir_ba.packets;
-        f.conn_bytes = f.dir_ab.bytes + f.dir_ba.bytes;
+        f.conn_packets = MPS_FLOW_PACKETS(&f);
+        f.conn_bytes = MPS_FLOW_BYTES(&f);
     }
     return f;
 }

@@ -143,8 +143,8 @@ std::vector<Connection> DatapathBackend::read(std::optional<uint32_t> only) {
                 auto it = conns.find(f.conn_token);
                 if (it != conns.end()) {
                     // The entry has the flow's counters as of its last tick (abi.h).
-                    it->second.packets += f.dir_ab.packets + f.dir_ba.packets - f.conn_packets;
-                    it->second.bytes += f.dir_ab.bytes + f.dir_ba.bytes - f.conn_bytes;
+                    it->second.packets += MPS_FLOW_PACKETS(&f) - f.conn_packets;
+                    it->second.bytes += MPS_FLOW_BYTES(&f) - f.conn_bytes;
                     it->second.subflows.push_back(make_subflow(ids_, fnext, f));
                     live |= !(f.ended & MPS_FLOW_CLOSED);
                 }

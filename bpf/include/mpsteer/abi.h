@@ -357,7 +357,10 @@ struct mps_flow {
 	__u64 conn_packets, conn_bytes;
 };
 /* A pointer to direction d (0: a to b, 1: b to a) of the flow f points to. */
-#define MPS_FLOW_DIR(f, d) ((d) ? &(f)->dir_ba : &(f)->dir_ab)
+#define MPS_FLOW_DIR(f, d)  ((d) ? &(f)->dir_ba : &(f)->dir_ab)
+/* Both directions' counts of the flow f points to. */
+#define MPS_FLOW_PACKETS(f) ((f)->dir_ab.packets + (f)->dir_ba.packets)
+#define MPS_FLOW_BYTES(f)   ((f)->dir_ab.bytes + (f)->dir_ba.bytes)
 enum mps_role { MPS_ROLE_UNKNOWN = 0, MPS_ROLE_INITIAL = 1, MPS_ROLE_JOIN = 2 };
 /* How a flow ended: a FIN from each side, or a RST, closes it (MPS_EV_FLOW_CLOSED, once). A
  * closed flow keeps its entry until the LRU needs the room or a SYN starts the 4-tuple again. */
