@@ -90,6 +90,9 @@ set(CPACK_DEBIAN_PACKAGE_HOMEPAGE "https://mpsteer.dev")
 # packaging/package.sh sets DEB_HOST_ARCH so the target architecture's libraries are looked up.
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 set(CPACK_DEBIAN_PACKAGE_SUGGESTS "python3-matplotlib")  # mpsteer usecases --plots
+# What `mpsteer demo`, `bench --live` and `usecases` run to build their lab (Lab::require_tools
+# names them when missing); the agent itself needs none of them.
+set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "iproute2, procps, ethtool")
 if(MPS_CROSS_DEB_ARCH)  # packaging/toolchain-*.cmake
   set(CPACK_DEBIAN_PACKAGE_ARCHITECTURE ${MPS_CROSS_DEB_ARCH})
 endif()

@@ -236,6 +236,14 @@ std::string to_prometheus(const nlohmann::json& s) {
                 out += "mpsteer_table_evictions_total{table=\"" + esc(k) + "\"} " +
                        num(v["evictions"]) + "\n";
     }
+    metric("mpsteer_attachment_compiled", "gauge",
+           "1 when the hook runs its chain's compiled entry, 0 when the entry program runs it "
+           "(refused: the kernel refused the compiled entry)");
+    for (const auto& a : s["attachments"])
+        out += "mpsteer_attachment_compiled{interface=\"" + esc(a.value("interface", "")) +
+               "\",hook=\"" + esc(a.value("hook", "")) + "\",refused=\"" +
+               (a.contains("compiled_entry_refused") ? "1" : "0") + "\"} " +
+               (a.value("compiled_entry", false) ? "1" : "0") + "\n";
     metric("mpsteer_applies_total", "counter", "Revisions applied, by result");
     out += "mpsteer_applies_total{result=\"success\"} " + num(s["applies"]["succeeded"]) + "\n";
     out += "mpsteer_applies_total{result=\"failure\"} " + num(s["applies"]["failed"]) + "\n";

@@ -320,6 +320,10 @@ void Rollout::compile_entries() {
     }
     int compiled = 0;
     for (auto& [key, link] : links_) {
+        if (auto why = current_->refusal(key.hook, key.ifname); !why.empty())
+            spdlog::warn("{}: the kernel refused the compiled entry, the entry program runs the "
+                         "chain: {}",
+                         key.pin_name(), why);
         const int fd = current_->entry_fd(key.hook, key.ifname);
         if (!current_->compiled(key.hook, key.ifname) || link->runs(fd)) continue;
         try {
@@ -430,8 +434,17 @@ DatapathStatus Rollout::report() const {
         for (auto& [name, c] : pols)
             if (active.count(name)) r.policies[name] = c;
     }
-    for (const auto& [k, l] : links_)
-        r.links.push_back({k.ifname, std::string(datapath::to_string(k.hook)), l->mode()});
+    for (const auto& [k, l] : links_) {
+        auto& link = r.links.emplace_back();
+        link.interface = k.ifname;
+        link.hook = datapath::to_string(k.hook);
+        link.mode = l->mode();
+        if (current_) {
+            link.compiled = current_->compiled(k.hook, k.ifname) &&
+                            l->runs(current_->entry_fd(k.hook, k.ifname));
+            link.refused = current_->refusal(k.hook, k.ifname);
+        }
+    }
     const auto now = std::chrono::steady_clock::now();
     if (tables_.empty() || now - tables_counted_ >= kTableCountPeriod) {
         tables_counted_ = now;

@@ -269,8 +269,13 @@ nlohmann::json render_status(const AgentStatus& a, const DatapathStatus& dp,
                             {"drops", c.drops},
                             {"missed_tail_calls", c.missed_tail_calls}});
     nlohmann::json links = nlohmann::json::array();
-    for (const auto& l : dp.links)
-        links.push_back({{"interface", l.interface}, {"hook", l.hook}, {"mode", l.mode}});
+    for (const auto& l : dp.links) {
+        auto& j = links.emplace_back(nlohmann::json{{"interface", l.interface},
+                                                    {"hook", l.hook},
+                                                    {"mode", l.mode},
+                                                    {"compiled_entry", l.compiled}});
+        if (!l.refused.empty()) j["compiled_entry_refused"] = l.refused;
+    }
     nlohmann::json tables = nlohmann::json::object();
     for (const auto& t : dp.tables) {
         auto& j = tables[t.name] = {{"capacity", t.capacity}, {"memory_bytes", t.memory_bytes}};

@@ -62,6 +62,8 @@ struct DatapathStatus {
     uint64_t missed_tail_calls = 0;                  // the running generation's
     struct Link {
         std::string interface, hook, mode;
+        bool compiled = false;  // runs its chain's compiled entry (else the entry program)
+        std::string refused;    // why the kernel refused the compiled entry, "" if it did not
     };
     std::vector<Link> links;
     std::vector<datapath::TableInfo> tables;  // the state tables' sizes and memory

@@ -90,9 +90,15 @@ int print_status_text(nlohmann::json s) {
             std::cout << "condition:  " << c.value("type", "") << "="
                       << (c.value("status", false) ? "True" : "False") << " "
                       << c.value("reason", "") << ": " << c.value("message", "") << '\n';
-    for (const auto& a : s["attachments"])
+    for (const auto& a : s["attachments"]) {
         std::cout << "attached:   " << a.value("interface", "") << " " << a.value("hook", "")
-                  << " (" << a.value("mode", "") << ")\n";
+                  << " (" << a.value("mode", "") << ", "
+                  << (a.value("compiled_entry", false) ? "compiled entry" : "entry program")
+                  << ")\n";
+        if (a.contains("compiled_entry_refused"))
+            std::cout << "            compiled entry refused by this kernel: "
+                      << a.value("compiled_entry_refused", "") << '\n';
+    }
     if (!s["policies"].empty()) {
         std::printf("%-32s %12s %12s %8s %8s\n", "POLICY", "SELECTED", "APPLIED", "DROPS",
                     "MISSED");

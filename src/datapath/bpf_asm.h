@@ -53,7 +53,13 @@ public:
     void alu32(uint8_t op, Reg d, Reg s) { put(insn(BPF_ALU | op | BPF_X, d, s, 0, 0)); }
     void alu64(uint8_t op, Reg d, int32_t imm) { put(insn(BPF_ALU64 | op | BPF_K, d, 0, 0, imm)); }
     void alu64(uint8_t op, Reg d, Reg s) { put(insn(BPF_ALU64 | op | BPF_X, d, s, 0, 0)); }
-    void be16(Reg d) { put(insn(BPF_ALU | BPF_END | BPF_TO_BE, d, 0, 0, 16)); }
+    // A 16-bit field from network order. The mask changes nothing (the swap zeroes the upper
+    // bits) but tells verifiers before 6.10, which know nothing of a swap's result, that the
+    // value is below 64k: pointer arithmetic with it is refused otherwise.
+    void be16(Reg d) {
+        put(insn(BPF_ALU | BPF_END | BPF_TO_BE, d, 0, 0, 16));
+        alu32(BPF_AND, d, 0xffff);
+    }
     void load(uint8_t size, Reg d, Reg base, int16_t off) {
         put(insn(BPF_LDX | size | BPF_MEM, d, base, off, 0));
     }

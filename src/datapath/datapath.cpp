@@ -70,8 +70,14 @@ std::shared_ptr<Datapath> Datapath::load(const StateMaps& state,
             if (!wanted.count(bpf_program__name(p))) bpf_program__set_autoload(p, false);
         }
     }
-    if (int err = mps_dp__load(s))
-        fail("loading the BPF programs (the verifier's log is above)", err);
+    if (int err = mps_dp__load(s)) {
+        const std::string why = detail::last_refusal();
+        fail("loading the BPF programs" +
+                 (why.empty() ? std::string()
+                              : " (this kernel's verifier refused " + why +
+                                    "; the whole log with mpsteer -v)"),
+             err);
+    }
     dp->slots_ = &s->bss->mps_slots;
     // Both slots: no chain on any hook until a generation is written.
     for (auto& t : dp->slots_->tables)

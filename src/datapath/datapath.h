@@ -216,9 +216,17 @@ public:
     // Every packet that enters from now on runs this generation (one store).
     void activate();
     // Emits and loads the compiled entries (milliseconds each: the agent does it after the
-    // switch, the entry programs run the generation meanwhile). Throws Error when one fails
-    // to load.
+    // switch, the entry programs run the generation meanwhile). A chain whose entry the kernel
+    // refuses keeps running in the entry program; refused() says which and why.
     void emit_entries();
+    struct Uncompiled {
+        Hook hook;
+        uint16_t first;   // the chain's first pc
+        std::string why;  // errno and the verifier's verdict, one line
+    };
+    // Why the chain that starts at `ifname` on hook h runs without its compiled entry because
+    // the kernel refused it; "" when it was not refused.
+    std::string refusal(Hook h, const std::string& ifname = {}) const;
     bool active() const { return dp_->active_slot() == slot_; }
 
     uint32_t number() const { return number_; }
@@ -253,6 +261,7 @@ private:
     uint16_t first_pc(Hook h, const std::string& ifname) const;
     std::shared_ptr<Datapath> dp_;
     std::vector<std::unique_ptr<Compiled>> compiled_;
+    std::vector<Uncompiled> refused_;
     uint32_t live_ = 0;
     uint32_t slot_ = 0;
     uint32_t number_ = 0;

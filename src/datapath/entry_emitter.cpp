@@ -423,9 +423,7 @@ private:
         a_.load(BPF_H, R4, kData, kTotLen);  // R4: TCP length
         a_.be16(R4);
         a_.alu32(BPF_SUB, R4, 20);
-        Label no_payload = a_.label(), walk = a_.label(), loop = a_.label(), done = a_.label();
-        Label option = a_.label(), mptcp = a_.label(), subtype = a_.label(), next_opt = a_.label();
-        Label mpc = a_.label();
+        Label no_payload = a_.label(), walk = a_.label(), done = a_.label();
         a_.jmp32(BPF_JLE, R4, R3, no_payload);
         a_.alu32(BPF_OR, kAcc, MPS_K_PAYLOAD);
         a_.bind(no_payload);
@@ -442,91 +440,93 @@ private:
         a_.alu32(BPF_ADD, R2, kTcp);  // offsets from the frame's start from here on
         a_.alu32(BPF_ADD, R3, kTcp);
         // What the verifier knows of these differs by the way here (payload or not, timestamp
-        // or not): forgotten, every way meets in one state and the loop is verified once.
+        // or not): forgotten, every way meets in one state and the walk is verified once.
         opaque(R2, kOpaque);
         opaque(R3, kOpaque + 4);
         a_.store(BPF_W, FP, kKinds, kAcc);
         a_.load(BPF_W, kAcc, FP, kKinds);
-        a_.alu64(BPF_MOV, R4, 0);  // R4: options seen (the bound the verifier needs)
-        a_.bind(loop);
-        a_.jmp32(BPF_JGE, R4, kTcpOptMax, done);
-        a_.jmp32(BPF_JGE, R2, R3, done);
-        // R5: the option, at an offset the verifier does not track (see opaque_u16()): the
-        // ways through one turn then meet again at the loop head.
-        a_.alu64(BPF_MOV, R5, R2);
-        opaque(R5, kOpaque);
-        a_.alu32(BPF_AND, R5, 0x3ff);
-        a_.alu64(BPF_ADD, R5, kData);
-        a_.alu64(BPF_MOV, R0, R5);
-        a_.alu64(BPF_ADD, R0, 1);
-        a_.jmp64(BPF_JGT, R0, kEnd, not_ours_);
-        a_.load(BPF_B, R0, R5, 0);  // R0: kind
-        a_.jmp32(BPF_JEQ, R0, 0, done);
-        a_.jmp32(BPF_JNE, R0, 1, option);
-        a_.alu32(BPF_ADD, R2, 1);  // NOP
-        a_.alu32(BPF_ADD, R4, 1);
-        a_.ja(loop);
-        a_.bind(option);
-        a_.alu64(BPF_MOV, R1, R5);
-        a_.alu64(BPF_ADD, R1, 2);
-        a_.jmp64(BPF_JGT, R1, kEnd, not_ours_);
-        a_.load(BPF_B, R1, R5, 1);  // R1: length
-        a_.jmp32(BPF_JLT, R1, 2, not_ours_);
-        a_.alu32(BPF_ADD, R2, R1);
-        a_.jmp32(BPF_JGT, R2, R3, not_ours_);
-        a_.jmp32(BPF_JEQ, R0, 30 /* MPTCP */, mptcp);
-        a_.jmp32(BPF_JNE, R0, 8 /* timestamp */, next_opt);
-        a_.jmp32(BPF_JNE, R1, 10, next_opt);
-        a_.alu32(BPF_OR, kAcc, MPS_K_TIMESTAMP);
-        a_.ja(next_opt);
-        a_.bind(mptcp);
-        a_.jmp32(BPF_JLT, R1, 3, not_ours_);
-        a_.alu64(BPF_MOV, R0, R5);
-        a_.alu64(BPF_ADD, R0, 3);
-        a_.jmp64(BPF_JGT, R0, kEnd, not_ours_);
-        a_.load(BPF_B, R0, R5, 2);  // R0: subtype
-        a_.alu32(BPF_RSH, R0, 4);
-        // MP_CAPABLE and MP_JOIN count only at the lengths the kernel parses (mptcp_lens_of()
-        // in parse.h; never a SYN here): MP_CAPABLE 20, or 22 / 24 with data; MP_JOIN 24.
-        Label dss = a_.label(), mpc_data = a_.label();
-        a_.jmp32(BPF_JEQ, R0, 2 /* DSS */, dss);
-        a_.jmp32(BPF_JGT, R0, 1, subtype);
-        a_.jmp32(BPF_JEQ, R0, 0, mpc);
-        a_.jmp32(BPF_JNE, R1, 24, next_opt);  // MP_JOIN third ACK
-        a_.ja(subtype);
-        a_.bind(mpc);
-        a_.alu64(BPF_MOV, R5, kAcc);
-        a_.alu32(BPF_AND, R5, MPS_K_PAYLOAD);
-        a_.jmp32(BPF_JNE, R5, 0, mpc_data);
-        a_.jmp32(BPF_JNE, R1, 20, next_opt);
-        a_.ja(subtype);
-        a_.bind(mpc_data);
-        a_.jmp32(BPF_JEQ, R1, 22, subtype);
-        a_.jmp32(BPF_JNE, R1, 24, next_opt);
-        a_.ja(subtype);
-        a_.bind(dss);
-        a_.jmp32(BPF_JLT, R1, 4, not_ours_);
-        a_.alu64(BPF_MOV, R1, R5);
-        a_.alu64(BPF_ADD, R1, 4);
-        a_.jmp64(BPF_JGT, R1, kEnd, not_ours_);
-        a_.load(BPF_B, R1, R5, 3);  // DSS flags: A (data ACK) 0x01, F (DATA_FIN) 0x10
-        a_.alu64(BPF_MOV, R5, R1);
-        a_.alu32(BPF_AND, R5, 0x01);
-        a_.alu32(BPF_LSH, R5, 9);
-        a_.alu32(BPF_OR, kAcc, R5);
-        a_.alu32(BPF_RSH, R1, 4);
-        a_.alu32(BPF_AND, R1, 0x01);
-        a_.alu32(BPF_LSH, R1, 10);
-        a_.alu32(BPF_OR, kAcc, R1);
-        a_.bind(subtype);
-        a_.alu64(BPF_MOV, R1, 1);
-        a_.alu32(BPF_LSH, R1, R0);
-        a_.alu32(BPF_AND, R1, 0x1ff);
-        a_.alu32(BPF_OR, kAcc, R1);
-        a_.alu32(BPF_OR, kAcc, MPS_K_ANY_MPTCP);
-        a_.bind(next_opt);
-        a_.alu32(BPF_ADD, R4, 1);
-        a_.ja(loop);
+        // Unrolled: one copy per option, at most kTcpOptMax (option bytes, >= 1 each). A loop
+        // is verified per turn and pruned only where the verifier chose to keep a state: 6.1's
+        // keeps one every 20 jumps in a loop and gave up on this walk after 1M instructions;
+        // unrolled, the ways through one copy meet at the next copy's start and are pruned.
+        for (int32_t copy = 0; copy < kTcpOptMax; ++copy) {
+            Label next_opt = a_.label(), option = a_.label(), mptcp = a_.label();
+            Label subtype = a_.label(), mpc = a_.label();
+            a_.jmp32(BPF_JGE, R2, R3, done);
+            // R5: the option, at an offset the verifier does not track (see opaque_u16()): the
+            // ways through one copy then meet again at the next.
+            a_.alu64(BPF_MOV, R5, R2);
+            opaque(R5, kOpaque);
+            a_.alu32(BPF_AND, R5, 0x3ff);
+            a_.alu64(BPF_ADD, R5, kData);
+            a_.alu64(BPF_MOV, R0, R5);
+            a_.alu64(BPF_ADD, R0, 1);
+            a_.jmp64(BPF_JGT, R0, kEnd, not_ours_);
+            a_.load(BPF_B, R0, R5, 0);  // R0: kind
+            a_.jmp32(BPF_JEQ, R0, 0, done);
+            a_.jmp32(BPF_JNE, R0, 1, option);
+            a_.alu32(BPF_ADD, R2, 1);  // NOP
+            a_.ja(next_opt);
+            a_.bind(option);
+            a_.alu64(BPF_MOV, R1, R5);
+            a_.alu64(BPF_ADD, R1, 2);
+            a_.jmp64(BPF_JGT, R1, kEnd, not_ours_);
+            a_.load(BPF_B, R1, R5, 1);  // R1: length
+            a_.jmp32(BPF_JLT, R1, 2, not_ours_);
+            a_.alu32(BPF_ADD, R2, R1);
+            a_.jmp32(BPF_JGT, R2, R3, not_ours_);
+            a_.jmp32(BPF_JEQ, R0, 30 /* MPTCP */, mptcp);
+            a_.jmp32(BPF_JNE, R0, 8 /* timestamp */, next_opt);
+            a_.jmp32(BPF_JNE, R1, 10, next_opt);
+            a_.alu32(BPF_OR, kAcc, MPS_K_TIMESTAMP);
+            a_.ja(next_opt);
+            a_.bind(mptcp);
+            a_.jmp32(BPF_JLT, R1, 3, not_ours_);
+            a_.alu64(BPF_MOV, R0, R5);
+            a_.alu64(BPF_ADD, R0, 3);
+            a_.jmp64(BPF_JGT, R0, kEnd, not_ours_);
+            a_.load(BPF_B, R0, R5, 2);  // R0: subtype
+            a_.alu32(BPF_RSH, R0, 4);
+            // MP_CAPABLE and MP_JOIN count only at the lengths the kernel parses (mptcp_lens_of()
+            // in parse.h; never a SYN here): MP_CAPABLE 20, or 22 / 24 with data; MP_JOIN 24.
+            Label dss = a_.label(), mpc_data = a_.label();
+            a_.jmp32(BPF_JEQ, R0, 2 /* DSS */, dss);
+            a_.jmp32(BPF_JGT, R0, 1, subtype);
+            a_.jmp32(BPF_JEQ, R0, 0, mpc);
+            a_.jmp32(BPF_JNE, R1, 24, next_opt);  // MP_JOIN third ACK
+            a_.ja(subtype);
+            a_.bind(mpc);
+            a_.alu64(BPF_MOV, R5, kAcc);
+            a_.alu32(BPF_AND, R5, MPS_K_PAYLOAD);
+            a_.jmp32(BPF_JNE, R5, 0, mpc_data);
+            a_.jmp32(BPF_JNE, R1, 20, next_opt);
+            a_.ja(subtype);
+            a_.bind(mpc_data);
+            a_.jmp32(BPF_JEQ, R1, 22, subtype);
+            a_.jmp32(BPF_JNE, R1, 24, next_opt);
+            a_.ja(subtype);
+            a_.bind(dss);
+            a_.jmp32(BPF_JLT, R1, 4, not_ours_);
+            a_.alu64(BPF_MOV, R1, R5);
+            a_.alu64(BPF_ADD, R1, 4);
+            a_.jmp64(BPF_JGT, R1, kEnd, not_ours_);
+            a_.load(BPF_B, R1, R5, 3);  // DSS flags: A (data ACK) 0x01, F (DATA_FIN) 0x10
+            a_.alu64(BPF_MOV, R5, R1);
+            a_.alu32(BPF_AND, R5, 0x01);
+            a_.alu32(BPF_LSH, R5, 9);
+            a_.alu32(BPF_OR, kAcc, R5);
+            a_.alu32(BPF_RSH, R1, 4);
+            a_.alu32(BPF_AND, R1, 0x01);
+            a_.alu32(BPF_LSH, R1, 10);
+            a_.alu32(BPF_OR, kAcc, R1);
+            a_.bind(subtype);
+            a_.alu64(BPF_MOV, R1, 1);
+            a_.alu32(BPF_LSH, R1, R0);
+            a_.alu32(BPF_AND, R1, 0x1ff);
+            a_.alu32(BPF_OR, kAcc, R1);
+            a_.alu32(BPF_OR, kAcc, MPS_K_ANY_MPTCP);
+            a_.bind(next_opt);
+        }
         a_.bind(done);
         // MPS_K_PLAIN_TCP when no MPTCP option: arithmetic, like scan_kinds().
         a_.alu64(BPF_MOV, R1, kAcc);

@@ -185,7 +185,9 @@ struct Generation::Compiled {
 };
 
 namespace {
-Fd load_compiled(Hook hook, const std::vector<bpf_insn>& insns, const std::string& what) {
+// The loaded entry, or why the kernel refused it (errno and the verifier's verdict; the whole
+// log at debug level).
+Fd load_compiled(Hook hook, const std::vector<bpf_insn>& insns, std::string& why) {
     const bool xdp = hook == Hook::xdp;
     const auto type = xdp ? BPF_PROG_TYPE_XDP : BPF_PROG_TYPE_SCHED_CLS;
     const char* name = xdp ? "fast_xdp" : "fast_tc";
@@ -202,8 +204,10 @@ Fd load_compiled(Hook hook, const std::vector<bpf_insn>& insns, const std::strin
     opts.log_level = 1;
     Fd again(bpf_prog_load(type, name, "Dual BSD/GPL", insns.data(), insns.size(), &opts));
     log.resize(std::strlen(log.c_str()));
-    if (log.size() > 3000) log = "..." + log.substr(log.size() - 3000);
-    throw Error(what + ": " + std::strerror(err) + "; the verifier said:\n" + log);
+    spdlog::debug("the verifier's log for the compiled {} entry:\n{}", to_string(hook), log);
+    why = std::strerror(err);
+    if (auto v = detail::verifier_verdict(log); !v.empty()) why += " (the verifier: " + v + ")";
+    return Fd();
 }
 }  // namespace
 
@@ -219,6 +223,7 @@ uint16_t Generation::first_pc(Hook h, const std::string& ifname) const {
 
 void Generation::emit_entries() {
     std::vector<std::unique_ptr<Compiled>> out;
+    std::vector<Uncompiled> refused;
     std::set<std::pair<Hook, uint16_t>> chains;
     for (const auto& e : chains_.entries)
         if (e.pc != MPS_PC_END) chains.insert({e.hook, e.pc});
@@ -232,16 +237,20 @@ void Generation::emit_entries() {
                           to_string(hook), first);
             continue;
         }
+        std::string why;
+        Fd prog = load_compiled(hook, *insns, why);
+        if (!prog) {
+            refused.push_back({hook, first, std::move(why)});
+            continue;
+        }
         auto c = std::make_unique<Compiled>();
         c->hook = hook;
         c->first = first;
-        c->prog =
-            load_compiled(hook, *insns,
-                          "loading the compiled entry for the " + std::string(to_string(hook)) +
-                              " chain at pc " + std::to_string(first));
+        c->prog = std::move(prog);
         out.push_back(std::move(c));
     }
     compiled_ = std::move(out);
+    refused_ = std::move(refused);
 }
 
 int Generation::entry_fd(Hook h, const std::string& ifname) const {
@@ -249,6 +258,13 @@ int Generation::entry_fd(Hook h, const std::string& ifname) const {
     for (const auto& c : compiled_)
         if (c->hook == h && c->first == first) return c->fd();
     return dp_->entry_fd(h);
+}
+
+std::string Generation::refusal(Hook h, const std::string& ifname) const {
+    const uint16_t first = first_pc(h, ifname);
+    for (const auto& r : refused_)
+        if (r.hook == h && r.first == first) return r.why;
+    return {};
 }
 
 bool Generation::compiled(Hook h, const std::string& ifname) const {

@@ -35,6 +35,13 @@ inline constexpr const char* kAlwaysLoaded[] = {"entry_xdp", "entry_tc_egress", 
 inline constexpr const char* kPreflightEntries[] = {"preflight_xdp", "preflight_tc_egress",
                                                     "preflight_tc_ingress"};
 
+// The verifier's verdict on a refused program in one line: the log's last line that says
+// something (it ends with statistics).
+std::string verifier_verdict(std::string_view log);
+// "program P: the verdict" for the last program libbpf failed to load in this process (its
+// whole log goes to the debug level), or "" when none failed.
+std::string last_refusal();
+
 // In the calling thread's network namespace; throws Error when there is no such interface.
 uint32_t ifindex_of(const std::string& ifname);
 

@@ -21,6 +21,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <mutex>
 
 #include "mps_ctl.skel.h"
 
@@ -33,10 +34,35 @@ using detail::fail;
 namespace {
 constexpr unsigned long kBpfFsMagic = 0xcafe4a11;
 
+std::mutex refusal_mutex;
+std::string refusal;  // last_refusal()
+
 int libbpf_print(enum libbpf_print_level level, const char* fmt, va_list args) {
-    char buf[4096];
-    int n = std::vsnprintf(buf, sizeof buf, fmt, args);
-    while (n > 0 && static_cast<size_t>(n) <= sizeof buf && (buf[n - 1] == '\n')) buf[--n] = 0;
+    va_list again;
+    va_copy(again, args);
+    const int n = std::vsnprintf(nullptr, 0, fmt, again);
+    va_end(again);
+    if (n <= 0) return n;
+    std::string buf(size_t(n) + 1, '\0');
+    std::vsnprintf(buf.data(), buf.size(), fmt, args);
+    buf.resize(size_t(n));
+    while (!buf.empty() && buf.back() == '\n') buf.pop_back();
+    // A refused program's verifier log: its verdict for the error, the whole log at debug.
+    constexpr std::string_view kBegin = "-- BEGIN PROG LOAD LOG --", kEnd = "-- END PROG LOAD LOG --";
+    if (auto b = buf.find(kBegin); b != std::string::npos) {
+        std::string_view log(buf);
+        log = log.substr(b + kBegin.size());
+        log = log.substr(0, log.find(kEnd));
+        std::string prog;
+        if (auto q = buf.find("prog '"); q != std::string::npos && q < b)
+            prog = buf.substr(q + 6, buf.find('\'', q + 6) - q - 6);
+        {
+            std::lock_guard lock(refusal_mutex);
+            refusal = "program " + prog + ": " + detail::verifier_verdict(log);
+        }
+        spdlog::debug("libbpf: {}", buf);
+        return n;
+    }
     switch (level) {  // one level quieter than libbpf says: it is chatty about normal events
     case LIBBPF_WARN: spdlog::info("libbpf: {}", buf); break;
     case LIBBPF_INFO: spdlog::debug("libbpf: {}", buf); break;
@@ -274,6 +300,25 @@ Fd& Fd::operator=(Fd&& o) noexcept {
 
 Fd::~Fd() {
     if (fd_ >= 0) close(fd_);
+}
+
+std::string detail::verifier_verdict(std::string_view log) {
+    std::string_view verdict;
+    while (!log.empty()) {
+        size_t end = log.find('\n');
+        std::string_view line = log.substr(0, end);
+        if (!line.empty() && !line.starts_with("processed ") &&
+            !line.starts_with("verification time") && !line.starts_with("stack depth"))
+            verdict = line;
+        if (end == std::string_view::npos) break;
+        log.remove_prefix(end + 1);
+    }
+    return std::string(verdict);
+}
+
+std::string detail::last_refusal() {
+    std::lock_guard lock(refusal_mutex);
+    return refusal;
 }
 
 void init_libbpf_logging() {

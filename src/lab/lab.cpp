@@ -11,9 +11,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include <spdlog/spdlog.h>
@@ -165,6 +167,7 @@ Lab::Lab(LabConfig cfg) : cfg_(std::move(cfg)) {
     prefix_ = kPrefix + cfg_.tag;
     if ((prefix_ + "-dc2").size() > 15)
         throw Error("lab tag too long for interface names: " + cfg_.tag);
+    require_tools();
     cleanup_stale();
     cleanup(prefix_ + "-");
     claim(prefix_);
@@ -304,6 +307,32 @@ void veth_pair(const VethEnd& a, const VethEnd& b) {
 
 std::string Lab::ss(const std::string& netns) const {
     return run({"ip", "netns", "exec", netns, "ss", "-tniM"}).out;
+}
+
+void Lab::require_tools() {
+    static const std::pair<const char*, const char*> kTools[] = {
+        {"ip", "iproute2"}, {"tc", "iproute2"}, {"ss", "iproute2"},
+        {"sysctl", "procps"}, {"ethtool", "ethtool"}};
+    const char* path = std::getenv("PATH");
+    std::vector<std::string> dirs;
+    std::istringstream in(path && *path ? path : "/usr/sbin:/usr/bin:/sbin:/bin");
+    for (std::string d; std::getline(in, d, ':');)
+        if (!d.empty()) dirs.push_back(d);
+    std::string missing;
+    std::set<std::string> packages;
+    for (auto [tool, package] : kTools) {
+        bool found = std::any_of(dirs.begin(), dirs.end(), [&](const std::string& d) {
+            return access((d + "/" + tool).c_str(), X_OK) == 0;
+        });
+        if (found) continue;
+        missing += std::string(missing.empty() ? "" : ", ") + tool + " (package " + package + ")";
+        packages.insert(package);
+    }
+    if (missing.empty()) return;
+    std::string install = "apt-get install";
+    for (const auto& p : packages) install += " " + p;
+    throw Error("the lab runs commands that are not installed here: " + missing + "; install them with `" +
+                install + "`");
 }
 
 int Lab::cleanup_stale() {

@@ -120,6 +120,9 @@ public:
     // /run/mpsteer-lab/<prefix>). Labs of running processes, and namespaces no Lab made,
     // are left alone.
     static int cleanup_stale();
+    // Throws Error naming every command the test beds run that is not installed (ip, tc, ss,
+    // sysctl, ethtool) and the Debian package that provides it: a minimal root may lack them.
+    static void require_tools();
     // Records this process as the owner of `prefix` (what cleanup_stale() reads), before
     // anything with that prefix exists; release() forgets it. Other test beds use these too.
     static void claim(const std::string& prefix);

@@ -26,6 +26,7 @@ std::string LoadBalancerLab::client_addr(int path, int family) {
 LoadBalancerLab::LoadBalancerLab(const std::string& tag) : prefix_(Lab::kPrefix + tag) {
     if ((prefix_ + "-c1").size() > 15)
         throw Error("load-balancer lab: tag too long for interface names: " + tag);
+    Lab::require_tools();
     Lab::cleanup_stale();
     Lab::cleanup(prefix_ + "-");
     Lab::claim(prefix_);

@@ -10,6 +10,7 @@ namespace mpsteer::lab {
 TenantLab::TenantLab(const std::string& tag, unsigned uplink_kbit) : prefix_(Lab::kPrefix + tag) {
     if ((prefix_ + "-s1").size() > 15)
         throw Error("tenant lab: tag too long for interface names: " + tag);
+    Lab::require_tools();
     Lab::cleanup_stale();
     Lab::cleanup(prefix_ + "-");
     Lab::claim(prefix_);

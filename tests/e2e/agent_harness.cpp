@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -23,8 +24,10 @@ using Clock = std::chrono::steady_clock;
 
 namespace mpsteer::agent_e2e {
 
+// The build's binary, or MPSTEER_BIN (the VM rig runs these tests against the installed one).
 std::string mpsteer_bin() {
-    return MPSTEER_BIN;
+    const char* bin = std::getenv("MPSTEER_BIN");
+    return bin && *bin ? bin : MPSTEER_BIN;
 }
 
 // ---- policies ------------------------------------------------------------------------------

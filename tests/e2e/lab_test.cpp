@@ -98,6 +98,28 @@ TEST_CASE("lab: a download after request/reply exchanges starts after the last r
     }
 }
 
+TEST_CASE("lab: a root without the lab's commands is told which packages to install",
+          "[e2e][lab]") {
+    const std::string path = std::getenv("PATH") ? std::getenv("PATH") : "";
+    const auto empty = std::filesystem::temp_directory_path() / "mpsteer-lab-empty-path";
+    std::filesystem::create_directories(empty);
+    setenv("PATH", empty.c_str(), 1);
+    std::string what;
+    try {
+        mpsteer::lab::Lab::require_tools();
+    } catch (const std::exception& e) {
+        what = e.what();
+    }
+    setenv("PATH", path.c_str(), 1);
+    std::filesystem::remove(empty);
+    CHECK(what.find("sysctl (package procps)") != std::string::npos);
+    CHECK(what.find("ethtool (package ethtool)") != std::string::npos);
+    CHECK(what.find("ip (package iproute2)") != std::string::npos);
+    CHECK(what.find("apt-get install ethtool iproute2 procps") != std::string::npos);
+    // With this machine's PATH nothing is missing.
+    CHECK_NOTHROW(mpsteer::lab::Lab::require_tools());
+}
+
 TEST_CASE("lab: quantiles by nearest rank, as every benchmark reports them", "[e2e][lab]") {
     std::vector<double> twenty;
     for (int i = 20; i >= 1; --i) twenty.push_back(i);  // unsorted on purpose

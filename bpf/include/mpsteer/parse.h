@@ -160,20 +160,26 @@ static __always_inline int parse_packet(void *data, void *end, __u32 pkt_len,
 
 /* Where the options a step may need start (offset from the TCP header; 0 = absent) and
  * their lengths: the first occurrence of each, but for ADD_ADDR the one the kernel acts on
- * (add_addr_latest()). Index: the MPTCP subtype, or OPT_TS / OPT_WSCALE. */
+ * (add_addr_latest()). Index: the MPTCP subtype up to MP_PRIO (later subtypes are not
+ * kept: no step reads them, and every caller holds this on a stack of 512 bytes), or OPT_TS /
+ * OPT_WSCALE. */
 enum opt_which {
 	OPT_MPC = 0,
 	OPT_JOIN = 1,
 	OPT_DSS = 2,
 	OPT_ADD = 3,
 	OPT_PRIO = 5,
-	OPT_TS = 16,
-	OPT_WSCALE = 17,
-	OPT_SLOTS = 18
+	OPT_TS = 6,
+	OPT_WSCALE = 7,
+	OPT_SLOTS = 8
 };
 struct opt_locs {
 	__u8 off[OPT_SLOTS];
 	__u8 len[OPT_SLOTS];
+	/* The walk's opaque values pass through here (opaque_u16_via()): the option walk runs in
+	 * a global function, whose arguments' memory the verifier does not track, and a stack
+	 * slot of its own would push the deepest callers past 512 bytes. */
+	__u8 scratch[4];
 };
 
 /*
@@ -222,40 +228,67 @@ static __always_inline __u32 add_addr_latest(const __u8 *p, __u32 len)
 }
 
 /*
+ * v (< 64k) through a stack slot the verifier does not track: a write narrower than 8 bytes at
+ * an offset that is not a multiple of 8 leaves the slot "misc", so what is read back is an
+ * unknown scalar whatever the verifier knew of v, and paths that differed only in such values
+ * meet in one state. In asm because clang shrinks a local that is only partly used and may put
+ * the halfword at an aligned offset. (Arithmetic tricks do not work: the 6.x verifiers track
+ * negation and byte swaps too.) A store and a load, which the CPU forwards.
+ */
+static __always_inline __u32 opaque_u16_via(__u32 v, void *slot)
+{
+	asm volatile("*(u16 *)(%1 + 2) = %0; %0 = *(u16 *)(%1 + 2)"
+		     : "+r"(v)
+		     : "r"(slot)
+		     : "memory");
+	return v;
+}
+
+static __always_inline __u32 opaque_u16(__u32 v)
+{
+	__u64 slot;
+	return opaque_u16_via(v, &slot);
+}
+
+/*
  * Walk the TCP options (at most 40 bytes) of the header at data + l4_off. Any option whose
  * length is < 2 or runs past the header is malformed. Returns the MPS_K_* kinds, or
- * PARSE_MALFORMED, and fills *loc when given. Written for the verifier: the loop is bounded (with
- * -mcpu=v3 it proves termination), kinds are built without branching per subtype, and the
- * offsets leave through memory rather than registers so they are not tracked precisely along
- * every path; the datapath calls this from a global function, verified once per program.
+ * PARSE_MALFORMED, and fills *loc (required). Written for the verifier: the loop is bounded by
+ * its counter, kinds are built without branching per subtype, the offsets leave through memory
+ * rather than registers so they are not tracked precisely along every path; the datapath calls
+ * this from a global function, verified once per program.
  */
 static __always_inline int scan_options(void *data, void *end, __u32 l4_off, __u32 l4_len,
 					struct opt_locs *loc)
 {
 	if (l4_off > 512)
 		return PARSE_MALFORMED;
-	struct tcphdr *tcp = data + l4_off;
+	struct tcphdr *tcp = data + (opaque_u16_via(l4_off, loc->scratch) & 0x3ff);
 	if ((void *)(tcp + 1) > end)
 		return PARSE_MALFORMED;
-	__u8 *base = (__u8 *)tcp;
 	__u32 hlen = tcp->doff * 4;
-	__u32 off = sizeof(*tcp);
-	__u32 kinds = 0;
-
-	if (hlen < sizeof(*tcp) || hlen > l4_len || hlen > 60)
+	if (hlen < sizeof(*tcp) || hlen > l4_len)
 		return PARSE_MALFORMED;
 	/* Branch-free: every branch here would double the verifier's paths. */
-	kinds |= (__u32)tcp->syn << 13 | (__u32)tcp->fin << 14 | (__u32)tcp->rst << 15 |
-		 (__u32)tcp->ack << 16 | (__u32)(l4_len > hlen) << 17;
-	struct mptcp_lens mlens = mptcp_lens_of(tcp->syn, tcp->ack, l4_len > hlen);
+	__u32 kinds = (__u32)tcp->syn << 13 | (__u32)tcp->fin << 14 | (__u32)tcp->rst << 15 |
+		      (__u32)tcp->ack << 16 | (__u32)(l4_len > hlen) << 17;
 
-	/* No iteration counter: `off` grows by >= 1 per option and hlen <= 60 bounds it. A
-	 * counter would be tracked precisely and multiply the verifier's states by 40. */
-	while (off < hlen) {
-		__u8 *p = base + off;
+	/* As in scan_kinds(): the loop counter is the only value the verifier knows precisely, so
+	 * the paths through one option meet again at the loop head. A walk whose offset it
+	 * tracked was verified once per path through all options: within 6.18's limits, past
+	 * 6.1's (8192 branches pending). Few values live across the loop (the header, not the
+	 * frame and its offset; the MPTCP lengths computed where needed): what does not fit in
+	 * registers spills to a stack that the callers' and this function's share (512 bytes). */
+	__u8 *base = (__u8 *)tcp;
+	__u32 off = opaque_u16_via(sizeof(*tcp), loc->scratch);
+	__u32 opt_end = opaque_u16_via(hlen, loc->scratch);
+	for (int i = 0; i < TCP_MAX_OPTS; i++) {
+		if (off >= opt_end)
+			break;
+		__u8 *p = base + (opaque_u16_via(off, loc->scratch) & 0x3f); /* off < hlen <= 60 */
 		if ((void *)(p + 1) > end)
 			return PARSE_MALFORMED;
-		__u8 kind = p[0];
+		__u32 kind = p[0];
 		if (kind == 0) /* end of option list */
 			break;
 		if (kind == 1) { /* NOP */
@@ -265,20 +298,25 @@ static __always_inline int scan_options(void *data, void *end, __u32 l4_off, __u
 		if ((void *)(p + 2) > end)
 			return PARSE_MALFORMED;
 		__u32 len = p[1];
-		if (len < 2 || off + len > hlen)
+		if (len < 2 || off + len > opt_end)
 			return PARSE_MALFORMED;
 		__u32 slot = OPT_SLOTS, latest = 0;
 		if (kind == TCPOPT_MPTCP) {
 			if (len < 3 || (void *)(p + 3) > end) /* MP_PRIO is the shortest: 3 */
 				return PARSE_MALFORMED;
-			slot = p[2] >> 4;
-			if (!mptcp_well_formed(&mlens, slot, len)) {
+			__u32 sub = p[2] >> 4;
+			/* sub up to MP_PRIO (5), or >= OPT_SLOTS (8) from MP_FAIL (6) on: arithmetic,
+			 * since a branch on sub would make it precise (a path per subtype). */
+			slot = sub | (((sub + 2) >> 3) << 3);
+			struct mptcp_lens mlens =
+				mptcp_lens_of(tcp->syn, tcp->ack, (kinds >> 17) & 1);
+			if (!mptcp_well_formed(&mlens, sub, len)) {
 				off += len;
 				continue;
 			}
-			latest = slot == OPT_ADD && add_addr_latest(p, len);
-			kinds |= MPS_K_ANY_MPTCP | ((1u << slot) & 0x1ff);
-			if (slot == OPT_DSS) {
+			latest = sub == OPT_ADD && add_addr_latest(p, len);
+			kinds |= MPS_K_ANY_MPTCP | ((1u << sub) & 0x1ff);
+			if (sub == OPT_DSS) {
 				if (len < 4 || (void *)(p + 4) > end)
 					return PARSE_MALFORMED;
 				kinds |= (p[3] & 0x01u) << 9 | ((p[3] >> 4) & 0x01u) << 10;
@@ -289,33 +327,18 @@ static __always_inline int scan_options(void *data, void *end, __u32 l4_off, __u
 		} else if (kind == TCPOPT_WSCALE && len == 3) {
 			slot = OPT_WSCALE;
 		}
-		if (loc && slot < OPT_SLOTS && (!loc->off[slot] || latest)) {
+		/* clang would test the subtype before its shift, which leaves slot unbounded for the
+		 * verifier: the test is on slot itself. */
+		barrier_var(slot);
+		if (slot < OPT_SLOTS && (!loc->off[slot] || latest)) {
 			loc->off[slot] = off;
 			loc->len[slot] = len;
 		}
 		off += len;
 	}
-	if (!(kinds & MPS_K_ANY_MPTCP))
-		kinds |= MPS_K_PLAIN_TCP;
+	/* Arithmetic, not a branch: a branch the verifier can decide makes kinds precise. */
+	kinds |= (((kinds >> 11) & 1) << 12) ^ MPS_K_PLAIN_TCP;
 	return kinds;
-}
-
-/*
- * v (< 64k) through a stack slot the verifier does not track: a write narrower than 8 bytes at
- * an offset that is not a multiple of 8 leaves the slot "misc", so what is read back is an
- * unknown scalar whatever the verifier knew of v, and paths that differed only in such values
- * meet in one state. In asm because clang shrinks a local that is only partly used and may put
- * the halfword at an aligned offset. (Arithmetic tricks do not work: the 6.x verifiers track
- * negation and byte swaps too.) A store and a load, which the CPU forwards.
- */
-static __always_inline __u32 opaque_u16(__u32 v)
-{
-	__u64 slot;
-	asm volatile("*(u16 *)(%1 + 2) = %0; %0 = *(u16 *)(%1 + 2)"
-		     : "+r"(v)
-		     : "r"(&slot)
-		     : "memory");
-	return v;
 }
 
 /*

@@ -1,0 +1,94 @@
+#!/bin/sh
+# SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+# Runs inside the test guest as its init (tests/vm/run.sh), or in the chrooted root with
+# --chroot: sets up the few mounts the checks need, runs the checks named on the kernel command
+# line (mpsteer.checks=...) or in MPS_VM_CHECKS, prints one line per check, powers off.
+# Lines meant for the host start with "mpsteer-vm: "; a failed check's output tail follows it,
+# indented.
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LC_ALL=C
+chroot_mode=""
+[ "${1:-}" != --chroot ] || chroot_mode=1
+say() { echo "mpsteer-vm: $*"; }
+
+if [ -z "$chroot_mode" ]; then
+    mount -t proc proc /proc
+    mount -t sysfs sysfs /sys
+    mount -t devtmpfs devtmpfs /dev 2>/dev/null || true
+    mkdir -p /dev/pts /dev/shm
+    mount -t devpts devpts /dev/pts
+    mount -t tmpfs tmpfs /dev/shm
+    mount -t tmpfs tmpfs /run
+    mount -t tmpfs tmpfs /tmp
+    mount -t bpf bpf /sys/fs/bpf
+    mount -t cgroup2 cgroup2 /sys/fs/cgroup 2>/dev/null || true
+    mount -o remount,rw /
+    hostname mpsteer-vm
+    ip link set lo up
+    for arg in $(cat /proc/cmdline); do
+        case "$arg" in
+        mpsteer.checks=*) MPS_VM_CHECKS=${arg#mpsteer.checks=} ;;
+        mpsteer.verbose=1) MPS_VM_VERBOSE=1 ;;
+        esac
+    done
+fi
+exec 2>&1
+say "kernel $(uname -r) $(uname -m), $(nproc) CPUs"
+# What the kernel offers the datapath, as the agent reads it.
+mpsteer validate --host /usr/share/mpsteer/policies 2>&1 | sed 's/^/mpsteer-vm: host: /'
+
+# mpsteer -v: debug logging, with the verifier's whole log of a refused program.
+V=""
+[ -z "${MPS_VM_VERBOSE:-}" ] || V=-v
+LOGS=/var/log/mpsteer-vm
+mkdir -p "$LOGS"
+check() {  # check NAME COMMAND...: one line, the output tail when it fails
+    name=$1
+    shift
+    t0=$(date +%s)
+    if timeout -k 10 1500 "$@" >"$LOGS/$name.log" 2>&1; then
+        say "ok $name ($(( $(date +%s) - t0 )) s)$(summary "$name")"
+    else
+        rc=$?
+        say "FAILED $name (exit $rc after $(( $(date +%s) - t0 )) s)"
+        tail -n 40 "$LOGS/$name.log" | sed 's/^/  /'
+    fi
+}
+summary() {  # a figure worth seeing on the check's line
+    case "$1" in
+    bpf) s=$(grep -h "^All tests passed" "$LOGS/bpf.log" | awk '{a += $4; c += $(NF-2)} END {print a" assertions"}' | sed 's/(//')
+         echo ": $(grep -c '^All tests passed' "$LOGS/bpf.log") programs, $s" ;;
+    bench) echo ": $(grep -c 'compiled' "$LOGS/bench.log") compiled-entry lines" ;;
+    esac
+}
+bpf_programs() {
+    rc=0
+    for p in /opt/mpsteer-tests/bpf_*_tests; do
+        echo "== $p"
+        "$p" || rc=1
+    done
+    return "$rc"
+}
+churn() {
+    MPSTEER_BIN=/usr/bin/mpsteer MPSTEER_AGENT_REVISIONS=${MPS_VM_REVISIONS:-20} \
+        /opt/mpsteer-tests/e2e_agent_tests "agent: 200 revisions*"
+}
+have_tests() { [ -x "/opt/mpsteer-tests/$1" ]; }
+
+for c in $(echo "${MPS_VM_CHECKS:-validate,bench,bpf,demo,churn}" | tr , ' '); do
+    case "$c" in
+    validate) check validate mpsteer $V validate /usr/share/mpsteer/policies ;;
+    bench) check bench mpsteer $V bench --rounds 1 ;;
+    bpf) if have_tests bpf_datapath_tests; then check bpf bpf_programs
+         else say "skipped bpf (no test programs in the root)"; fi ;;
+    demo) check demo mpsteer $V demo ;;
+    churn) if have_tests e2e_agent_tests; then check churn churn
+           else say "skipped churn (no test programs in the root)"; fi ;;
+    *) say "FAILED $c (no such check)" ;;
+    esac
+done
+say "checks done"
+if [ -z "$chroot_mode" ]; then
+    sync
+    echo o >/proc/sysrq-trigger
+    sleep 30
+fi
