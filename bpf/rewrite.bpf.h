@@ -168,7 +168,7 @@ static __always_inline int insert_opt4(void *ctx, bool xdp, struct mps_pkt_ctx *
 		tcp = view_tcp(ctx, xdp, pc);
 		if (!tcp)
 			return -1;
-		__u8 *p = (__u8 *)tcp + (hlen & 0x3c);
+		__u8 *p = (__u8 *)tcp + verifier_mask(hlen, 0x3c);
 		void *end = ctx_end(ctx, xdp);
 		if ((void *)(p + 4) > end)
 			return -1;
@@ -361,6 +361,10 @@ static __always_inline int record_template(void *ctx, bool xdp, const struct mps
 		if (!v)
 			return 0;
 	}
+	/* 1 <= len <= 128 (checked above) as arithmetic the verifier follows: 6.1's narrows only
+	 * the register a check ran on, not the copy clang keeps on the stack across the map calls. */
+	_Static_assert(MPS_PRIO_TMPL_HDR == 128, "the mask below");
+	len = verifier_mask(len - 1, 0x7f) + 1;
 	long r =
 	    xdp ? bpf_xdp_load_bytes(ctx, 0, v->hdr, len) : bpf_skb_load_bytes(ctx, 0, v->hdr, len);
 	if (r)

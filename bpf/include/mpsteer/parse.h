@@ -227,6 +227,15 @@ static __always_inline __u32 add_addr_latest(const __u8 *p, __u32 len)
 	return len == base || len == base + 2 || len == base + 12 || len == base + 14;
 }
 
+/* v & mask, kept for the verifier where clang proves it idle and drops it: older verifiers (6.1)
+ * do not narrow a value by a comparison with another register, nor a copy clang spilled, so a
+ * pointer plus v may be refused without the mask. */
+static __always_inline __u32 verifier_mask(__u32 v, __u32 mask)
+{
+	barrier_var(v);
+	return v & mask;
+}
+
 /*
  * v (< 64k) through a stack slot the verifier does not track: a write narrower than 8 bytes at
  * an offset that is not a multiple of 8 leaves the slot "misc", so what is read back is an
