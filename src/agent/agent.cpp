@@ -29,6 +29,7 @@
 #include "agent/rollout.h"
 #include "agent/status.h"
 #include "agent/watch.h"
+#include "datapath/kernel_probe.h"
 #include "lua/datapath_backend.h"
 #include "lua/event_thread.h"
 #include "lua/hook_dispatcher.h"
@@ -353,6 +354,16 @@ int run(const Config& cfg) {
     const sigset_t sigs = agent_signals();
     pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
     datapath::init_libbpf_logging();
+    // What no policy can do without, named before any load is tried.
+    const auto kernel = datapath::probe_kernel_basics();
+    if (!kernel.bpf_unusable.empty()) {
+        spdlog::error("this kernel ({}) cannot run the datapath: {}", kernel.release,
+                      kernel.bpf_unusable);
+        return 1;
+    }
+    if (!kernel.jit)
+        spdlog::warn("net.core.bpf_jit_enable is 0: the datapath runs in the BPF interpreter, "
+                     "several times slower");
     if (!cfg.netns.empty()) {
         int fd = open(("/run/netns/" + cfg.netns).c_str(), O_RDONLY | O_CLOEXEC);
         if (fd < 0 || setns(fd, CLONE_NEWNET)) {

@@ -71,11 +71,12 @@ std::shared_ptr<Datapath> Datapath::load(const StateMaps& state,
         }
     }
     if (int err = mps_dp__load(s)) {
-        const std::string why = detail::last_refusal();
+        const auto why = detail::last_refusal();
         fail("loading the BPF programs" +
-                 (why.empty() ? std::string()
-                              : " (this kernel's verifier refused " + why +
-                                    "; the whole log with mpsteer -v)"),
+                 (why.program.empty() ? std::string()
+                                      : " (this kernel's verifier refused program " +
+                                            why.program + ": " + why.verdict +
+                                            "; the whole log with mpsteer -v)"),
              err);
     }
     dp->slots_ = &s->bss->mps_slots;
@@ -110,6 +111,35 @@ std::shared_ptr<Datapath> Datapath::load(const StateMaps& state,
         }
     }
     return dp;
+}
+
+std::vector<std::pair<std::string, std::string>> Datapath::refused_programs(
+    const StateMaps& state, size_t* programs) {
+    std::vector<std::pair<std::string, std::string>> refused;
+    std::set<std::string> off;
+    for (;;) {
+        mps_dp* s = mps_dp__open();
+        if (!s) fail("opening the BPF object", errno);
+        struct Close {
+            mps_dp* s;
+            ~Close() { mps_dp__destroy(s); }
+        } close{s};
+        detail::reuse_state_maps(s->obj, state);
+        bpf_map__set_max_entries(s->maps.prio_tmpl, state.sizes().prio_sent());
+        bpf_program* p;
+        size_t n = 0;
+        bpf_object__for_each_program(p, s->obj) {
+            ++n;
+            if (off.count(bpf_program__name(p))) bpf_program__set_autoload(p, false);
+        }
+        if (programs) *programs = n;
+        if (mps_dp__load(s) == 0) return refused;
+        auto why = detail::last_refusal();
+        // A failure that names no program, or one already left out, is not the verifier's.
+        if (why.program.empty() || !off.insert(why.program).second)
+            fail("loading the BPF programs", errno);
+        refused.emplace_back(why.program, why.verdict);
+    }
 }
 
 std::shared_ptr<Datapath> Datapath::adopt(const std::string& dir) {

@@ -135,6 +135,10 @@ public:
     // (every hook: no chain).
     static std::shared_ptr<Datapath> load(const StateMaps& state,
                                           const std::vector<std::string>& only = {});
+    // Every program of the BPF object this kernel's verifier refuses, with its verdict (a load
+    // without those that failed, again, until the rest loads); *programs: how many there are.
+    static std::vector<std::pair<std::string, std::string>> refused_programs(
+        const StateMaps& state, size_t* programs = nullptr);
     // What an earlier process loaded and pinned under dir (pin()). Throws Error when the pins
     // are incomplete or from another build of the BPF object.
     static std::shared_ptr<Datapath> adopt(const std::string& dir);

@@ -38,9 +38,12 @@ inline constexpr const char* kPreflightEntries[] = {"preflight_xdp", "preflight_
 // The verifier's verdict on a refused program in one line: the log's last line that says
 // something (it ends with statistics).
 std::string verifier_verdict(std::string_view log);
-// "program P: the verdict" for the last program libbpf failed to load in this process (its
-// whole log goes to the debug level), or "" when none failed.
-std::string last_refusal();
+// The last program libbpf failed to load in this process and the verifier's verdict on it
+// (its whole log goes to the debug level); empty when none failed.
+struct Refusal {
+    std::string program, verdict;
+};
+Refusal last_refusal();
 
 // In the calling thread's network namespace; throws Error when there is no such interface.
 uint32_t ifindex_of(const std::string& ifname);

@@ -35,7 +35,7 @@ namespace {
 constexpr unsigned long kBpfFsMagic = 0xcafe4a11;
 
 std::mutex refusal_mutex;
-std::string refusal;  // last_refusal()
+detail::Refusal refusal;  // last_refusal()
 
 int libbpf_print(enum libbpf_print_level level, const char* fmt, va_list args) {
     va_list again;
@@ -48,7 +48,8 @@ int libbpf_print(enum libbpf_print_level level, const char* fmt, va_list args) {
     buf.resize(size_t(n));
     while (!buf.empty() && buf.back() == '\n') buf.pop_back();
     // A refused program's verifier log: its verdict for the error, the whole log at debug.
-    constexpr std::string_view kBegin = "-- BEGIN PROG LOAD LOG --", kEnd = "-- END PROG LOAD LOG --";
+    constexpr std::string_view kBegin = "-- BEGIN PROG LOAD LOG --",
+                               kEnd = "-- END PROG LOAD LOG --";
     if (auto b = buf.find(kBegin); b != std::string::npos) {
         std::string_view log(buf);
         log = log.substr(b + kBegin.size());
@@ -58,7 +59,7 @@ int libbpf_print(enum libbpf_print_level level, const char* fmt, va_list args) {
             prog = buf.substr(q + 6, buf.find('\'', q + 6) - q - 6);
         {
             std::lock_guard lock(refusal_mutex);
-            refusal = "program " + prog + ": " + detail::verifier_verdict(log);
+            refusal = {prog, detail::verifier_verdict(log)};
         }
         spdlog::debug("libbpf: {}", buf);
         return n;
@@ -316,7 +317,7 @@ std::string detail::verifier_verdict(std::string_view log) {
     return std::string(verdict);
 }
 
-std::string detail::last_refusal() {
+detail::Refusal detail::last_refusal() {
     std::lock_guard lock(refusal_mutex);
     return refusal;
 }

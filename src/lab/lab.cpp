@@ -310,9 +310,11 @@ std::string Lab::ss(const std::string& netns) const {
 }
 
 void Lab::require_tools() {
-    static const std::pair<const char*, const char*> kTools[] = {
-        {"ip", "iproute2"}, {"tc", "iproute2"}, {"ss", "iproute2"},
-        {"sysctl", "procps"}, {"ethtool", "ethtool"}};
+    static const std::pair<const char*, const char*> kTools[] = {{"ip", "iproute2"},
+                                                                 {"tc", "iproute2"},
+                                                                 {"ss", "iproute2"},
+                                                                 {"sysctl", "procps"},
+                                                                 {"ethtool", "ethtool"}};
     const char* path = std::getenv("PATH");
     std::vector<std::string> dirs;
     std::istringstream in(path && *path ? path : "/usr/sbin:/usr/bin:/sbin:/bin");
@@ -331,8 +333,8 @@ void Lab::require_tools() {
     if (missing.empty()) return;
     std::string install = "apt-get install";
     for (const auto& p : packages) install += " " + p;
-    throw Error("the lab runs commands that are not installed here: " + missing + "; install them with `" +
-                install + "`");
+    throw Error("the lab runs commands that are not installed here: " + missing +
+                "; install them with `" + install + "`");
 }
 
 int Lab::cleanup_stale() {

@@ -303,7 +303,8 @@ TEST_CASE("status and metrics carry guard drops and the state tables", "[agent][
     AgentStatus a;
     DatapathStatus dp;
     dp.totals.values[MPS_GC_UNPARSEABLE_DROPS] = 17;
-    dp.tables = {{"flows", 4096, 1234567, 4000, 912}, {"conns", 1024, 76543, 0, {}},
+    dp.tables = {{"flows", 4096, 1234567, 4000, 912},
+                 {"conns", 1024, 76543, 0, {}},
                  {"events", 65536, 70000, {}, {}}};
     auto s = render_status(a, dp, HookStatus{}, events, dir.path);
     CHECK(s["datapath"]["unparseable_drops"] == 17);
@@ -322,4 +323,28 @@ TEST_CASE("status and metrics carry guard drops and the state tables", "[agent][
     CHECK(m.find("mpsteer_table_entries{table=\"events\"}") == std::string::npos);
     CHECK(s["tables"]["flows"]["evictions"] == 912);
     CHECK_FALSE(s["tables"]["events"].contains("entries"));
+}
+
+TEST_CASE("status and metrics say which hook runs without its compiled entry, and why",
+          "[agent][status]") {
+    TempDir dir;
+    EventLog events(dir.path + "/events.jsonl");
+    AgentStatus a;
+    DatapathStatus dp;
+    dp.links = {{"eth0", "xdp", "xdp", true, ""},
+                {"eth0", "tc_egress", "clsact", false,
+                 "Argument list too long (the verifier: BPF program is too large)"}};
+    auto s = render_status(a, dp, HookStatus{}, events, dir.path);
+    REQUIRE(s["attachments"].size() == 2);
+    CHECK(s["attachments"][0]["compiled_entry"] == true);
+    CHECK_FALSE(s["attachments"][0].contains("compiled_entry_refused"));
+    CHECK(s["attachments"][1]["compiled_entry"] == false);
+    CHECK(s["attachments"][1]["compiled_entry_refused"] ==
+          "Argument list too long (the verifier: BPF program is too large)");
+    const std::string m = to_prometheus(s);
+    CHECK(
+        m.find("mpsteer_attachment_compiled{interface=\"eth0\",hook=\"xdp\",refused=\"0\"} 1\n") !=
+        std::string::npos);
+    CHECK(m.find("mpsteer_attachment_compiled{interface=\"eth0\",hook=\"tc_egress\",refused=\"1\"} "
+                 "0\n") != std::string::npos);
 }

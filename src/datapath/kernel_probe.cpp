@@ -1,0 +1,108 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+#include "datapath/kernel_probe.h"
+
+#include <arpa/inet.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "datapath/datapath.h"
+#include "datapath/internal.h"
+
+namespace mpsteer::datapath {
+namespace {
+
+std::string read_line(const char* path) {
+    std::ifstream in(path);
+    std::string line;
+    std::getline(in, line);
+    return line;
+}
+
+// Why this process cannot load a BPF program, or "" when it can.
+std::string bpf_unusable() {
+    const bpf_insn pass[] = {
+        {BPF_ALU64 | BPF_MOV | BPF_K, BPF_REG_0, 0, 0, 2 /* XDP_PASS */},
+        {BPF_JMP | BPF_EXIT, 0, 0, 0, 0},
+    };
+    int fd = bpf_prog_load(BPF_PROG_TYPE_XDP, "mps_probe", "GPL", pass, 2, nullptr);
+    if (fd >= 0) {
+        close(fd);
+        return {};
+    }
+    switch (errno) {
+    case ENOSYS: return "the kernel has no BPF system call (CONFIG_BPF_SYSCALL)";
+    case EPERM: return "not permitted: run as root (CAP_BPF, CAP_NET_ADMIN, CAP_PERFMON)";
+    default: return std::string("a minimal XDP program does not load: ") + std::strerror(errno);
+    }
+}
+
+// A chain of the shape compiled entries take: selectors (the option walk among them) and pass.
+ChainSet sample_chain() {
+    ChainSet c;
+    auto dst = make_step(MPS_SEL_DST, 1);
+    dst.p.cidr.family = 4;
+    dst.p.cidr.prefix = 8;
+    dst.p.cidr.mask[0] = htonl(0xff000000u);
+    dst.p.cidr.addr[0] = htonl(0x0a000000u);
+    auto port = make_step(MPS_SEL_PORT, 2);
+    port.p.port = {MPS_DIR_DST, 0, 5201, 5201};
+    auto kinds = make_step(MPS_SEL_PACKET_TYPE, 3);
+    kinds.p.kinds.any_of = MPS_K_DSS;
+    c.steps = {dst, port, kinds, make_step(MPS_ACT_PASS, MPS_PC_END)};
+    c.entries.push_back({Hook::xdp, "", 0});
+    c.policies.push_back("probe");
+    return c;
+}
+
+}  // namespace
+
+KernelReport probe_kernel_basics() {
+    KernelReport r;
+    utsname u{};
+    if (uname(&u) == 0) {
+        r.release = u.release;
+        r.machine = u.machine;
+    }
+    r.bpf_unusable = bpf_unusable();
+    const std::string jit = read_line("/proc/sys/net/core/bpf_jit_enable");
+    r.jit = !jit.empty() && jit != "0";
+    r.mptcp = read_line("/proc/sys/net/mptcp/enabled") == "1";
+    int major = 0, minor = 0;
+    std::sscanf(r.release.c_str(), "%d.%d", &major, &minor);
+    r.tcx = major > 6 || (major == 6 && minor >= 6);
+    return r;
+}
+
+KernelReport probe_kernel() {
+    KernelReport r = probe_kernel_basics();
+    if (!r.bpf_unusable.empty()) return r;
+    ensure_bpffs("/sys/fs/bpf");
+    const std::string root = "/sys/fs/bpf/mpsteer-probe-" + std::to_string(getpid());
+    struct Cleanup {
+        std::string root;
+        ~Cleanup() {
+            std::error_code ec;
+            std::filesystem::remove_all(root, ec);
+        }
+    } cleanup{root};
+    TableSizes sizes;
+    sizes.flows = TableSizes::kMinFlows;
+    auto state = StateMaps::open(root, sizes);
+    for (auto& [program, why] : Datapath::refused_programs(state, &r.programs))
+        r.programs_refused.push_back({program, why});
+    if (r.programs_refused.empty()) {
+        auto g = Generation::build(sample_chain(), 1, state);
+        if (!g->compiled(Hook::xdp)) {
+            r.compiled_entry_refused = g->refusal(Hook::xdp);
+            if (r.compiled_entry_refused.empty()) r.compiled_entry_refused = "not emitted";
+        }
+    }
+    return r;
+}
+
+}  // namespace mpsteer::datapath

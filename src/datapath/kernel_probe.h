@@ -1,0 +1,36 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+// What this host's kernel offers the datapath, found by trying it: the BPF system call, the
+// JIT, MPTCP, TCX, every program of the BPF object through this kernel's verifier, and a
+// compiled entry. `mpsteer validate --host` prints it; `mpsteer run` checks the essentials
+// before it loads anything.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace mpsteer::datapath {
+
+struct KernelReport {
+    std::string release, machine;  // uname
+    // The BPF system call with this process's privileges: "" when a program loads, else why
+    // not (no CONFIG_BPF_SYSCALL, no CAP_BPF/CAP_SYS_ADMIN, ...). Nothing else runs without it.
+    std::string bpf_unusable;
+    bool jit = false;    // net.core.bpf_jit_enable: programs run compiled, not interpreted
+    bool mptcp = false;  // net.mptcp.enabled exists and is 1
+    bool tcx = false;    // TCX links (6.6+); clsact filters otherwise
+    struct Refused {
+        std::string program;  // e.g. act_set_backup_xdp
+        std::string why;      // the verifier's verdict
+    };
+    std::vector<Refused> programs_refused;  // of the whole BPF object
+    size_t programs = 0;                    // in the object
+    std::string compiled_entry_refused;     // "" when a sample chain's compiled entry loads
+};
+
+// The essentials only (uname, the BPF system call, JIT, MPTCP, TCX): cheap.
+KernelReport probe_kernel_basics();
+// Everything: also loads every program and a compiled entry (seconds; needs bpffs for the
+// state maps, pinned under a temporary directory and removed).
+KernelReport probe_kernel();
+
+}  // namespace mpsteer::datapath
