@@ -43,6 +43,7 @@ if [ -z "$chroot_mode" ]; then
         case "$arg" in
         mpsteer.checks=*) MPS_VM_CHECKS=${arg#mpsteer.checks=} ;;
         mpsteer.verbose=1) MPS_VM_VERBOSE=1 ;;
+        mpsteer.check_timeout=*) MPS_VM_CHECK_TIMEOUT=${arg#mpsteer.check_timeout=} ;;
         esac
     done
 fi
@@ -60,7 +61,7 @@ check() {  # check NAME COMMAND...: one line, the output tail when it fails
     name=$1
     shift
     t0=$(date +%s)
-    if timeout -k 10 1500 "$@" >"$LOGS/$name.log" 2>&1; then
+    if timeout -k 10 "${MPS_VM_CHECK_TIMEOUT:-3600}" "$@" >"$LOGS/$name.log" 2>&1; then
         say "ok $name ($(( $(date +%s) - t0 )) s)$(summary "$name")"
     else
         rc=$?

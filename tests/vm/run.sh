@@ -15,8 +15,9 @@
 # ARCH; the bpf and churn checks need the test programs (ninja -C build vm_programs; cross:
 # build-ARCH, built here when missing). The root (debootstrap, kernel, tools) is cached in
 # /var/cache/mpsteer-vm per ARCH and kernel; the first run downloads it from Debian's mirror
-# (MPS_DEBIAN_MIRROR), later runs only unpack it. MPS_VM_TIMEOUT (seconds, default 2400) bounds
-# the guest's run; MPS_VM_VERBOSE=1 runs mpsteer -v (a refused program's whole verifier log).
+# (MPS_DEBIAN_MIRROR), later runs only unpack it. MPS_VM_TIMEOUT (seconds, default 10800) bounds
+# the guest's run, MPS_VM_CHECK_TIMEOUT (default 3600) each check (the bpf label under software
+# emulation takes the better part of an hour); MPS_VM_VERBOSE=1 runs mpsteer -v (a refused program's whole verifier log).
 # Each check's whole output lands in build/vm-logs/ARCH-KERNEL (MPS_VM_LOGS).
 set -eu
 cd "$(dirname "$0")/../.."
@@ -26,7 +27,8 @@ usage() { sed -n 's/^# \{0,1\}//; 3,16p' "$0" >&2; exit 2; }
 ARCH=$1 KERNEL=$2 CHECKS=${3:-validate,bench,bpf,demo,churn}
 MIRROR=${MPS_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 CACHE=/var/cache/mpsteer-vm
-TIMEOUT=${MPS_VM_TIMEOUT:-2400}
+TIMEOUT=${MPS_VM_TIMEOUT:-10800}
+CHECK_TIMEOUT=${MPS_VM_CHECK_TIMEOUT:-3600}
 
 case "$ARCH" in
 amd64) flavour=amd64 qemu=qemu-system-x86_64 console=ttyS0 qemu_pkg=qemu-system-x86
@@ -142,7 +144,7 @@ if [ "$KERNEL" = host ]; then
     mount -t sysfs sysfs "$ROOT/sys"
     mount -t bpf -o mode=0700 bpf "$ROOT/sys/fs/bpf"
     chroot "$ROOT" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin MPS_VM_CHECKS="$CHECKS" \
-        MPS_VM_VERBOSE="${MPS_VM_VERBOSE:-}" \
+        MPS_VM_VERBOSE="${MPS_VM_VERBOSE:-}" MPS_VM_CHECK_TIMEOUT="$CHECK_TIMEOUT" \
         /usr/local/sbin/mpsteer-vm-guest --chroot 2>&1 | tee "$WORK/console.log"
 else
     kernel=$(ls "$ROOT"/boot/vmlinuz-* | tail -n 1)
@@ -167,8 +169,8 @@ else
         -device virtio-blk-pci,drive=root \
         -append "root=/dev/vda rw console=$console panic=-1 quiet loglevel=3 \
                  init=/usr/local/sbin/mpsteer-vm-guest mpsteer.checks=$CHECKS \
-                 mpsteer.verbose=${MPS_VM_VERBOSE:-0}" \
-        </dev/null 2>&1 | tr -d '\r' | tee "$WORK/console.log" |
+                 mpsteer.verbose=${MPS_VM_VERBOSE:-0} mpsteer.check_timeout=$CHECK_TIMEOUT" \
+        </dev/null 2>&1 | sed -u 's/\r$//' | tee "$WORK/console.log" |
         grep --line-buffered -E '^(mpsteer-vm|  )' || true
 fi
 
