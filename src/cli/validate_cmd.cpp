@@ -107,9 +107,13 @@ int run_validate_host(const std::vector<std::string>& paths) {
                                " step: " + r.program + " refused)");
     }
     for (const auto& b : blocked) std::cout << "policy:    cannot run here: " << b << '\n';
-    std::cout << "policies:  " << result.model.policies.size() << " valid, "
-              << (blocked.empty() ? "all can run here" : "some cannot run here") << '\n';
-    return blocked.empty() ? 0 : 1;
+    // The agent loads every program: one refused keeps it from running any policy.
+    const bool runs = k.programs_refused.empty();
+    std::cout << "policies:  " << result.model.policies.size() << " valid; "
+              << (runs ? "the agent can run them here"
+                       : "the agent cannot run here while programs are refused")
+              << '\n';
+    return runs ? 0 : 1;
 }
 
 }  // namespace

@@ -70,6 +70,7 @@ std::shared_ptr<Datapath> Datapath::load(const StateMaps& state,
             if (!wanted.count(bpf_program__name(p))) bpf_program__set_autoload(p, false);
         }
     }
+    detail::forget_refusal();
     if (int err = mps_dp__load(s)) {
         const auto why = detail::last_refusal();
         fail("loading the BPF programs" +
@@ -133,11 +134,13 @@ std::vector<std::pair<std::string, std::string>> Datapath::refused_programs(
             if (off.count(bpf_program__name(p))) bpf_program__set_autoload(p, false);
         }
         if (programs) *programs = n;
-        if (mps_dp__load(s) == 0) return refused;
+        detail::forget_refusal();
+        const int err = mps_dp__load(s);
+        if (err == 0) return refused;
         auto why = detail::last_refusal();
         // A failure that names no program, or one already left out, is not the verifier's.
         if (why.program.empty() || !off.insert(why.program).second)
-            fail("loading the BPF programs", errno);
+            fail("loading the BPF programs", err);
         refused.emplace_back(why.program, why.verdict);
     }
 }

@@ -203,10 +203,15 @@ Fd load_compiled(Hook hook, const std::vector<bpf_insn>& insns, std::string& why
     opts.log_size = static_cast<__u32>(log.size());
     opts.log_level = 1;
     Fd again(bpf_prog_load(type, name, "Dual BSD/GPL", insns.data(), insns.size(), &opts));
+    if (again) return again;  // refused once only: take it
+    const bool truncated = errno == ENOSPC;  // before 6.4 a full log keeps its start only
     log.resize(std::strlen(log.c_str()));
     spdlog::debug("the verifier's log for the compiled {} entry:\n{}", to_string(hook), log);
     why = std::strerror(err);
-    if (auto v = detail::verifier_verdict(log); !v.empty()) why += " (the verifier: " + v + ")";
+    if (truncated)
+        why += " (the verifier's log outgrew its buffer)";
+    else if (auto v = detail::verifier_verdict(log); !v.empty())
+        why += " (the verifier: " + v + ")";
     return Fd();
 }
 }  // namespace

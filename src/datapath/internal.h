@@ -44,6 +44,7 @@ struct Refusal {
     std::string program, verdict;
 };
 Refusal last_refusal();
+void forget_refusal();  // before a load, so a failure without a log names no earlier program
 
 // In the calling thread's network namespace; throws Error when there is no such interface.
 uint32_t ifindex_of(const std::string& ifname);

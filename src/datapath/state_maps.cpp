@@ -317,6 +317,11 @@ std::string detail::verifier_verdict(std::string_view log) {
     return std::string(verdict);
 }
 
+void detail::forget_refusal() {
+    std::lock_guard lock(refusal_mutex);
+    refusal = {};
+}
+
 detail::Refusal detail::last_refusal() {
     std::lock_guard lock(refusal_mutex);
     return refusal;

@@ -50,7 +50,8 @@ fi
 exec 2>&1
 say "kernel $(uname -r) $(uname -m), $(nproc) CPUs"
 # What the kernel offers the datapath, as the agent reads it.
-mpsteer validate --host /usr/share/mpsteer/policies 2>&1 | sed 's/^/mpsteer-vm: host: /'
+timeout -k 10 900 mpsteer validate --host /usr/share/mpsteer/policies 2>&1 |
+    sed 's/^/mpsteer-vm: host: /'
 
 # mpsteer -v: debug logging, with the verifier's whole log of a refused program.
 V=""
@@ -65,7 +66,9 @@ check() {  # check NAME COMMAND...: one line, the output tail when it fails
         say "ok $name ($(( $(date +%s) - t0 )) s)$(summary "$name")"
     else
         rc=$?
-        say "FAILED $name (exit $rc after $(( $(date +%s) - t0 )) s)"
+        how="exit $rc"
+        [ "$rc" != 124 ] && [ "$rc" != 137 ] || how="timed out"
+        say "FAILED $name ($how after $(( $(date +%s) - t0 )) s)"
         tail -n 40 "$LOGS/$name.log" | sed 's/^/  /'
     fi
 }

@@ -14,7 +14,7 @@ native=$(dpkg --print-architecture)
 built=""
 rc=0
 results=$(mktemp)
-trap 'rm -f "$results"' EXIT
+trap 'rm -f "$results" "$results.cell"' EXIT
 for cell in $cells; do
     arch=${cell%%:*} kernel=${cell#*:}
     case " $built " in
@@ -30,6 +30,7 @@ for cell in $cells; do
         built="$built $arch" ;;
     esac
     echo "vm matrix: $arch $kernel"
+    rm -rf "build/vm-logs/$arch-$kernel"
     if tests/vm/run.sh "$arch" "$kernel" >"$results.cell" 2>&1; then :; else rc=1; fi
     sed 's/^/  /' "$results.cell" | grep -E '^  vm: (ok|FAILED|skipped|passed)' || tail -5 "$results.cell"
     release=$(sed -n 's/^mpsteer-vm: kernel \([^ ]*\).*/\1/p' "build/vm-logs/$arch-$kernel/console.log" 2>/dev/null | head -n 1)

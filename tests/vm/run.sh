@@ -86,6 +86,9 @@ if [ ! -f "$BASE" ]; then
     echo "vm: building the $key root (debootstrap, $kpkg), cached in $BASE"
     mkdir -p "$CACHE"
     tmp=$(mktemp -d "$CACHE/root.XXXXXX")
+    trap 'rm -rf --one-file-system "$tmp" "$BASE.part" || true' EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
     log=$CACHE/$key.log
     foreign=""
     [ "$ARCH" = "$native" ] || foreign=--foreign
@@ -108,16 +111,24 @@ if [ ! -f "$BASE" ]; then
     fi
     tar -C "$tmp" -cf "$BASE.part" . && mv "$BASE.part" "$BASE"
     rm -rf --one-file-system "$tmp"
+    trap - EXIT
 fi
 
 # ---- this run's root: the cached one, the package, the test programs, the guest script -----
 WORK=$(mktemp -d /var/tmp/mpsteer-vm.XXXXXX)
 ROOT=$WORK/root
+# Everything mounted beneath the root goes first, deepest first: in the host mode the lab's
+# `ip netns add` bind-mounts the root's /run/netns, and checks cut short leave namespaces.
 cleanup() {
-    for m in sys/fs/bpf sys proc; do umount "$ROOT/$m" 2>/dev/null || true; done
-    rm -rf --one-file-system "$WORK"
+    rc=$?
+    awk -v r="$ROOT/" 'index($2, r) == 1 { print $2 }' /proc/self/mounts | sort -r |
+        while read -r m; do umount -l "$m" 2>/dev/null || true; done
+    rm -rf --one-file-system "$WORK" 2>/dev/null || true
+    exit "$rc"
 }
-trap cleanup EXIT INT TERM
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 mkdir "$ROOT"
 tar -C "$ROOT" -xf "$BASE"
 pkg=$(basename "$DEB")
@@ -183,6 +194,8 @@ if [ "$KERNEL" = host ]; then
     cp "$ROOT"/var/log/mpsteer-vm/*.log "$LOGS/" 2>/dev/null || true
 else
     debugfs -R "rdump /var/log/mpsteer-vm $LOGS" "$WORK/root.img" >/dev/null 2>&1 || true
+    mv "$LOGS"/mpsteer-vm/* "$LOGS/" 2>/dev/null || true
+    rmdir "$LOGS/mpsteer-vm" 2>/dev/null || true
 fi
 echo "vm: every check's whole output is in $LOGS"
 if ! grep -q '^mpsteer-vm: checks done' "$WORK/console.log"; then
