@@ -43,7 +43,10 @@ public:
 
     // The status once Ready; throws (with the log's tail on stderr) when the agent exits,
     // reports an error or is not Ready within `timeout`.
-    nlohmann::json wait_ready(std::chrono::seconds timeout);
+    // The first apply loads the datapath: every program through the verifier takes a second
+    // on a server, longer on a small board, minutes under emulation (the VM rig).
+    static constexpr std::chrono::seconds kFirstApplyTimeout{300};
+    nlohmann::json wait_ready(std::chrono::seconds timeout = kFirstApplyTimeout);
     // status.json (an empty object while there is none).
     nlohmann::json status() const;
     // Waits until the agent writes its status again (false after `timeout`).

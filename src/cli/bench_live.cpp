@@ -342,7 +342,7 @@ int run_live_bench(bool json, int rounds, int seconds, const std::string& share,
                 for (const auto& e : shipped_elsewhere()) leave_out.push_back(e.file);
                 agent = std::make_unique<ShippedAgent>(
                     share, lab.client_ns(), "bench-live-" + std::to_string(getpid()), leave_out);
-                agent->wait_ready(60s);
+                agent->wait_ready();
                 srv = std::make_unique<Attached>(std::nullopt, lab.server_ns(), server_ifs,
                                                  root + "-srv");
             }
@@ -428,7 +428,7 @@ int run_live_bench(bool json, int rounds, int seconds, const std::string& share,
     ProcessUse idle0, idle1;
     {
         ShippedAgent agent(share, lab.client_ns(), "bench-idle-" + std::to_string(getpid()));
-        agent.wait_ready(60s);
+        agent.wait_ready();
         std::this_thread::sleep_for(2s);  // past the post-apply work (compiled entries)
         idle0 = process_use(agent.pid());
         std::this_thread::sleep_for(std::chrono::seconds(kIdleSeconds));

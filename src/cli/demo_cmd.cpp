@@ -256,7 +256,7 @@ int agent_demo(const std::string& share, int seconds, const std::string& plot_di
     for (const auto& a : agent.args()) std::printf(" %s", a.c_str());
     std::printf("\n  (its log: %s)\n", agent.log().c_str());
     const auto t0 = std::chrono::steady_clock::now();
-    const nlohmann::json st = agent.wait_ready(60s);
+    const nlohmann::json st = agent.wait_ready();
     std::printf("  Ready after %.1f s: generation %d, revision %s, %zu policies, %zu hooks\n\n",
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
                 st.value("generation", 0), st.value("applied_revision", "").c_str(),

@@ -167,7 +167,7 @@ Report disjoint_subflows(const Options& opt) {
                     std::vector<std::pair<std::string, AdaptedShare::Replacements>>{
                         {"policies/disjoint-subflows.yaml", {}}});
                 agent = std::make_unique<ShippedAgent>(share->share(), cli, name);
-                agent->wait_ready(60s);
+                agent->wait_ready();
             }
             for (size_t g = 0; g < kRegimeCount; g++) {
                 check_stop();

@@ -209,7 +209,7 @@ void ecf_run(Lab& lab, bool with_mpsteer, const Options& opt, const std::string&
                 {"policies/ecf-scheduler.yaml", {{"wwan0", lab.client_if(2)}}},
                 {"lua/ecf.lua", {}}});
         agent = std::make_unique<ShippedAgent>(share->share(), lab.client_ns(), name);
-        agent->wait_ready(60s);
+        agent->wait_ready();
     }
     const char* mode = with_mpsteer ? "mpsteer" : "kernel";
     for (const auto& rg : kRegimes) {

@@ -88,7 +88,7 @@ LbTally lb_run(const LoadBalancerLab& lab, int family, bool with_mpsteer, const 
             agents.push_back(
                 std::make_unique<ShippedAgent>(policies.back()->share(), lab.backend_ns(b), name));
         }
-        for (auto& a : agents) a->wait_ready(60s);
+        for (auto& a : agents) a->wait_ready();
     }
     std::vector<std::unique_ptr<Discard>> servers;
     for (int b = 1; b <= LoadBalancerLab::kBackends; b++)

@@ -157,7 +157,7 @@ Round run_mode(const Lab& lab, bool with_mpsteer, const Options& opt, const std:
             std::vector<std::pair<std::string, AdaptedShare::Replacements>>{
                 {"policies/small-flow-pm.yaml", {}}, {"lua/small_flow_pm.lua", {}}});
         agent = std::make_unique<ShippedAgent>(share->share(), lab.client_ns(), name);
-        agent->wait_ready(60s);
+        agent->wait_ready();
     }
     Round r;
     // Ports differ per round and mode: no connection meets a TIME_WAIT of the last one.

@@ -221,7 +221,7 @@ Report multi_tenant(const Options& opt) {
                     std::vector<std::pair<std::string, AdaptedShare::Replacements>>{
                         {"policies/multi-tenant.yaml", {}}});
                 agent = std::make_unique<ShippedAgent>(policy->share(), lab.hypervisor_ns(), name);
-                agent->wait_ready(60s);
+                agent->wait_ready();
             }
             for (Scenario s : {kQuiet, kBackground}) {
                 Timeline timeline(lab);
