@@ -49,9 +49,6 @@ if [ -z "$chroot_mode" ]; then
 fi
 exec 2>&1
 say "kernel $(uname -r) $(uname -m), $(nproc) CPUs"
-# What the kernel offers the datapath, as the agent reads it.
-timeout -k 10 900 mpsteer validate --host /usr/share/mpsteer/policies 2>&1 |
-    sed 's/^/mpsteer-vm: host: /'
 
 # mpsteer -v: debug logging, with the verifier's whole log of a refused program.
 V=""
@@ -82,6 +79,10 @@ summary() {  # a figure worth seeing on the check's line
 }
 have_tests() { [ -x "$TESTS/$1" ]; }
 
+# Always first: what the kernel offers the datapath, every program through its verifier (the
+# check fails when one is refused), shown whole.
+check host mpsteer $V validate --host /usr/share/mpsteer/policies
+grep -v '^\[' "$LOGS/host.log" | sed 's/^/mpsteer-vm: host: /'
 for c in $(echo "${MPS_VM_CHECKS:-validate,bench,bpf,demo,churn}" | tr , ' '); do
     case "$c" in
     validate) check validate mpsteer $V validate /usr/share/mpsteer/policies ;;

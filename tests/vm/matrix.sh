@@ -35,7 +35,7 @@ for cell in $cells; do
     sed 's/^/  /' "$results.cell" | grep -E '^  vm: (ok|FAILED|skipped|passed)' || tail -5 "$results.cell"
     release=$(sed -n 's/^mpsteer-vm: kernel \([^ ]*\).*/\1/p' "build/vm-logs/$arch-$kernel/console.log" 2>/dev/null | head -n 1)
     line="$arch	$kernel	${release:--}"
-    for c in validate bench bpf demo churn; do
+    for c in host validate bench bpf demo churn; do
         if grep -q "^vm: ok $c " "$results.cell"; then line="$line	ok"
         elif grep -q "^vm: FAILED $c " "$results.cell"; then line="$line	FAILED"
         else line="$line	-"; fi
@@ -45,6 +45,6 @@ for cell in $cells; do
     rm -f "$results.cell"
 done
 echo
-printf '%s\n' "arch	kernel	release	validate	bench	bpf	demo	churn	compiled entries" | cat - "$results" |
+printf "%s\n" "arch	kernel	release	host	validate	bench	bpf	demo	churn	compiled entries" | cat - "$results" |
     column -t -s '	'
 exit "$rc"

@@ -9,7 +9,8 @@
 #     KERNEL   6.1 (Debian 12's own: linux-image-amd64/-arm64/-armmp) | 6.12 (Debian 12's
 #              linux-image-6.12-*) | host (no guest: the same checks in the root, chrooted, on
 #              this machine's kernel; amd64 only)
-#     CHECKS   comma-separated, default all: validate,bench,bpf,demo,churn
+#     CHECKS   comma-separated, default all: validate,bench,bpf,demo,churn (and always first
+#              host: mpsteer validate --host, every program through the kernel's verifier)
 #
 # Exit status 0 when every check passed. Needs root. The package comes from packaging/package.sh
 # ARCH; the bpf and churn checks need the test programs (ninja -C build vm_programs; cross:
