@@ -257,6 +257,10 @@ int agent_demo(const std::string& share, int seconds, const std::string& plot_di
     std::printf("\n  (its log: %s)\n", agent.log().c_str());
     const auto t0 = std::chrono::steady_clock::now();
     const nlohmann::json st = agent.wait_ready();
+    // Right after the apply the agent loads the compiled entries (milliseconds on a server,
+    // minutes under emulation), and links connections only after that: the downloads wait.
+    std::this_thread::sleep_for(1s);
+    agent.wait_status_update(ShippedAgent::kFirstApplyTimeout);
     std::printf("  Ready after %.1f s: generation %d, revision %s, %zu policies, %zu hooks\n\n",
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
                 st.value("generation", 0), st.value("applied_revision", "").c_str(),
