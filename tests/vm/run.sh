@@ -105,7 +105,8 @@ if [ ! -f "$BASE" ]; then
     mkdir -p "$tmp/etc/initramfs-tools/conf.d"
     echo MODULES=most >"$tmp/etc/initramfs-tools/conf.d/mpsteer-vm"
     if ! chroot "$tmp" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin DEBIAN_FRONTEND=noninteractive \
-            sh -c "apt-get -o APT::Sandbox::User=root update -q &&
+            sh -c "apt-get -o APT::Sandbox::User=root update -q ||
+                   echo 'vm: some indexes failed (a mirror mid-sync): the lists that arrived'
                    apt-get -o APT::Sandbox::User=root install -y -q --no-install-recommends \
                        $tools $kpkg" >>"$log" 2>&1; then
         tail -20 "$log"; rm -rf --one-file-system "$tmp"; exit 1
