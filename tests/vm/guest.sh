@@ -74,7 +74,7 @@ summary() {  # a figure worth seeing on the check's line
     bpf) echo ": $(grep -c '^All tests passed' "$LOGS/bpf.log") of $(grep -c '^== ' "$LOGS/bpf.log") test programs passed" ;;
     bench) if grep -q '^compiled_entries_refused' "$LOGS/bench.log"; then
                echo ": compiled entries refused, $(sed -n 's/^compiled_entries_refused: //p' "$LOGS/bench.log")"
-           else echo ": chain4_match_ratio $(sed -n 's/^chain4_match_ratio: //p' "$LOGS/bench.log") (TCG: not a speed figure)"; fi ;;
+           else echo ": chain4_match_ratio $(sed -n 's/^chain4_match_ratio: //p' "$LOGS/bench.log") (under emulation not a speed figure)"; fi ;;
     esac
 }
 have_tests() { [ -x "$TESTS/$1" ]; }
