@@ -45,6 +45,6 @@ for cell in $cells; do
     rm -f "$results.cell"
 done
 echo
-printf "%s\n" "arch	kernel	release	host	validate	bench	bpf	demo	churn	compiled entries" | cat - "$results" |
-    column -t -s '	'
+printf "%s\n" "arch	kernel	release	host	validate	bench	bpf	demo	churn	compiled entries" |
+    cat - "$results"
 exit "$rc"

@@ -51,9 +51,9 @@ native=$(dpkg --print-architecture)
 [ "$ARCH" = "$native" ] && bdir=build || bdir=build-$ARCH
 
 # ---- what the run needs on this machine --------------------------------------------------
-packaging/apt-ensure.sh vm debootstrap e2fsprogs qemu-user-static binfmt-support "$qemu_pkg" \
-    ipxe-qemu >/dev/null
+packaging/apt-ensure.sh vm debootstrap e2fsprogs "$qemu_pkg" >/dev/null
 if [ "$ARCH" != "$native" ]; then
+    packaging/apt-ensure.sh vm qemu-user-static binfmt-support >/dev/null
     # Foreign roots run their maintainer scripts under qemu-user through binfmt_misc.
     mountpoint -q /proc/sys/fs/binfmt_misc ||
         mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
