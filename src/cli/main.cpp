@@ -23,6 +23,9 @@ int main(int argc, char** argv) {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
         return app.exit(e) == 0 ? 0 : 2;  // usage errors exit 2
+    } catch (const std::exception& e) {  // what a command did not report itself
+        spdlog::error("{}", e.what());
+        return 1;
     }
     return mpsteer::cli::exit_code();
 }

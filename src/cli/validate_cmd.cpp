@@ -78,7 +78,14 @@ int run_validate_host(const std::vector<std::string>& paths) {
               << (k.jit ? "on" : "off (net.core.bpf_jit_enable=0: every program interpreted)")
               << "\nmptcp:     " << (k.mptcp ? "enabled" : "off (sysctl net.mptcp.enabled=1)")
               << "\ntc hooks:  " << (k.tcx ? "TCX links" : "clsact filters (TCX needs 6.6)")
-              << "\nprograms:  " << k.programs - k.programs_refused.size() << " of " << k.programs
+              << "\nbtf:       "
+              << (k.btf ? "present" : "absent (/sys/kernel/btf/vmlinux: add_subflow needs it)")
+              << '\n';
+    if (!k.load_failed.empty()) {
+        std::cout << "programs:  the BPF object does not load: " << k.load_failed << '\n';
+        return 1;
+    }
+    std::cout << "programs:  " << k.programs - k.programs_refused.size() << " of " << k.programs
               << " load\n";
     for (const auto& r : k.programs_refused)
         std::cout << "           refused: " << r.program << ": " << r.why << '\n';

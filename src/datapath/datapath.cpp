@@ -73,6 +73,13 @@ std::shared_ptr<Datapath> Datapath::load(const StateMaps& state,
     detail::forget_refusal();
     if (int err = mps_dp__load(s)) {
         const auto why = detail::last_refusal();
+        // libbpf's ESRCH without a verifier log: it found no kernel BTF for add_subflow's
+        // CO-RE read of the subflow socket (Debian's armmp kernels have none).
+        if (why.program.empty() && (err == -ESRCH || errno == ESRCH) &&
+            !std::filesystem::exists("/sys/kernel/btf/vmlinux"))
+            fail("loading the BPF programs: this kernel has no BTF (/sys/kernel/btf/vmlinux), "
+                 "which add_subflow's program reads the subflow socket with",
+                 err);
         fail("loading the BPF programs" +
                  (why.program.empty() ? std::string()
                                       : " (this kernel's verifier refused program " +

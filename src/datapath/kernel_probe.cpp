@@ -75,6 +75,7 @@ KernelReport probe_kernel_basics() {
     int major = 0, minor = 0;
     std::sscanf(r.release.c_str(), "%d.%d", &major, &minor);
     r.tcx = major > 6 || (major == 6 && minor >= 6);
+    r.btf = std::filesystem::exists("/sys/kernel/btf/vmlinux");
     return r;
 }
 
@@ -93,8 +94,14 @@ KernelReport probe_kernel() {
     TableSizes sizes;
     sizes.flows = TableSizes::kMinFlows;
     auto state = StateMaps::open(root, sizes);
-    for (auto& [program, why] : Datapath::refused_programs(state, &r.programs))
-        r.programs_refused.push_back({program, why});
+    try {
+        for (auto& [program, why] : Datapath::refused_programs(state, &r.programs))
+            r.programs_refused.push_back({program, why});
+    } catch (const std::exception& e) {
+        r.load_failed = e.what();
+        if (!r.btf) r.load_failed += " (this kernel has no BTF: /sys/kernel/btf/vmlinux)";
+        return r;
+    }
     if (r.programs_refused.empty()) {
         auto g = Generation::build(sample_chain(), 1, state);
         if (!g->compiled(Hook::xdp)) {

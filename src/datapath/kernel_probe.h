@@ -18,6 +18,10 @@ struct KernelReport {
     bool jit = false;    // net.core.bpf_jit_enable: programs run compiled, not interpreted
     bool mptcp = false;  // net.mptcp.enabled exists and is 1
     bool tcx = false;    // TCX links (6.6+); clsact filters otherwise
+    // /sys/kernel/btf/vmlinux: add_subflow reads the subflow's socket through BTF (CO-RE), and
+    // libbpf loads no part of the object without it (Debian's armmp kernels have none).
+    bool btf = false;
+    std::string load_failed;  // the object did not load for a reason that names no program
     struct Refused {
         std::string program;  // e.g. act_set_backup_xdp
         std::string why;      // the verifier's verdict
