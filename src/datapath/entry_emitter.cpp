@@ -459,18 +459,14 @@ private:
             opaque(R5, kOpaque);
             a_.alu32(BPF_AND, R5, 0x3ff);
             a_.alu64(BPF_ADD, R5, kData);
-            a_.alu64(BPF_MOV, R0, R5);
-            a_.alu64(BPF_ADD, R0, 1);
-            a_.jmp64(BPF_JGT, R0, kEnd, not_ours_);
+            option_readable(R0, 1);
             a_.load(BPF_B, R0, R5, 0);  // R0: kind
             a_.jmp32(BPF_JEQ, R0, 0, done);
             a_.jmp32(BPF_JNE, R0, 1, option);
             a_.alu32(BPF_ADD, R2, 1);  // NOP
             a_.ja(next_opt);
             a_.bind(option);
-            a_.alu64(BPF_MOV, R1, R5);
-            a_.alu64(BPF_ADD, R1, 2);
-            a_.jmp64(BPF_JGT, R1, kEnd, not_ours_);
+            option_readable(R1, 2);
             a_.load(BPF_B, R1, R5, 1);  // R1: length
             a_.jmp32(BPF_JLT, R1, 2, not_ours_);
             a_.alu32(BPF_ADD, R2, R1);
@@ -482,9 +478,7 @@ private:
             a_.ja(next_opt);
             a_.bind(mptcp);
             a_.jmp32(BPF_JLT, R1, 3, not_ours_);
-            a_.alu64(BPF_MOV, R0, R5);
-            a_.alu64(BPF_ADD, R0, 3);
-            a_.jmp64(BPF_JGT, R0, kEnd, not_ours_);
+            option_readable(R0, 3);
             a_.load(BPF_B, R0, R5, 2);  // R0: subtype
             a_.alu32(BPF_RSH, R0, 4);
             // MP_CAPABLE and MP_JOIN count only at the lengths the kernel parses (mptcp_lens_of()
@@ -507,9 +501,7 @@ private:
             a_.ja(subtype);
             a_.bind(dss);
             a_.jmp32(BPF_JLT, R1, 4, not_ours_);
-            a_.alu64(BPF_MOV, R1, R5);
-            a_.alu64(BPF_ADD, R1, 4);
-            a_.jmp64(BPF_JGT, R1, kEnd, not_ours_);
+            option_readable(R1, 4);
             a_.load(BPF_B, R1, R5, 3);  // DSS flags: A (data ACK) 0x01, F (DATA_FIN) 0x10
             a_.alu64(BPF_MOV, R5, R1);
             a_.alu32(BPF_AND, R5, 0x01);
@@ -537,6 +529,14 @@ private:
         a_.alu32(BPF_OR, kAcc, R1);
         a_.store(BPF_W, FP, kKinds, kAcc);
         if (mixed_) a_.store(BPF_W, FP, kScanned, MPS_CTXF_SCANNED);
+    }
+
+    // The option at R5 has n bytes inside the frame, else the entry program takes the packet
+    // (`scratch` is clobbered).
+    void option_readable(Reg scratch, int32_t n) {
+        a_.alu64(BPF_MOV, scratch, R5);
+        a_.alu64(BPF_ADD, scratch, n);
+        a_.jmp64(BPF_JGT, scratch, kEnd, not_ours_);
     }
 
     // r (< 64k) through a halfword of the stack the verifier does not track (not 8-aligned):

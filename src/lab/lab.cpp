@@ -317,7 +317,7 @@ void Lab::require_tools() {
                                                                  {"ethtool", "ethtool"}};
     const char* path = std::getenv("PATH");
     std::vector<std::string> dirs;
-    std::istringstream in(path && *path ? path : "/usr/sbin:/usr/bin:/sbin:/bin");
+    std::istringstream in(path && *path ? path : "/bin:/usr/bin");  // execvp's default
     for (std::string d; std::getline(in, d, ':');)
         if (!d.empty()) dirs.push_back(d);
     std::string missing;
