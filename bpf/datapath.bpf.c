@@ -1197,7 +1197,8 @@ static __always_inline int entry(void *ctx, bool xdp, __u8 hook, __u32 ifindex, 
 		if (p)
 			first = *p;
 	}
-	if (first == MPS_PC_END)
+	bool learn_only = first == MPS_PC_END;
+	if (learn_only && !(e->flags & MPS_ENTRYF_LEARN))
 		return PASS(xdp);
 	gen_count_slot(slot, MPS_GC_PACKETS);
 
@@ -1213,7 +1214,7 @@ static __always_inline int entry(void *ctx, bool xdp, __u8 hook, __u32 ifindex, 
 	int r = parse_packet(ctx_data(ctx, xdp), ctx_end(ctx, xdp), pkt_len, &pc);
 	if (r) {
 		gen_count_slot(slot, r == PARSE_MALFORMED ? MPS_GC_MALFORMED : MPS_GC_NOT_TCP);
-		return r == PARSE_SKIP ? PASS(xdp) : unparseable(slot, first, xdp);
+		return r == PARSE_SKIP || learn_only ? PASS(xdp) : unparseable(slot, first, xdp);
 	}
 	pc.hook = hook;
 	pc.pc = first;
@@ -1226,7 +1227,7 @@ static __always_inline int entry(void *ctx, bool xdp, __u8 hook, __u32 ifindex, 
 		int bad = xdp ? learn_syn_xdp(ctx, &pc) : learn_syn_tc(ctx, &pc);
 		if (bad) { /* a SYN with malformed options */
 			gen_count(&pc, MPS_GC_MALFORMED);
-			return unparseable(slot, first, xdp);
+			return learn_only ? PASS(xdp) : unparseable(slot, first, xdp);
 		}
 	} else if (tcp && (tcp->fin || tcp->rst)) {
 		int rst = tcp->rst;
@@ -1235,6 +1236,8 @@ static __always_inline int entry(void *ctx, bool xdp, __u8 hook, __u32 ifindex, 
 		else
 			learn_close_tc(ctx, &pc, rst);
 	}
+	if (learn_only)
+		return PASS(xdp);
 	return run_chain(ctx, xdp, &pc);
 }
 

@@ -240,7 +240,38 @@ struct Layout {
     // Per entry (same order): its policies in run order, each with the label of its first step.
     std::vector<std::vector<std::pair<const Policy*, int>>> chains;
     std::set<std::pair<std::string, uint8_t>> attach;
+    std::vector<datapath::Hook> learning_hooks;  // attached only to learn handshakes
 };
+
+// A rate_limit reads the window scale both SYNs announced, and its hook sees one direction's
+// SYN only. Where no chain on the policy's interfaces sees the other direction, the entry is
+// attached there too and learns the handshakes without running anything.
+void learn_handshakes(const std::vector<const Policy*>& order, Layout& l) {
+    using datapath::Hook;
+    std::set<Hook> learning;
+    auto attached = [&](const std::string& ifn, Hook h) {
+        return l.attach.count({ifn, uint8_t(h)}) || l.attach.count({"", uint8_t(h)});
+    };
+    for (const Policy* p : order) {
+        if (std::none_of(p->actions.begin(), p->actions.end(),
+                         [](const Action& a) { return a.kind == Action::Kind::rate_limit; }))
+            continue;
+        std::vector<std::string> ifnames = p->interfaces;
+        if (ifnames.empty()) ifnames.push_back("");
+        for (HookPoint h : p->hooks) {
+            const bool egress = h == HookPoint::tc_egress;
+            for (const auto& ifn : ifnames) {
+                if (egress ? attached(ifn, Hook::xdp) || attached(ifn, Hook::tc_ingress)
+                           : attached(ifn, Hook::tc_egress))
+                    continue;
+                const Hook other = egress ? Hook::tc_ingress : Hook::tc_egress;
+                l.attach.emplace(ifn, uint8_t(other));
+                learning.insert(other);
+            }
+        }
+    }
+    l.learning_hooks.assign(learning.begin(), learning.end());
+}
 
 Layout lay_out(const manifest::Model& model, datapath::ChainSet& cs) {
     std::vector<const Policy*> order;
@@ -296,6 +327,7 @@ Layout lay_out(const manifest::Model& model, datapath::ChainSet& cs) {
             }
         }
     }
+    learn_handshakes(order, l);
     return l;
 }
 
@@ -326,6 +358,7 @@ Output compile(const manifest::Model& model) {
         cs.entries.push_back(e);
     }
     for (const auto& [ifn, h] : l.attach) cs.attachments.push_back({ifn, datapath::Hook(h)});
+    cs.learning_hooks = l.learning_hooks;
     std::sort(cs.attachments.begin(), cs.attachments.end(), [](const auto& x, const auto& y) {
         return std::tie(x.hook, x.ifname) < std::tie(y.hook, y.ifname);
     });

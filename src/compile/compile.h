@@ -92,6 +92,8 @@ struct HookPlan {
 struct PlanDiff {
     std::vector<std::string> added, changed, removed, unchanged;  // policy names, sorted
     std::vector<HookPlan> hooks;                                  // by hook, then interface
+    // Attachments of the new set with no chain, there to learn handshakes for a rate_limit.
+    std::vector<datapath::Attachment> learning;
     bool empty() const { return added.empty() && changed.empty() && removed.empty(); }
 };
 

@@ -100,6 +100,8 @@ json to_json(const PlanModel& m) {
     j["attachments"] = json::array();
     for (const auto& a : m.chains.attachments)
         j["attachments"].push_back({{"hook", datapath::to_string(a.hook)}, {"ifname", a.ifname}});
+    j["learning_hooks"] = json::array();
+    for (auto h : m.chains.learning_hooks) j["learning_hooks"].push_back(datapath::to_string(h));
     j["step_ifnames"] = json::array();
     for (const auto& [pc, name] : m.chains.step_ifnames)
         j["step_ifnames"].push_back({{"pc", pc}, {"ifname", name}});
@@ -127,6 +129,8 @@ PlanModel plan_model_from_json(const json& j) {
             m.chains.entries.push_back({hook_of(e.at("hook")), e.at("ifname"), e.at("pc")});
         for (const auto& a : j.at("attachments"))
             m.chains.attachments.push_back({a.at("ifname"), hook_of(a.at("hook"))});
+        for (const auto& h : j.value("learning_hooks", json::array()))
+            m.chains.learning_hooks.push_back(hook_of(h));
         for (const auto& s : j.at("step_ifnames"))
             m.chains.step_ifnames.emplace_back(s.at("pc").get<uint16_t>(), s.at("ifname"));
         return m;
@@ -219,6 +223,11 @@ PlanDiff diff(const PlanModel& running, const PlanModel& next) {
         }
         d.hooks.push_back(std::move(h));
     }
+    const auto& learn = next.chains.learning_hooks;
+    for (const auto& a : next.chains.attachments)
+        if (std::find(learn.begin(), learn.end(), a.hook) != learn.end() &&
+            !new_e.count({uint8_t(a.hook), a.ifname}))
+            d.learning.push_back(a);
     return d;
 }
 
@@ -244,6 +253,10 @@ std::string to_text(const PlanDiff& d) {
             for (const auto& l : h.steps) o << sign << l << '\n';
         }
     }
+    for (const auto& a : d.learning)
+        o << "\nhook " << datapath::to_string(a.hook) << " on "
+          << (a.ifname.empty() ? "every interface" : a.ifname)
+          << ": learns handshakes only (rate_limit reads both SYNs' window scale)\n";
     o << "\n"
       << d.added.size() << " to add, " << d.changed.size() << " to change, " << d.removed.size()
       << " to remove, " << d.unchanged.size() << " unchanged\n";
@@ -262,6 +275,9 @@ json to_json(const PlanDiff& d) {
         if (h.status == "changed") x["old_steps"] = h.old_steps;
         j["hooks"].push_back(std::move(x));
     }
+    j["learning"] = json::array();
+    for (const auto& a : d.learning)
+        j["learning"].push_back({{"hook", datapath::to_string(a.hook)}, {"ifname", a.ifname}});
     return j;
 }
 

@@ -166,6 +166,8 @@ std::string ChainSet::serialize() const {
         put_str(out, a.ifname);
         put(out, static_cast<uint8_t>(a.hook));
     }
+    put(out, static_cast<uint32_t>(learning_hooks.size()));
+    for (Hook h : learning_hooks) put(out, static_cast<uint8_t>(h));
     put(out, static_cast<uint32_t>(step_ifnames.size()));
     for (const auto& [pc, name] : step_ifnames) {
         put(out, pc);
@@ -179,6 +181,7 @@ std::string ChainSet::describe() const {
     for (const auto& e : entries)
         o << "entry " << to_string(e.hook) << (e.ifname.empty() ? "" : " " + e.ifname) << " -> "
           << pc_str(e.pc) << '\n';
+    for (Hook h : learning_hooks) o << "learn " << to_string(h) << " (handshakes)\n";
     for (size_t pc = 0; pc < steps.size(); ++pc) {
         const auto& s = steps[pc];
         o << pc << ": " << prog_name(static_cast<mps_prog>(s.prog));

@@ -44,6 +44,9 @@ struct ChainSet {
     std::vector<EntryPoint> entries;
     std::vector<std::string> policies;    // mps_step.policy indexes this (counters, status)
     std::vector<Attachment> attachments;  // where the entry programs go
+    // Hooks whose entry learns handshakes where no chain starts (sorted): a rate_limit reads
+    // the window scale from both SYNs, and its own hook sees only one direction's.
+    std::vector<Hook> learning_hooks;
     // Steps whose parameter names an interface (redirect): the loader writes its ifindex.
     std::vector<std::pair<uint16_t, std::string>> step_ifnames;
 

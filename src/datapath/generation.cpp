@@ -75,6 +75,7 @@ std::unique_ptr<Generation> Generation::stage(std::shared_ptr<Datapath> dp, cons
     std::vector<std::pair<mps_iface_key, __u16>> ifents;
     mps_entry entry[MPS_HOOK_MAX];
     for (uint32_t h = 0; h < MPS_HOOK_MAX; ++h) entry[h] = {MPS_PC_END, 0, number};
+    for (Hook h : chains.learning_hooks) entry[static_cast<uint32_t>(h)].flags |= MPS_ENTRYF_LEARN;
     const uint32_t slot = dp->active_slot() ^ 1;
     for (const auto& e : chains.entries) {
         auto h = static_cast<uint32_t>(e.hook);

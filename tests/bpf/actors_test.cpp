@@ -608,6 +608,56 @@ TEST_CASE("actor rate_limit: never touches SYN, RST, non-ACK or unknown flows", 
     }
 }
 
+TEST_CASE("actor rate_limit: the other direction's SYN comes from an entry that only learns",
+          "[bpf][actor]") {
+    // rate_limit at TC egress alone (the receiver lowers its own ACKs' windows): the client's
+    // SYN arrives where no chain runs. The compiler attaches the entry at TC ingress with the
+    // learn flag; without it the window scale stays unknown and nothing is lowered.
+    for (bool learn : {true, false}) {
+        for (bool v6 : {false, true}) {
+            INFO((v6 ? "v6" : "v4") << (learn ? ", learning at tc_ingress" : ", no learning"));
+            dp::ChainSet chains;
+            chains.policies = {"limit"};
+            chains.steps = {act_rate(100000, 10000, 0)};
+            chains.entries = {{Hook::tc_egress, "", 0}};
+            if (learn) chains.learning_hooks = {Hook::tc_ingress};
+            Env env(chains);
+            RateCase c{"", 100000, 10000, 0, 7, 2, false, 60000, v6};
+            Packet syn = cli(v6).flags(tcpf::SYN).seq(5000).window(65535).option(opt::wscale(7));
+            Packet sa = srv(v6)
+                            .flags(tcpf::SYN | tcpf::ACK)
+                            .seq(9000)
+                            .ack(5001)
+                            .window(65535)
+                            .option(opt::wscale(2));
+            Bytes in = syn.build();
+            expect_untouched(env.run(Hook::tc_ingress, in), in, Hook::tc_ingress);
+            in = sa.build();
+            expect_untouched(env.run(Hook::tc_egress, in), in, Hook::tc_egress);
+            auto f = env.flow(flow_key_of(cli(v6)));
+            REQUIRE(f);
+            CHECK(f->dir_ab.wscale_known + f->dir_ba.wscale_known == (learn ? 2 : 1));
+
+            // Nothing but learning at TC ingress: data, and a SYN with malformed options
+            // (dropped under a guarded chain, passed here), go through untouched.
+            for (Bytes b : {cli(v6).seq(5001).ack(9001).window(60000).payload(20, 1).build(),
+                            cli(v6, 41000)
+                                .flags(tcpf::SYN)
+                                .option(opt::raw(30, {0x00}, 1))
+                                .build()})
+                expect_untouched(env.run(Hook::tc_ingress, b), b, Hook::tc_ingress);
+
+            Bytes ack = rate_packet(c, 60000).build();
+            Run r = env.run(Hook::tc_egress, ack);
+            auto win = expected_window(c);
+            REQUIRE(win);
+            Bytes want = learn ? rate_packet(c, *win).build() : ack;
+            if (r.out != want) FAIL_CHECK("unexpected output\n" << describe_frame(r.out, want));
+            CHECK(checksum_errors(r.out) == "");
+        }
+    }
+}
+
 // ---- flow learning under spoofing and at the end of a flow -----------------------------------
 
 namespace {

@@ -10,8 +10,10 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <set>
 #include <thread>
 
+#include "compile/compile.h"
 #include "lab/lab.h"
 #include "net/address.h"
 
@@ -173,19 +175,20 @@ TEST_CASE("datapath: record, get_connect, get_subflow see both subflows with the
     CHECK_FALSE(std::filesystem::exists(pins));
 }
 
-TEST_CASE("datapath: rate_limit holds one subflow to its configured rate", "[e2e][datapath]") {
-    datapath::init_libbpf_logging();
-    constexpr double kRate = 1e6;  // bytes/s: 8 Mbit/s
-    // 20 ms RTT on both paths so windows mean something (window = rate x RTT = 20 kB); both
-    // paths capped at 40 Mbit/s, five times the limit, which keeps the CPUs out of the way.
-    LabConfig cfg = config("b");
-    cfg.path[0] = cfg.path[1] = PathShape{10, 40000};
-    Lab lab(cfg);
-    Steering steer(server_chains(lab, static_cast<uint64_t>(kRate)), lab.server_ns(),
-                   Steering::pin_root_for("e2e"));
-    EventReader reader(steer.state(), [](const Event&) {});
+namespace {
 
-    // Path 2's payload bytes as the client's kernel counts them, and the server's veth bytes.
+// 20 ms RTT on both paths so windows mean something (window = rate x RTT = 20 kB); both paths
+// capped at 40 Mbit/s, five times the limit, which keeps the CPUs out of the way.
+LabConfig rate_config(const char* what) {
+    LabConfig cfg = config(what);
+    cfg.path[0] = cfg.path[1] = PathShape{10, 40000};
+    return cfg;
+}
+
+// A 7 s upload over both paths while `steer` caps path 2 at `rate` bytes/s: path 2's payload
+// rate as the client's kernel counts it, within 15 %; path 1 (not limited) carries the rest.
+void expect_path2_capped(const Lab& lab, Steering& steer, double rate_cap) {
+    EventReader reader(steer.state(), [](const Event&) {});
     auto path2 = [&] {
         for (const auto& s : tcp_subflows(lab.client_ns()))
             if (s.local.rfind(Lab::client_addr(2) + ":", 0) == 0) return s.bytes_acked;
@@ -238,13 +241,54 @@ TEST_CASE("datapath: rate_limit holds one subflow to its configured rate", "[e2e
     std::printf(
         "rate_limit: configured %.0f B/s, path 2 payload %.0f B/s (%+.1f %%), "
         "wire %.0f B/s, path 1 wire %.0f B/s, srtt %u us, windows lowered %llu\n",
-        kRate, rate, 100 * (rate / kRate - 1), wire, other, srtt,
+        rate_cap, rate, 100 * (rate / rate_cap - 1), wire, other, srtt,
         static_cast<unsigned long long>(counters.back().matched));
     INFO(diag);
     INFO("path 2 payload rate " << rate << " B/s, wire " << wire << " B/s; path 1 " << other);
-    CHECK(rate >= kRate * 0.85);
-    CHECK(rate <= kRate * 1.15);
-    CHECK(counters.back().matched > 0);  // the actor lowered windows
-    // The rest of the transfer went over path 1, which was not limited.
-    CHECK(other > 2 * kRate);
+    CHECK(rate >= rate_cap * 0.85);
+    CHECK(rate <= rate_cap * 1.15);
+    CHECK(counters.back().matched > 0);  // the actor (the last step) lowered windows
+    CHECK(other > 2 * rate_cap);
+}
+
+}  // namespace
+
+TEST_CASE("datapath: rate_limit holds one subflow to its configured rate", "[e2e][datapath]") {
+    datapath::init_libbpf_logging();
+    constexpr double kRate = 1e6;  // bytes/s: 8 Mbit/s
+    Lab lab(rate_config("b"));
+    // record at XDP and TC egress measures the RTT the actor uses.
+    Steering steer(server_chains(lab, static_cast<uint64_t>(kRate)), lab.server_ns(),
+                   Steering::pin_root_for("e2e"));
+    expect_path2_capped(lab, steer, kRate);
+}
+
+TEST_CASE("datapath: rate_limit alone at TC egress, compiled from a manifest, holds its rate",
+          "[e2e][datapath]") {
+    // The receiver lowers the windows of its own ACKs on path 2 and runs nothing else: the
+    // compiler attaches the entry at TC ingress to learn the client's SYNs (window scale), and
+    // the actor uses the manifest's RTT (no record measures one).
+    datapath::init_libbpf_logging();
+    constexpr double kRate = 1e6;
+    Lab lab(rate_config("r"));
+    manifest::Options o;
+    o.known_interfaces = std::set<std::string>{lab.server_if(1), lab.server_if(2)};
+    o.check_scripts = false;
+    const std::string yaml = "apiVersion: mpsteer.dev/v1\nkind: Policy\nmetadata: {name: limit}\n"
+                             "spec:\n  attach: {interfaces: [" +
+                             lab.server_if(2) +
+                             "], hooks: [tc_egress]}\n  priority: 10\n"
+                             "  select:\n    - dst: " +
+                             Lab::client_addr(2) +
+                             "/32\n"
+                             "  actions:\n    - rate_limit: {rate: 8Mbit, rtt: 20ms}\n";
+    auto loaded = manifest::load_sources({{"limit.yaml", yaml}}, o);
+    std::string diagnostics;
+    for (const auto& d : loaded.diagnostics) diagnostics += d.format() + "\n";
+    INFO(diagnostics);
+    REQUIRE(loaded.ok());
+    auto chains = compile::compile(loaded.model).chains;
+    REQUIRE(chains.learning_hooks == std::vector<datapath::Hook>{datapath::Hook::tc_ingress});
+    Steering steer(chains, lab.server_ns(), Steering::pin_root_for("e2e"));
+    expect_path2_capped(lab, steer, kRate);
 }

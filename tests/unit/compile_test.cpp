@@ -161,6 +161,51 @@ TEST_CASE("different interface lists give per-interface entries with their own s
     CHECK(c.check().empty());
 }
 
+TEST_CASE("rate_limit attaches the other direction to learn handshakes where nothing does",
+          "[compile]") {
+    const std::string limit = "    - rate_limit: {rate: 8Mbit}\n";
+    SECTION("at tc_egress alone: tc_ingress learns on the same interfaces") {
+        auto c = compile::compile(model_of(policy("rl", "{interfaces: [eth1], hooks: [tc_egress]}",
+                                                  1, "", limit)))
+                     .chains;
+        CHECK(c.attachments ==
+              std::vector<datapath::Attachment>{{"eth1", datapath::Hook::tc_egress},
+                                                {"eth1", datapath::Hook::tc_ingress}});
+        CHECK(c.learning_hooks == std::vector<datapath::Hook>{datapath::Hook::tc_ingress});
+        CHECK(c.entries.size() == 1);  // nothing runs at tc_ingress
+        CHECK(c.describe().find("learn tc_ingress (handshakes)") != std::string::npos);
+        CHECK(c.check().empty());
+    }
+    SECTION("at xdp on every interface: tc_egress learns on every interface") {
+        auto c = compile::compile(model_of(policy("rl", "{hooks: [xdp]}", 1, "", limit))).chains;
+        CHECK(c.attachments == std::vector<datapath::Attachment>{{"", datapath::Hook::xdp},
+                                                                 {"", datapath::Hook::tc_egress}});
+        CHECK(c.learning_hooks == std::vector<datapath::Hook>{datapath::Hook::tc_egress});
+    }
+    SECTION("a chain on the other direction learns already: nothing added") {
+        auto c =
+            compile::compile(
+                model_of(policy("rl", "{interfaces: [eth1], hooks: [tc_egress]}", 1, "", limit) +
+                         "---\n" + policy("rec", "{hooks: [xdp]}", 2, "", "    - record: {}\n")))
+                .chains;
+        CHECK(c.attachments == std::vector<datapath::Attachment>{
+                                   {"", datapath::Hook::xdp}, {"eth1", datapath::Hook::tc_egress}});
+        CHECK(c.learning_hooks.empty());
+    }
+    SECTION("the learning hooks survive the applied state's JSON") {
+        auto m = model_of(policy("rl", "{hooks: [tc_egress]}", 1, "", limit));
+        auto plan = compile::make_plan_model(m, compile::compile(m), "r");
+        auto back =
+            compile::plan_model_from_json(nlohmann::json::parse(compile::to_json(plan).dump()));
+        CHECK(back.chains.learning_hooks == plan.chains.learning_hooks);
+        CHECK(back.chains.serialize() == plan.chains.serialize());
+        auto d = compile::diff({}, plan);
+        REQUIRE(d.learning.size() == 1);
+        CHECK(compile::to_text(d).find("hook tc_ingress on every interface: learns handshakes "
+                                       "only") != std::string::npos);
+    }
+}
+
 TEST_CASE("pass and drop end the chain even with continue", "[compile]") {
     auto m = model_of(policy("a", "{hooks: [xdp]}", 1, "", "    - pass: {}\n") + "---\n" +
                       policy("b", "{hooks: [xdp]}", 2, "", "    - record: {}\n"));

@@ -241,6 +241,9 @@ struct mps_entry {
 	__u32 gen;   /* generation number, for events */
 };
 #define MPS_ENTRYF_PER_IFACE 0x1
+/* Where no chain starts, the entry still learns SYNs (and FIN/RST) into the flow table: a
+ * rate_limit on the other direction needs the window scale both sides announced. */
+#define MPS_ENTRYF_LEARN 0x2
 struct mps_iface_key { /* iface_entries (HASH) -> __u16 pc */
 	__u32 ifindex;
 	__u16 hook;
