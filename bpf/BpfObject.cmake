@@ -1,13 +1,16 @@
 # SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
-# bpf_object(NAME SOURCE): SOURCE (.bpf.c) -> NAME.bpf.o -> NAME.skel.h, and an INTERFACE
-# target NAME_skel whose include directory holds the skeleton. Header dependencies are tracked
-# through clang's depfile.
+# bpf_object(NAME SOURCE [DEFINES D...]): SOURCE (.bpf.c) -> NAME.bpf.o -> NAME.skel.h, and an
+# INTERFACE target NAME_skel whose include directory holds the skeleton. DEFINES are passed to
+# clang as -DD (a variant of one source). Header dependencies are tracked through clang's
+# depfile.
 find_program(BPF_CLANG NAMES clang clang-14 REQUIRED)
 find_program(BPFTOOL NAMES bpftool PATHS /usr/sbin /usr/local/sbin REQUIRED)
 execute_process(COMMAND ${CMAKE_C_COMPILER} -print-multiarch
                 OUTPUT_VARIABLE BPF_MULTIARCH OUTPUT_STRIP_TRAILING_WHITESPACE)
 
 function(bpf_object name source)
+  cmake_parse_arguments(PARSE_ARGV 2 arg "" "" "DEFINES")
+  list(TRANSFORM arg_DEFINES PREPEND -D)
   set(out_dir ${CMAKE_CURRENT_BINARY_DIR})
   set(obj ${out_dir}/${name}.bpf.o)
   set(skel ${out_dir}/${name}.skel.h)
@@ -16,7 +19,7 @@ function(bpf_object name source)
     COMMAND ${BPF_CLANG} -O2 -g -target bpf -mcpu=v3
             -Wall -Wextra -Werror -Wno-unused-parameter
             -I${CMAKE_SOURCE_DIR}/bpf/include -I/usr/include/${BPF_MULTIARCH}
-            -MD -MF ${obj}.d
+            ${arg_DEFINES} -MD -MF ${obj}.d
             -c ${CMAKE_CURRENT_SOURCE_DIR}/${source} -o ${obj}
     DEPFILE ${obj}.d
     DEPENDS ${source}

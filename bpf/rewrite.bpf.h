@@ -545,15 +545,20 @@ static __always_inline int add_subflow_trigger(struct __sk_buff *skb, struct mps
 	return 1;
 }
 
+#ifndef MPS_NO_KERNEL_BTF
 /* The subflow socket, read through BTF (CO-RE): only the fields used here. */
 struct tcp_sock {
 	__u32 rcv_nxt;
 	__u32 rcv_wup;
 	__u32 rcv_wnd;
 } __attribute__((preserve_access_index));
+#endif
 
-/* The right edge (rcv_wup + rcv_wnd) of the window the local socket of this packet's subflow
- * advertised. Returns 1, or 0 when there is no such socket (e.g. a BPF_PROG_TEST_RUN). */
+/* How far ahead of the packet's sequence a pure ACK on its subflow stays acceptable to the
+ * local socket: the right edge (rcv_wup + rcv_wnd) of the window it advertised. A kernel
+ * without BTF cannot read those fields; there it is rcv_nxt (struct bpf_tcp_sock), acceptable
+ * until the socket acknowledges what arrived after the packet. Returns 1, or 0 when there is
+ * no such socket (e.g. a BPF_PROG_TEST_RUN). */
 static __always_inline int rcv_window_edge(struct __sk_buff *skb, const struct tuple *t,
 					   __u8 family, __u32 *edge)
 {
@@ -575,12 +580,20 @@ static __always_inline int rcv_window_edge(struct __sk_buff *skb, const struct t
 	}
 	if (!sk)
 		return 0;
-	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
 	int found = 0;
+#ifndef MPS_NO_KERNEL_BTF
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
 	if (tp) {
 		*edge = tp->rcv_wup + tp->rcv_wnd;
 		found = 1;
 	}
+#else
+	struct bpf_tcp_sock *tp = bpf_tcp_sock(sk);
+	if (tp) {
+		*edge = tp->rcv_nxt;
+		found = 1;
+	}
+#endif
 	bpf_sk_release(sk);
 	return found;
 }

@@ -79,7 +79,9 @@ int run_validate_host(const std::vector<std::string>& paths) {
               << "\nmptcp:     " << (k.mptcp ? "enabled" : "off (sysctl net.mptcp.enabled=1)")
               << "\ntc hooks:  " << (k.tcx ? "TCX links" : "clsact filters (TCX needs 6.6)")
               << "\nbtf:       "
-              << (k.btf ? "present" : "absent (/sys/kernel/btf/vmlinux: add_subflow needs it)")
+              << (k.btf ? "present"
+                       : "absent (/sys/kernel/btf/vmlinux): the datapath without CO-RE reads; "
+                         "add_subflow's carrier takes the socket's rcv_nxt, not its window edge")
               << '\n';
     if (!k.load_failed.empty()) {
         std::cout << "programs:  the BPF object does not load: " << k.load_failed << '\n';

@@ -3,6 +3,7 @@
 // prog arrays filled, its pins and their adoption by a later agent, and the two table slots
 // with the live word that generations are switched by (bpf/README.md, "Generations").
 #include "datapath/internal.h"
+#include "datapath/kernel_probe.h"
 
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
@@ -19,6 +20,7 @@
 #include <set>
 
 #include "mps_dp.skel.h"
+#include "mps_dp_nobtf.skel.h"
 #include "net/sha256.h"
 
 namespace fs = std::filesystem;
@@ -39,10 +41,36 @@ const char* detail::entry_name(Hook h, bool preflight) {
     return "";
 }
 
+namespace {
+
+// The datapath object for this kernel: without kernel BTF (Debian's armmp kernels), the one
+// built without CO-RE reads (bpf/CMakeLists.txt); libbpf refuses a whole object with CO-RE
+// relocations there. Both have the same maps and programs, so mps_dp's skeleton binds either.
+const void* object_bytes(size_t* size) {
+    return kernel_has_btf() ? mps_dp__elf_bytes(size) : mps_dp_nobtf__elf_bytes(size);
+}
+
+mps_dp* open_object() {
+    auto* obj = static_cast<mps_dp*>(calloc(1, sizeof(mps_dp)));
+    if (!obj) return nullptr;
+    if (mps_dp__create_skeleton(obj)) {
+        mps_dp__destroy(obj);
+        return nullptr;
+    }
+    obj->skeleton->data = const_cast<void*>(object_bytes(&obj->skeleton->data_sz));
+    if (bpf_object__open_skeleton(obj->skeleton, nullptr)) {
+        mps_dp__destroy(obj);
+        return nullptr;
+    }
+    return obj;
+}
+
+}  // namespace
+
 std::string Datapath::object_id() {
     static const std::string id = [] {  // the object is part of the binary: hash it once
         size_t size = 0;
-        const void* bytes = mps_dp__elf_bytes(&size);
+        const void* bytes = object_bytes(&size);
         const auto h = net::sha256(bytes, size);
         char hex[13];
         for (int i = 0; i < 6; ++i) std::snprintf(hex + 2 * i, 3, "%02x", h[i]);
@@ -54,7 +82,7 @@ std::string Datapath::object_id() {
 std::shared_ptr<Datapath> Datapath::load(const StateMaps& state,
                                          const std::vector<std::string>& only) {
     std::shared_ptr<Datapath> dp(new Datapath());
-    dp->skel_ = mps_dp__open();
+    dp->skel_ = open_object();
     if (!dp->skel_) fail("opening the BPF object", errno);
     auto* s = dp->skel_;
     // Shared state first, so every datapath sees the same flows.
@@ -73,13 +101,6 @@ std::shared_ptr<Datapath> Datapath::load(const StateMaps& state,
     detail::forget_refusal();
     if (int err = mps_dp__load(s)) {
         const auto why = detail::last_refusal();
-        // libbpf's ESRCH without a verifier log: it found no kernel BTF for add_subflow's
-        // CO-RE read of the subflow socket (Debian's armmp kernels have none).
-        if (why.program.empty() && (err == -ESRCH || errno == ESRCH) &&
-            !std::filesystem::exists("/sys/kernel/btf/vmlinux"))
-            fail("loading the BPF programs: this kernel has no BTF (/sys/kernel/btf/vmlinux), "
-                 "which add_subflow's program reads the subflow socket with",
-                 err);
         fail("loading the BPF programs" +
                  (why.program.empty() ? std::string()
                                       : " (this kernel's verifier refused program " +

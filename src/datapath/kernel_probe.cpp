@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -61,6 +62,13 @@ ChainSet sample_chain() {
 
 }  // namespace
 
+bool kernel_has_btf() {
+    // MPSTEER_DATAPATH_WITHOUT_BTF=1 tries the no-BTF datapath on a kernel that has BTF.
+    static const bool btf = std::filesystem::exists("/sys/kernel/btf/vmlinux") &&
+                            !std::getenv("MPSTEER_DATAPATH_WITHOUT_BTF");
+    return btf;
+}
+
 KernelReport probe_kernel_basics() {
     KernelReport r;
     utsname u{};
@@ -75,7 +83,7 @@ KernelReport probe_kernel_basics() {
     int major = 0, minor = 0;
     std::sscanf(r.release.c_str(), "%d.%d", &major, &minor);
     r.tcx = major > 6 || (major == 6 && minor >= 6);
-    r.btf = std::filesystem::exists("/sys/kernel/btf/vmlinux");
+    r.btf = kernel_has_btf();
     return r;
 }
 
@@ -99,7 +107,6 @@ KernelReport probe_kernel() {
             r.programs_refused.push_back({program, why});
     } catch (const std::exception& e) {
         r.load_failed = e.what();
-        if (!r.btf) r.load_failed += " (this kernel has no BTF: /sys/kernel/btf/vmlinux)";
         return r;
     }
     if (r.programs_refused.empty()) {

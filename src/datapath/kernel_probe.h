@@ -18,8 +18,9 @@ struct KernelReport {
     bool jit = false;    // net.core.bpf_jit_enable: programs run compiled, not interpreted
     bool mptcp = false;  // net.mptcp.enabled exists and is 1
     bool tcx = false;    // TCX links (6.6+); clsact filters otherwise
-    // /sys/kernel/btf/vmlinux: add_subflow reads the subflow's socket through BTF (CO-RE), and
-    // libbpf loads no part of the object without it (Debian's armmp kernels have none).
+    // /sys/kernel/btf/vmlinux (kernel_has_btf()): without it (Debian's armmp kernels) the
+    // datapath built without CO-RE reads runs, where add_subflow's carrier cannot read the
+    // subflow socket's window edge.
     bool btf = false;
     std::string load_failed;  // the object did not load for a reason that names no program
     struct Refused {
@@ -30,6 +31,9 @@ struct KernelReport {
     size_t programs = 0;                    // in the object
     std::string compiled_entry_refused;     // "" when a sample chain's compiled entry loads
 };
+
+// Whether the kernel describes its own types (/sys/kernel/btf/vmlinux), which CO-RE reads need.
+bool kernel_has_btf();
 
 // The essentials only (uname, the BPF system call, JIT, MPTCP, TCX): cheap.
 KernelReport probe_kernel_basics();
