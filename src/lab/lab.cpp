@@ -216,13 +216,8 @@ void Lab::build() {
         must_in(ns, {"sysctl", "-q", "-w", "net.ipv6.conf.all.accept_dad=0"});
         must_in(ns, {"sysctl", "-q", "-w", "net.ipv6.conf.default.accept_dad=0"});
     }
-    // A veth whose peer checksums nothing delivers complete checksums: a BPF program that
-    // breaks a checksum is caught by the receiver instead of being trusted.
-    auto csum_off = [](const std::string& ns, const std::string& dev, bool segment) {
-        std::vector<std::string> cmd{"ethtool", "-K", dev, "tx", "off"};
-        // The delay line relays frames one by one: nothing larger than the MTU may reach it.
-        if (segment) cmd.insert(cmd.end(), {"tso", "off", "gso", "off", "gro", "off"});
-        must_in(ns, cmd);
+    auto bring_up = [&](const std::string& ns, const std::string& dev, bool relayed) {
+        set_offloads(ns, dev, cfg_.offloads, relayed);
         must({"ip", "-n", ns, "link", "set", dev, "up"});
     };
     for (int p = 1; p <= 2; p++) {
@@ -236,8 +231,8 @@ void Lab::build() {
                   dly});
             must({"ip", "link", "add", ds, "netns", dly, "type", "veth", "peer", "name", s, "netns",
                   srv});
-            csum_off(dly, dc, true);
-            csum_off(dly, ds, true);
+            bring_up(dly, dc, true);
+            bring_up(dly, ds, true);
         } else {
             must({"ip", "link", "add", c, "netns", cli, "type", "veth", "peer", "name", s, "netns",
                   srv});
@@ -250,7 +245,7 @@ void Lab::build() {
             must({"ip", "-n", e.ns, "addr", "add", e.v4 + "/24", "dev", e.dev});
             if (cfg_.ipv6)
                 must({"ip", "-n", e.ns, "addr", "add", e.v6 + "/64", "dev", e.dev, "nodad"});
-            csum_off(e.ns, e.dev, delayed[p - 1]);
+            bring_up(e.ns, e.dev, delayed[p - 1]);
         }
     }
     for (const auto& ns : {cli, srv})
@@ -294,13 +289,30 @@ void shape_egress(const std::string& netns, const std::string& dev, unsigned rat
           std::to_string(rate_kbit) + "kbit", "burst", std::to_string(burst), "latency", "200ms"});
 }
 
-void veth_pair(const VethEnd& a, const VethEnd& b) {
-    must({"ip", "link", "add", a.dev, "netns", a.ns, "type", "veth", "peer", "name", b.dev,
-          "netns", b.ns});
+const char* to_string(Offloads o) {
+    return o == Offloads::host ? "host" : "strict";
+}
+
+void set_offloads(const std::string& netns, const std::string& dev, Offloads o, bool relayed) {
+    // Explicit either way: a veth's defaults (GRO off, the rest on) are not a host's.
+    if (o == Offloads::strict)
+        must_in(netns, {"ethtool", "-K", dev, "rx", "off", "tx", "off", "tso", "off", "gso", "off",
+                        "gro", "off"});
+    else if (relayed)
+        must_in(netns,
+                {"ethtool", "-K", dev, "tx", "off", "tso", "off", "gso", "off", "gro", "off"});
+    else
+        must_in(netns, {"ethtool", "-K", dev, "rx", "on", "tx", "on", "tso", "on", "gso", "on",
+                        "gro", "on"});
+}
+
+void veth_pair(const VethEnd& a, const VethEnd& b, Offloads o) {
+    must({"ip", "link", "add", a.dev, "netns", a.ns, "type", "veth", "peer", "name", b.dev, "netns",
+          b.ns});
     for (const VethEnd& e : {a, b}) {
         must({"ip", "-n", e.ns, "addr", "add", e.v4, "dev", e.dev});
         if (!e.v6.empty()) must({"ip", "-n", e.ns, "addr", "add", e.v6, "dev", e.dev, "nodad"});
-        must_in(e.ns, {"ethtool", "-K", e.dev, "tx", "off"});
+        set_offloads(e.ns, e.dev, o);
         must({"ip", "-n", e.ns, "link", "set", e.dev, "up"});
     }
 }
@@ -399,24 +411,41 @@ LinkCounters link_counters(const std::string& netns, const std::string& ifname) 
     throw Error("lab: no interface " + ifname + " in " + netns);
 }
 
-std::map<std::string, uint64_t> mptcp_counters(const std::string& netns) {
+namespace {
+
+// One group of a MIB file under /proc/thread-self/net read inside `netns`: two lines per
+// group, "Group: Name1 Name2 ..." then "Group: 1 2 ...".
+std::optional<std::map<std::string, uint64_t>> mib_group(const std::string& netns, const char* file,
+                                                         const std::string& group) {
     NetnsGuard in(netns);
-    // Two lines per group: "MPTcpExt: Name1 Name2 ..." then "MPTcpExt: 1 2 ...".
-    std::ifstream f("/proc/thread-self/net/netstat");
+    std::ifstream f(std::string("/proc/thread-self/net/") + file);
+    const std::string head = group + ":";
     std::vector<std::string> names;
     for (std::string line; std::getline(f, line);) {
-        if (line.rfind("MPTcpExt:", 0) != 0) continue;
-        std::istringstream words(line.substr(9));
+        if (line.rfind(head, 0) != 0) continue;
+        std::istringstream words(line.substr(head.size()));
         if (names.empty()) {
             for (std::string w; words >> w;) names.push_back(w);
             continue;
         }
         std::map<std::string, uint64_t> out;
-        uint64_t v = 0;
-        for (size_t i = 0; i < names.size() && words >> v; i++) out[names[i]] = v;
+        int64_t v = 0;  // Tcp's MaxConn is -1
+        for (size_t i = 0; i < names.size() && words >> v; i++) out[names[i]] = uint64_t(v);
         return out;
     }
+    return std::nullopt;
+}
+
+}  // namespace
+
+std::map<std::string, uint64_t> mptcp_counters(const std::string& netns) {
+    if (auto m = mib_group(netns, "netstat", "MPTcpExt")) return *m;
     throw Error("lab: no MPTcpExt counters in " + netns + " (kernel without MPTCP?)");
+}
+
+std::map<std::string, uint64_t> tcp_counters(const std::string& netns) {
+    if (auto m = mib_group(netns, "snmp", "Tcp")) return *m;
+    throw Error("lab: no Tcp counters in " + netns);
 }
 
 }  // namespace mpsteer::lab

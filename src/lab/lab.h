@@ -97,11 +97,27 @@ private:
     std::thread thread_;
 };
 
+// How a test bed's veths offload.
+//   host:   as a host has them by default: checksum offload, TSO and GSO on, GRO on receive.
+//           Programs at TC egress see partial checksums and GSO super-packets, at TC ingress
+//           GRO aggregates; receivers trust the checksums (the veth marks them verified).
+//   strict: none, and receivers do not trust the veth (rx checksumming off): every checksum
+//           is computed by the sender and verified by the receiving stack, so one an actor
+//           breaks shows in TcpInCsumErrors (tcp_counters()).
+enum class Offloads { host, strict };
+const char* to_string(Offloads o);
+// Applies `o` to `dev` inside `netns`. `relayed`: the frames go through a frame relay (the
+// delay line), which handles MTU-sized frames with complete checksums only: no segmentation,
+// no checksum offload, whatever `o` says.
+void set_offloads(const std::string& netns, const std::string& dev, Offloads o,
+                  bool relayed = false);
+
 struct LabConfig {
     std::string tag;     // empty: "p<pid>"; at most 7 characters (interface names hold 15)
     PathShape path[2];   // path 1, path 2
     bool ipv6 = true;    // also fd00:<n>::/64 on each path
     bool signal = true;  // server announces its path-2 address (ADD_ADDR)
+    Offloads offloads = Offloads::host;  // a delayed path has none either way (set_offloads)
 };
 
 class Lab {
@@ -163,9 +179,8 @@ private:
 struct VethEnd {
     std::string ns, dev, v4, v6;
 };
-// A veth pair created directly inside its two namespaces (nothing sits in the root namespace),
-// complete checksums on the wire (a BPF program that breaks one is caught by the receiver).
-void veth_pair(const VethEnd& a, const VethEnd& b);
+// A veth pair created directly inside its two namespaces (nothing sits in the root namespace).
+void veth_pair(const VethEnd& a, const VethEnd& b, Offloads o = Offloads::host);
 // A token bucket on the egress of `dev` inside `netns` (sch_netem is not built here); rate 0
 // removes it.
 void shape_egress(const std::string& netns, const std::string& dev, unsigned rate_kbit);
@@ -179,6 +194,9 @@ LinkCounters link_counters(const std::string& netns, const std::string& ifname);
 // The kernel's MPTCP MIB counters inside a namespace (the MPTcpExt line of
 // /proc/net/netstat, as `nstat` shows them without the prefix: "MPJoinSynRx", ...).
 std::map<std::string, uint64_t> mptcp_counters(const std::string& netns);
+// The kernel's TCP MIB counters inside a namespace (the Tcp line of /proc/net/snmp:
+// "InCsumErrors", "RetransSegs", ...).
+std::map<std::string, uint64_t> tcp_counters(const std::string& netns);
 
 // ---- a load-balanced service ---------------------------------------------------------------
 
@@ -210,7 +228,7 @@ public:
     std::string router_ns() const { return prefix_ + "-lb"; }
     std::string backend_ns(int backend) const { return prefix_ + "-b" + std::to_string(backend); }
     // family 4 or 6
-    static std::string vip(int family);                          // 203.0.113.10, 2001:db8:113::10
+    static std::string vip(int family);  // 203.0.113.10, 2001:db8:113::10
     // 198.51.100.2<b-1>, 2001:db8:100::2<b-1>
     static std::string unique_addr(int backend, int family);
     static std::string client_addr(int path, int family);

@@ -115,17 +115,18 @@ int Capture::count(const std::string& filter) {
     return n;
 }
 
-std::string Capture::problems() {
+std::string Capture::problems(bool checksums) {
     stop();
     std::vector<std::string> argv{"tshark", "-n", "-r", path_};
     argv.insert(argv.end(), kDissect.begin(), kDissect.end());
+    // A TCP checksum of 0xffff is how the kernel's own software checksum (skb_checksum_help,
+    // CSUM_MANGLED_0) writes a zero: Wireshark flags it, it is not a checksum error. With
+    // checksum offload a captured TCP checksum is the pseudo-header's only (IP's is complete).
     argv.insert(argv.end(),
-                {"-Y",
-                 // A TCP checksum of 0xffff is how the kernel's own software checksum
-                 // (skb_checksum_help, CSUM_MANGLED_0) writes a zero: Wireshark flags it,
-                 // it is not a checksum error.
-                 "_ws.malformed || _ws.expert.group == 0x07000000 || ip.checksum.status == 0 || "
-                 "(tcp.checksum.status == 0 && tcp.checksum != 0xffff)"});
+                {"-Y", checksums ? "_ws.malformed || _ws.expert.group == 0x07000000 || "
+                                   "ip.checksum.status == 0 || "
+                                   "(tcp.checksum.status == 0 && tcp.checksum != 0xffff)"
+                                 : "_ws.malformed || ip.checksum.status == 0"});
     auto r = lab::run(argv);
     if (r.status != 0) throw lab::Error("tshark failed: " + r.out);
     std::string out;
@@ -209,7 +210,8 @@ std::vector<SubflowState> subflow_states(const std::string& netns) {
 
 // ---- three namespaces ------------------------------------------------------------------------
 
-MiddleTopology::MiddleTopology(const std::string& tag) : prefix_(lab::Lab::kPrefix + tag) {
+MiddleTopology::MiddleTopology(const std::string& tag, lab::Offloads offloads)
+    : prefix_(lab::Lab::kPrefix + tag) {
     if (dev("cm").size() > 15) throw lab::Error("topology tag too long: " + tag);
     lab::Lab::cleanup(prefix_ + "-");
     try {
@@ -234,7 +236,7 @@ MiddleTopology::MiddleTopology(const std::string& tag) : prefix_(lab::Lab::kPref
             for (auto [n, d, a] :
                  {std::tuple{p.ns_a, p.a, p.addr_a}, std::tuple{p.ns_b, p.b, p.addr_b}}) {
                 must({"ip", "-n", n, "addr", "add", a, "dev", d});
-                must_in(n, {"ethtool", "-K", d, "tx", "off"});  // complete checksums on the wire
+                lab::set_offloads(n, d, offloads);
                 must_in(n, {"sysctl", "-q", "-w", "net.ipv4.conf." + d + ".rp_filter=0"});
                 must({"ip", "-n", n, "link", "set", d, "up"});
             }

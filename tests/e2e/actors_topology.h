@@ -30,8 +30,9 @@ public:
     // Packets matching a display filter, dissected with TCP and IP checksum validation on.
     int count(const std::string& filter);
     // Malformed packets (any expert item of the malformed group, e.g. a bad option length) and
-    // bad IP or TCP checksums, one line each; empty when there are none.
-    std::string problems();
+    // bad IP checksums, and with `checksums` bad TCP checksums (captured without checksum
+    // offload: Offloads::strict), one line each; empty when there are none.
+    std::string problems(bool checksums);
     const std::string& path() const { return path_; }
 
 private:
@@ -65,7 +66,8 @@ std::vector<SubflowState> subflow_states(const std::string& netns);
 //            10.20.0.0/24 via 10.21.0.1
 class MiddleTopology {
 public:
-    explicit MiddleTopology(const std::string& tag);  // P = "mps-" + tag
+    explicit MiddleTopology(const std::string& tag,  // P = "mps-" + tag
+                            lab::Offloads offloads = lab::Offloads::host);
     ~MiddleTopology();
     MiddleTopology(const MiddleTopology&) = delete;
     MiddleTopology& operator=(const MiddleTopology&) = delete;

@@ -3,10 +3,16 @@
 // a transfer arriving intact. Everything else in e2e builds on this.
 #include <catch2/catch.hpp>
 
+#include <arpa/inet.h>
 #include <linux/mptcp.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <future>
+#include <thread>
 
 #include "lab/lab.h"
 #include "lab/stats.h"
@@ -118,6 +124,58 @@ TEST_CASE("lab: a root without the lab's commands is told which packages to inst
     CHECK(what.find("apt-get install ethtool iproute2 procps") != std::string::npos);
     // With this machine's PATH nothing is missing.
     CHECK_NOTHROW(mpsteer::lab::Lab::require_tools());
+}
+
+TEST_CASE("lab: offloads as a host has them, or none and every checksum verified",
+          "[e2e][lab]") {
+    for (Offloads mode : {Offloads::host, Offloads::strict}) {
+        INFO("offloads: " << to_string(mode));
+        Lab::cleanup_stale();
+        LabConfig cfg;
+        cfg.tag = std::string("k") + to_string(mode)[0] + std::to_string(getpid() % 10000);
+        cfg.offloads = mode;
+        Lab lab(cfg);
+        // What the interfaces offload: everything a host does by default, or nothing.
+        const std::string on = mode == Offloads::host ? "on" : "off";
+        for (const auto& [ns, dev] : {std::pair{lab.client_ns(), lab.client_if(1)},
+                                      std::pair{lab.server_ns(), lab.server_if(2)}}) {
+            const std::string k = must({"ip", "netns", "exec", ns, "ethtool", "-k", dev});
+            for (const char* f : {"tx-checksumming", "tcp-segmentation-offload",
+                                  "generic-segmentation-offload", "generic-receive-offload",
+                                  "rx-checksumming"})
+                CHECK_THAT(k, Catch::Contains(std::string(f) + ": " + on));
+        }
+        // A segment with a wrong checksum from the client (a raw socket: the stack leaves the
+        // TCP header as given, with no checksum offload): the server's TCP checks it and
+        // counts it. (With checksum offload, what the stack sends carries the pseudo-header's
+        // sum and the receiving veth's peer trusts it: only the strict mode verifies what an
+        // actor at TC egress wrote.)
+        {
+            NetnsGuard in(lab.client_ns());
+            int fd = socket(AF_INET, SOCK_RAW | SOCK_CLOEXEC, IPPROTO_TCP);
+            REQUIRE(fd >= 0);
+            tcphdr syn{};
+            syn.source = htons(40000);
+            syn.dest = htons(5201);
+            syn.seq = htonl(1);
+            syn.doff = 5;
+            syn.syn = 1;
+            syn.window = htons(1000);
+            syn.check = htons(0x1234);  // not the checksum of this segment
+            sockaddr_in to{};
+            to.sin_family = AF_INET;
+            inet_pton(AF_INET, Lab::server_addr(1).c_str(), &to.sin_addr);
+            CHECK(sendto(fd, &syn, sizeof syn, 0, reinterpret_cast<sockaddr*>(&to), sizeof to) ==
+                  ssize_t(sizeof syn));
+            close(fd);
+        }
+        uint64_t errors = 0;
+        for (int i = 0; i < 50 && !errors; ++i) {
+            std::this_thread::sleep_for(20ms);
+            errors = tcp_counters(lab.server_ns()).at("InCsumErrors");
+        }
+        CHECK(errors == 1);
+    }
 }
 
 TEST_CASE("lab: quantiles by nearest rank, as every benchmark reports them", "[e2e][lab]") {
