@@ -140,14 +140,23 @@ static __always_inline void flow_key(const struct tuple *t, __u8 family, struct 
  * context. Inlined, the walk multiplies with the state of its caller (hundreds of thousands
  * of verifier instructions); the price is a BPF-to-BPF call (~11 ns here), paid only by
  * programs that read or write options (actors, SYNs), never by the selector hot path.
+ *
+ * Without kernel BTF the verifier cannot tell a context argument of a global function from a
+ * pointer to memory ("Caller passes invalid args": it knows the context's type from the
+ * kernel's BTF). There the TCP header is copied into a per-CPU buffer, which the global
+ * function walks, and the subprograms that take the context are static (verified in each
+ * caller's context, as if inlined; they are small once the walk is not in them).
  */
+#ifndef MPS_NO_KERNEL_BTF
+#define MPS_CTX_SUBPROG __noinline
+
 __noinline int opt_scan_xdp(struct xdp_md *ctx, __u32 l4_off, __u32 l4_len, struct opt_locs *loc)
 {
 	if (!loc)
 		return PARSE_MALFORMED;
 	__builtin_memset(loc, 0, sizeof(*loc));
 	return scan_options((void *)(long)ctx->data, (void *)(long)ctx->data_end, l4_off, l4_len,
-			    loc);
+			    loc, 0x3ff);
 }
 
 __noinline int opt_scan_tc(struct __sk_buff *ctx, __u32 l4_off, __u32 l4_len, struct opt_locs *loc)
@@ -156,8 +165,77 @@ __noinline int opt_scan_tc(struct __sk_buff *ctx, __u32 l4_off, __u32 l4_len, st
 		return PARSE_MALFORMED;
 	__builtin_memset(loc, 0, sizeof(*loc));
 	return scan_options((void *)(long)ctx->data, (void *)(long)ctx->data_end, l4_off, l4_len,
-			    loc);
+			    loc, 0x3ff);
 }
+#else
+#define MPS_CTX_SUBPROG static __noinline
+
+/* A TCP header (60 bytes at most), and room for the walk's reads past its last option byte. */
+struct tcp_header_copy {
+	__u8 b[68];
+};
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct tcp_header_copy);
+} tcp_header_copies SEC(".maps");
+
+__noinline int opt_scan_copy(struct tcp_header_copy *h, __u32 l4_len, struct opt_locs *loc)
+{
+	if (!h || !loc)
+		return PARSE_MALFORMED;
+	__builtin_memset(loc, 0, sizeof(*loc));
+	return scan_options(h->b, h->b + sizeof(h->b), 0, l4_len, loc, 0);
+}
+
+/* The TCP header at l4_off into this CPU's copy: 0, or <0 when the frame is shorter. */
+static __always_inline int copy_tcp_header(void *ctx, bool xdp, __u32 l4_off,
+					   struct tcp_header_copy **out)
+{
+	__u32 zero = 0;
+	struct tcp_header_copy *h = bpf_map_lookup_elem(&tcp_header_copies, &zero);
+	if (!h)
+		return -1;
+	long r = xdp ? bpf_xdp_load_bytes(ctx, l4_off, h->b, 20)
+		     : bpf_skb_load_bytes(ctx, l4_off, h->b, 20);
+	if (r)
+		return -1;
+	__u32 more = (h->b[12] >> 4) * 4;
+	if (more < 20)
+		return -1;
+	more -= 20;
+	barrier_var(more); /* clang knows more <= 40 and would drop the test the verifier needs */
+	if (more > 40)
+		return -1;
+	if (more) {
+		r = xdp ? bpf_xdp_load_bytes(ctx, l4_off + 20, h->b + 20, more)
+			: bpf_skb_load_bytes(ctx, l4_off + 20, h->b + 20, more);
+		if (r)
+			return -1;
+	}
+	*out = h;
+	return 0;
+}
+
+static __always_inline int opt_scan_xdp(struct xdp_md *ctx, __u32 l4_off, __u32 l4_len,
+					struct opt_locs *loc)
+{
+	struct tcp_header_copy *h;
+	if (l4_off > 512 || copy_tcp_header(ctx, true, l4_off, &h))
+		return PARSE_MALFORMED;
+	return opt_scan_copy(h, l4_len, loc);
+}
+
+static __always_inline int opt_scan_tc(struct __sk_buff *ctx, __u32 l4_off, __u32 l4_len,
+				       struct opt_locs *loc)
+{
+	struct tcp_header_copy *h;
+	if (l4_off > 512 || copy_tcp_header(ctx, false, l4_off, &h))
+		return PARSE_MALFORMED;
+	return opt_scan_copy(h, l4_len, loc);
+}
+#endif
 
 /* Kinds into the context (cached for later programs), offsets into *loc. Returns <0 when
  * the options are malformed: a program that modifies a packet walks its options first, so a
@@ -298,7 +376,7 @@ static __always_inline void learn_syn(void *ctx, bool xdp, struct mps_pkt_ctx *p
 }
 
 /* Nonzero when the options are malformed (the packet then passes untouched). */
-__noinline int learn_syn_xdp(struct xdp_md *ctx, struct mps_pkt_ctx *pc)
+MPS_CTX_SUBPROG int learn_syn_xdp(struct xdp_md *ctx, struct mps_pkt_ctx *pc)
 {
 	if (!pc)
 		return -1;
@@ -306,7 +384,7 @@ __noinline int learn_syn_xdp(struct xdp_md *ctx, struct mps_pkt_ctx *pc)
 	return !(pc->flags & MPS_CTXF_SCANNED);
 }
 
-__noinline int learn_syn_tc(struct __sk_buff *ctx, struct mps_pkt_ctx *pc)
+MPS_CTX_SUBPROG int learn_syn_tc(struct __sk_buff *ctx, struct mps_pkt_ctx *pc)
 {
 	if (!pc)
 		return -1;
@@ -1140,7 +1218,7 @@ static __always_inline void learn_close(void *ctx, bool xdp, struct mps_pkt_ctx 
 	bpf_ringbuf_submit(ev, 0);
 }
 
-__noinline int learn_close_xdp(struct xdp_md *ctx, struct mps_pkt_ctx *pc, int rst)
+MPS_CTX_SUBPROG int learn_close_xdp(struct xdp_md *ctx, struct mps_pkt_ctx *pc, int rst)
 {
 	if (!pc)
 		return -1;
@@ -1148,7 +1226,7 @@ __noinline int learn_close_xdp(struct xdp_md *ctx, struct mps_pkt_ctx *pc, int r
 	return 0;
 }
 
-__noinline int learn_close_tc(struct __sk_buff *ctx, struct mps_pkt_ctx *pc, int rst)
+MPS_CTX_SUBPROG int learn_close_tc(struct __sk_buff *ctx, struct mps_pkt_ctx *pc, int rst)
 {
 	if (!pc)
 		return -1;

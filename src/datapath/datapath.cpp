@@ -147,7 +147,7 @@ std::vector<std::pair<std::string, std::string>> Datapath::refused_programs(
     std::vector<std::pair<std::string, std::string>> refused;
     std::set<std::string> off;
     for (;;) {
-        mps_dp* s = mps_dp__open();
+        mps_dp* s = open_object();
         if (!s) fail("opening the BPF object", errno);
         struct Close {
             mps_dp* s;

@@ -268,11 +268,13 @@ static __always_inline __u32 opaque_u16(__u32 v)
  * this from a global function, verified once per program.
  */
 static __always_inline int scan_options(void *data, void *end, __u32 l4_off, __u32 l4_len,
-					struct opt_locs *loc)
+					struct opt_locs *loc, __u32 l4_off_mask)
 {
 	if (l4_off > 512)
 		return PARSE_MALFORMED;
-	struct tcphdr *tcp = data + (opaque_u16_via(l4_off, loc->scratch) & 0x3ff);
+	/* l4_off_mask: 0x3ff in a frame; 0 in a copy of the TCP header (l4_off is 0 there, and a
+	 * wider range would put the header past the copy's end for the verifier). */
+	struct tcphdr *tcp = data + (opaque_u16_via(l4_off, loc->scratch) & l4_off_mask);
 	if ((void *)(tcp + 1) > end)
 		return PARSE_MALFORMED;
 	__u32 hlen = tcp->doff * 4;
