@@ -201,19 +201,15 @@ static __always_inline int copy_tcp_header(void *ctx, bool xdp, __u32 l4_off,
 		     : bpf_skb_load_bytes(ctx, l4_off, h->b, 20);
 	if (r)
 		return -1;
-	__u32 more = (h->b[12] >> 4) * 4;
-	if (more < 20)
+	/* The whole header again, options included: one size the verifier knows is >= 20 (6.1
+	 * does not narrow a "!= 0" test, and a size that may be 0 is refused). */
+	__u32 hlen = (h->b[12] >> 4) * 4;
+	if (hlen < 20)
 		return -1;
-	more -= 20;
-	barrier_var(more); /* clang knows more <= 40 and would drop the test the verifier needs */
-	if (more > 40)
+	r = xdp ? bpf_xdp_load_bytes(ctx, l4_off, h->b, hlen)
+		: bpf_skb_load_bytes(ctx, l4_off, h->b, hlen);
+	if (r)
 		return -1;
-	if (more) {
-		r = xdp ? bpf_xdp_load_bytes(ctx, l4_off + 20, h->b + 20, more)
-			: bpf_skb_load_bytes(ctx, l4_off + 20, h->b + 20, more);
-		if (r)
-			return -1;
-	}
 	*out = h;
 	return 0;
 }

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // A delay line: an L2 relay between two interfaces of one namespace that holds every frame
 // for a fixed time before forwarding it. Stands in for `tc netem delay` on kernels built
-// without sch_netem (this one: CONFIG_NET_SCH_NETEM is not set). Frames are MTU-sized because
-// the lab turns TSO/GSO off on the interfaces that feed it.
+// without sch_netem (this one: CONFIG_NET_SCH_NETEM is not set). The frames keep their
+// offload state through the relay (PACKET_VNET_HDR: a GSO super-packet stays one, a partial
+// checksum stays partial), so the hosts on either side offload as they would on a wire.
 #include <linux/if_packet.h>
 #include <net/ethernet.h>
 #include <net/if.h>
@@ -36,6 +37,12 @@ int packet_socket(const std::string& ifname) {
     int one = 1, big = 8 << 20;
     // Our own transmissions on this interface must not come back as input.
     setsockopt(fd, SOL_PACKET, PACKET_IGNORE_OUTGOING, &one, sizeof one);
+    // Each frame with its virtio_net_hdr: received and sent as is, GSO and checksum state.
+    if (setsockopt(fd, SOL_PACKET, PACKET_VNET_HDR, &one, sizeof one) != 0) {
+        std::string e = std::string("delay line: PACKET_VNET_HDR: ") + std::strerror(errno);
+        close(fd);
+        throw Error(e);
+    }
     // Deep buffers: a burst at line rate must wait out the delay rather than be dropped.
     setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &big, sizeof big);
     setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &big, sizeof big);
@@ -78,7 +85,9 @@ DelayLine::~DelayLine() {
 void DelayLine::relay() {
     // One FIFO per direction: a constant delay keeps frames in arrival order.
     std::deque<Frame> q[2];
-    std::vector<uint8_t> buf(65536);
+    // struct virtio_net_hdr (10 bytes; linux/virtio_net.h does not compile as C++), then a
+    // frame of up to 64 KiB (a GSO super-packet).
+    std::vector<uint8_t> buf(10 + ETH_HLEN + 65536);
     while (!stop_) {
         auto now = Clock::now();
         // Sleep until the next frame is due (at most 50 ms, to notice stop_).

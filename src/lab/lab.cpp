@@ -216,8 +216,8 @@ void Lab::build() {
         must_in(ns, {"sysctl", "-q", "-w", "net.ipv6.conf.all.accept_dad=0"});
         must_in(ns, {"sysctl", "-q", "-w", "net.ipv6.conf.default.accept_dad=0"});
     }
-    auto bring_up = [&](const std::string& ns, const std::string& dev, bool relayed) {
-        set_offloads(ns, dev, cfg_.offloads, relayed);
+    auto bring_up = [&](const std::string& ns, const std::string& dev) {
+        set_offloads(ns, dev, cfg_.offloads);
         must({"ip", "-n", ns, "link", "set", dev, "up"});
     };
     for (int p = 1; p <= 2; p++) {
@@ -231,8 +231,8 @@ void Lab::build() {
                   dly});
             must({"ip", "link", "add", ds, "netns", dly, "type", "veth", "peer", "name", s, "netns",
                   srv});
-            bring_up(dly, dc, true);
-            bring_up(dly, ds, true);
+            bring_up(dly, dc);
+            bring_up(dly, ds);
         } else {
             must({"ip", "link", "add", c, "netns", cli, "type", "veth", "peer", "name", s, "netns",
                   srv});
@@ -245,7 +245,7 @@ void Lab::build() {
             must({"ip", "-n", e.ns, "addr", "add", e.v4 + "/24", "dev", e.dev});
             if (cfg_.ipv6)
                 must({"ip", "-n", e.ns, "addr", "add", e.v6 + "/64", "dev", e.dev, "nodad"});
-            bring_up(e.ns, e.dev, delayed[p - 1]);
+            bring_up(e.ns, e.dev);
         }
     }
     for (const auto& ns : {cli, srv})
@@ -293,14 +293,11 @@ const char* to_string(Offloads o) {
     return o == Offloads::host ? "host" : "strict";
 }
 
-void set_offloads(const std::string& netns, const std::string& dev, Offloads o, bool relayed) {
+void set_offloads(const std::string& netns, const std::string& dev, Offloads o) {
     // Explicit either way: a veth's defaults (GRO off, the rest on) are not a host's.
     if (o == Offloads::strict)
         must_in(netns, {"ethtool", "-K", dev, "rx", "off", "tx", "off", "tso", "off", "gso", "off",
                         "gro", "off"});
-    else if (relayed)
-        must_in(netns,
-                {"ethtool", "-K", dev, "tx", "off", "tso", "off", "gso", "off", "gro", "off"});
     else
         must_in(netns, {"ethtool", "-K", dev, "rx", "on", "tx", "on", "tso", "on", "gso", "on",
                         "gro", "on"});

@@ -99,25 +99,22 @@ private:
 
 // How a test bed's veths offload.
 //   host:   as a host has them by default: checksum offload, TSO and GSO on, GRO on receive.
-//           Programs at TC egress see partial checksums and GSO super-packets, at TC ingress
-//           GRO aggregates; receivers trust the checksums (the veth marks them verified).
-//   strict: none, and receivers do not trust the veth (rx checksumming off): every checksum
-//           is computed by the sender and verified by the receiving stack, so one an actor
-//           breaks shows in TcpInCsumErrors (tcp_counters()).
+//           Programs at TC egress see partial checksums (the pseudo-header's sum) and GSO
+//           super-packets, at TC ingress GRO aggregates; a receiving stack trusts a segment
+//           that left its sender with a partial checksum.
+//   strict: none: every checksum is computed in full by the sender and verified by the
+//           receiving stack, so one an actor breaks shows in TcpInCsumErrors (tcp_counters()).
 enum class Offloads { host, strict };
 const char* to_string(Offloads o);
-// Applies `o` to `dev` inside `netns`. `relayed`: the frames go through a frame relay (the
-// delay line), which handles MTU-sized frames with complete checksums only: no segmentation,
-// no checksum offload, whatever `o` says.
-void set_offloads(const std::string& netns, const std::string& dev, Offloads o,
-                  bool relayed = false);
+// Applies `o` to `dev` inside `netns`.
+void set_offloads(const std::string& netns, const std::string& dev, Offloads o);
 
 struct LabConfig {
     std::string tag;     // empty: "p<pid>"; at most 7 characters (interface names hold 15)
     PathShape path[2];   // path 1, path 2
     bool ipv6 = true;    // also fd00:<n>::/64 on each path
     bool signal = true;  // server announces its path-2 address (ADD_ADDR)
-    Offloads offloads = Offloads::host;  // a delayed path has none either way (set_offloads)
+    Offloads offloads = Offloads::host;  // every interface, the delay line's too
 };
 
 class Lab {

@@ -43,6 +43,7 @@ if [ -z "$chroot_mode" ]; then
         case "$arg" in
         mpsteer.checks=*) MPS_VM_CHECKS=${arg#mpsteer.checks=} ;;
         mpsteer.verbose=1) MPS_VM_VERBOSE=1 ;;
+        mpsteer.no_btf=1) export MPSTEER_DATAPATH_WITHOUT_BTF=1 ;;
         mpsteer.check_timeout=*) MPS_VM_CHECK_TIMEOUT=${arg#mpsteer.check_timeout=} ;;
         esac
     done

@@ -18,7 +18,8 @@
 # /var/cache/mpsteer-vm per ARCH and kernel; the first run downloads it from Debian's mirror
 # (MPS_DEBIAN_MIRROR), later runs only unpack it. MPS_VM_TIMEOUT (seconds, default 10800) bounds
 # the guest's run, MPS_VM_CHECK_TIMEOUT (default 3600) each check (the bpf label under software
-# emulation takes the better part of an hour); MPS_VM_VERBOSE=1 runs mpsteer -v (a refused program's whole verifier log).
+# emulation takes the better part of an hour); MPS_VM_VERBOSE=1 runs mpsteer -v (a refused program's whole verifier log);
+# MPS_VM_NO_BTF=1 runs the datapath built for kernels without BTF (bpf/README.md) on a kernel that has it.
 # Each check's whole output lands in build/vm-logs/ARCH-KERNEL (MPS_VM_LOGS).
 set -eu
 cd "$(dirname "$0")/../.."
@@ -158,6 +159,7 @@ if [ "$KERNEL" = host ]; then
     mount -t bpf -o mode=0700 bpf "$ROOT/sys/fs/bpf"
     chroot "$ROOT" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin MPS_VM_CHECKS="$CHECKS" \
         MPS_VM_VERBOSE="${MPS_VM_VERBOSE:-}" MPS_VM_CHECK_TIMEOUT="$CHECK_TIMEOUT" \
+        ${MPS_VM_NO_BTF:+MPSTEER_DATAPATH_WITHOUT_BTF=1} \
         /usr/local/sbin/mpsteer-vm-guest --chroot 2>&1 | tee "$WORK/console.log"
 else
     kernel=$(ls "$ROOT"/boot/vmlinuz-* | tail -n 1)
@@ -182,7 +184,8 @@ else
         -device virtio-blk-pci,drive=root \
         -append "root=/dev/vda rw console=$console panic=-1 quiet loglevel=3 \
                  init=/usr/local/sbin/mpsteer-vm-guest mpsteer.checks=$CHECKS \
-                 mpsteer.verbose=${MPS_VM_VERBOSE:-0} mpsteer.check_timeout=$CHECK_TIMEOUT" \
+                 mpsteer.verbose=${MPS_VM_VERBOSE:-0} mpsteer.check_timeout=$CHECK_TIMEOUT \
+                 mpsteer.no_btf=${MPS_VM_NO_BTF:-0}" \
         </dev/null 2>&1 | sed -u 's/\r$//' | tee "$WORK/console.log" |
         grep --line-buffered -E '^(mpsteer-vm|  )' || true
 fi
