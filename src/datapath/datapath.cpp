@@ -101,6 +101,14 @@ std::shared_ptr<Datapath> Datapath::load(const StateMaps& state,
     detail::forget_refusal();
     if (int err = mps_dp__load(s)) {
         const auto why = detail::last_refusal();
+        // The kernel feature behind the one verdict a whole class of kernels gives.
+        if (why.verdict.find("tail_calls are not allowed in non-JITed programs") !=
+            std::string::npos)
+            fail("loading the BPF programs: this kernel does not JIT-compile them (the 32-bit "
+                 "ARM JIT compiles no subprogram calls; net.core.bpf_jit_enable=0 compiles "
+                 "nothing), and its interpreter refuses tail calls from programs with "
+                 "subprogram calls, which the datapath's programs are",
+                 err);
         fail("loading the BPF programs" +
                  (why.program.empty() ? std::string()
                                       : " (this kernel's verifier refused program " +

@@ -19,7 +19,8 @@
 # (MPS_DEBIAN_MIRROR), later runs only unpack it. MPS_VM_TIMEOUT (seconds, default 10800) bounds
 # the guest's run, MPS_VM_CHECK_TIMEOUT (default 3600) each check (the bpf label under software
 # emulation takes the better part of an hour); MPS_VM_VERBOSE=1 runs mpsteer -v (a refused program's whole verifier log);
-# MPS_VM_NO_BTF=1 runs the datapath built for kernels without BTF (bpf/README.md) on a kernel that has it.
+# MPS_VM_NO_BTF=1 runs the datapath built for kernels without BTF (bpf/README.md) on a kernel that has it;
+# MPS_VM_APPEND adds kernel arguments (e.g. sysctl.net.core.bpf_jit_enable=1).
 # Each check's whole output lands in build/vm-logs/ARCH-KERNEL (MPS_VM_LOGS).
 set -eu
 cd "$(dirname "$0")/../.."
@@ -185,7 +186,7 @@ else
         -append "root=/dev/vda rw console=$console panic=-1 quiet loglevel=3 \
                  init=/usr/local/sbin/mpsteer-vm-guest mpsteer.checks=$CHECKS \
                  mpsteer.verbose=${MPS_VM_VERBOSE:-0} mpsteer.check_timeout=$CHECK_TIMEOUT \
-                 mpsteer.no_btf=${MPS_VM_NO_BTF:-0}" \
+                 mpsteer.no_btf=${MPS_VM_NO_BTF:-0} ${MPS_VM_APPEND:-}" \
         </dev/null 2>&1 | sed -u 's/\r$//' | tee "$WORK/console.log" |
         grep --line-buffered -E '^(mpsteer-vm|  )' || true
 fi
