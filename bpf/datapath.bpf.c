@@ -214,20 +214,12 @@ static __always_inline int copy_tcp_header(void *ctx, bool xdp, __u32 l4_off,
 	return 0;
 }
 
-static __always_inline int opt_scan_xdp(struct xdp_md *ctx, __u32 l4_off, __u32 l4_len,
-					struct opt_locs *loc)
+/* The walk on this CPU's copy of the TCP header at l4_off. */
+static __always_inline int opt_scan_copied(void *ctx, bool xdp, __u32 l4_off, __u32 l4_len,
+					   struct opt_locs *loc)
 {
 	struct tcp_header_copy *h;
-	if (l4_off > 512 || copy_tcp_header(ctx, true, l4_off, &h))
-		return PARSE_MALFORMED;
-	return opt_scan_copy(h, l4_len, loc);
-}
-
-static __always_inline int opt_scan_tc(struct __sk_buff *ctx, __u32 l4_off, __u32 l4_len,
-				       struct opt_locs *loc)
-{
-	struct tcp_header_copy *h;
-	if (l4_off > 512 || copy_tcp_header(ctx, false, l4_off, &h))
+	if (l4_off > 512 || copy_tcp_header(ctx, xdp, l4_off, &h))
 		return PARSE_MALFORMED;
 	return opt_scan_copy(h, l4_len, loc);
 }
@@ -238,8 +230,12 @@ static __always_inline int opt_scan_tc(struct __sk_buff *ctx, __u32 l4_off, __u3
  * malformed packet is never modified. */
 static __always_inline int scan(void *ctx, bool xdp, struct mps_pkt_ctx *pc, struct opt_locs *loc)
 {
+#ifdef MPS_NO_KERNEL_BTF
+	int r = opt_scan_copied(ctx, xdp, pc->l4_off, pc->l4_len, loc);
+#else
 	int r = xdp ? opt_scan_xdp(ctx, pc->l4_off, pc->l4_len, loc)
 		    : opt_scan_tc(ctx, pc->l4_off, pc->l4_len, loc);
+#endif
 	if (r < 0)
 		return -1;
 	pc->kinds = r;
