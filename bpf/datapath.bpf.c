@@ -138,14 +138,19 @@ static __always_inline void flow_key(const struct tuple *t, __u8 family, struct 
 /*
  * The option walk with offsets, in a global function: verified once per program, in an empty
  * context. Inlined, the walk multiplies with the state of its caller (hundreds of thousands
- * of verifier instructions); the price is a BPF-to-BPF call (~11 ns here), paid only by
- * programs that read or write options (actors, SYNs), never by the selector hot path.
+ * of verifier instructions; past the million in most programs); the price is a BPF-to-BPF
+ * call (~11 ns here), paid only by programs that read or write options (actors, SYNs), never
+ * by the selector hot path.
  *
- * Without kernel BTF the verifier cannot tell a context argument of a global function from a
- * pointer to memory ("Caller passes invalid args": it knows the context's type from the
- * kernel's BTF). There the TCP header is copied into a per-CPU buffer, which the global
- * function walks, and the subprograms that take the context are static (verified in each
- * caller's context, as if inlined; they are small once the walk is not in them).
+ * Without kernel BTF neither works: the verifier cannot tell a context argument of a global
+ * function from a pointer to memory ("Caller passes invalid args": it knows the context's
+ * type from the kernel's BTF), and the kernels without BTF users have (Debian's armmp) run
+ * BPF in the interpreter, which takes no program that makes both subprogram calls and tail
+ * calls. There the walk is a program of its own (opt_walk_*, below), verified once: the prog
+ * arrays send each step that reads options to it first (the agent fills jmp_*[step] with it
+ * and step_progs_*[step] with the step), and it leaves the offsets in this CPU's opt_walks
+ * for the step (MPS_CTXF_WALKED says they are this packet's). It walks a per-CPU copy of the
+ * TCP header, and the subprograms that take the context are inlined.
  */
 #ifndef MPS_NO_KERNEL_BTF
 #define MPS_CTX_SUBPROG __noinline
@@ -168,7 +173,7 @@ __noinline int opt_scan_tc(struct __sk_buff *ctx, __u32 l4_off, __u32 l4_len, st
 			    loc, 0x3ff);
 }
 #else
-#define MPS_CTX_SUBPROG static __noinline
+#define MPS_CTX_SUBPROG static __always_inline
 
 /* A TCP header (60 bytes at most), and room for the walk's reads past its last option byte. */
 struct tcp_header_copy {
@@ -181,13 +186,32 @@ struct {
 	__type(value, struct tcp_header_copy);
 } tcp_header_copies SEC(".maps");
 
-__noinline int opt_scan_copy(struct tcp_header_copy *h, __u32 l4_len, struct opt_locs *loc)
-{
-	if (!h || !loc)
-		return PARSE_MALFORMED;
-	__builtin_memset(loc, 0, sizeof(*loc));
-	return scan_options(h->b, h->b + sizeof(h->b), 0, l4_len, loc, 0);
-}
+/* The last walk on this CPU: read by the step the walk program hands the packet to. */
+struct opt_walk {
+	struct opt_locs loc;
+	__s32 result; /* MPS_K_* kinds, or PARSE_MALFORMED */
+};
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct opt_walk);
+} opt_walks SEC(".maps");
+
+/* The steps, by enum value, for the walk program to hand packets to. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+	__uint(max_entries, MPS_PROG_MAX);
+	__type(key, __u32);
+	__type(value, __u32);
+} step_progs_xdp SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+	__uint(max_entries, MPS_PROG_MAX);
+	__type(key, __u32);
+	__type(value, __u32);
+} step_progs_tc SEC(".maps");
 
 /* The TCP header at l4_off into this CPU's copy: 0, or <0 when the frame is shorter. */
 static __always_inline int copy_tcp_header(void *ctx, bool xdp, __u32 l4_off,
@@ -214,14 +238,27 @@ static __always_inline int copy_tcp_header(void *ctx, bool xdp, __u32 l4_off,
 	return 0;
 }
 
-/* The walk on this CPU's copy of the TCP header at l4_off. */
+/* The walk on this CPU's copy of the TCP header at l4_off (the walk program's). */
 static __always_inline int opt_scan_copied(void *ctx, bool xdp, __u32 l4_off, __u32 l4_len,
 					   struct opt_locs *loc)
 {
 	struct tcp_header_copy *h;
+	__builtin_memset(loc, 0, sizeof(*loc));
 	if (l4_off > 512 || copy_tcp_header(ctx, xdp, l4_off, &h))
 		return PARSE_MALFORMED;
-	return opt_scan_copy(h, l4_len, loc);
+	return scan_options(h->b, h->b + sizeof(h->b), 0, l4_len, loc, 0);
+}
+
+/* The walk the walk program left for this packet, or PARSE_MALFORMED when there is none (a
+ * step reached without it: a slot the agent did not route). */
+static __always_inline int opt_scan_walked(const struct mps_pkt_ctx *pc, struct opt_locs *loc)
+{
+	__u32 zero = 0;
+	struct opt_walk *w = bpf_map_lookup_elem(&opt_walks, &zero);
+	if (!w || !(pc->flags & MPS_CTXF_WALKED))
+		return PARSE_MALFORMED;
+	__builtin_memcpy(loc, &w->loc, sizeof(*loc));
+	return w->result;
 }
 #endif
 
@@ -231,7 +268,7 @@ static __always_inline int opt_scan_copied(void *ctx, bool xdp, __u32 l4_off, __
 static __always_inline int scan(void *ctx, bool xdp, struct mps_pkt_ctx *pc, struct opt_locs *loc)
 {
 #ifdef MPS_NO_KERNEL_BTF
-	int r = opt_scan_copied(ctx, xdp, pc->l4_off, pc->l4_len, loc);
+	int r = opt_scan_walked(pc, loc);
 #else
 	int r = xdp ? opt_scan_xdp(ctx, pc->l4_off, pc->l4_len, loc)
 		    : opt_scan_tc(ctx, pc->l4_off, pc->l4_len, loc);
@@ -367,6 +404,7 @@ static __always_inline void learn_syn(void *ctx, bool xdp, struct mps_pkt_ctx *p
 	}
 }
 
+#ifndef MPS_NO_KERNEL_BTF /* there the walk program learns SYNs */
 /* Nonzero when the options are malformed (the packet then passes untouched). */
 MPS_CTX_SUBPROG int learn_syn_xdp(struct xdp_md *ctx, struct mps_pkt_ctx *pc)
 {
@@ -383,6 +421,7 @@ MPS_CTX_SUBPROG int learn_syn_tc(struct __sk_buff *ctx, struct mps_pkt_ctx *pc)
 	learn_syn(ctx, false, pc);
 	return !(pc->flags & MPS_CTXF_SCANNED);
 }
+#endif
 
 /* TSval and TSecr of a segment, or nonzero when it has none (or malformed options). Linux
  * and most stacks put the option first, after two NOPs, on every segment past the handshake:
@@ -981,6 +1020,7 @@ static __always_inline int call_prog(void *ctx, bool xdp, struct mps_pkt_ctx *pc
 	__u32 at = pc->pc;
 	const struct mps_step *st = load_step(pc);
 	__u8 flags = st->flags;
+	pc->flags &= ~MPS_CTXF_WALKED; /* the walk was the last step's (it may have rewritten) */
 	if (more && pc->hops >= MPS_MAX_CHAIN) {
 		gen_count(pc, MPS_GC_CHAIN_TOO_LONG);
 		return PASS(xdp);
@@ -1293,12 +1333,22 @@ static __always_inline int entry(void *ctx, bool xdp, __u8 hook, __u32 ifindex, 
 	 * its work on this program and costs ~3 ns per packet: not done.) */
 	struct tcphdr *tcp = view_tcp(ctx, xdp, &pc);
 	if (tcp && tcp->syn) {
+#ifdef MPS_NO_KERNEL_BTF
+		/* The walk program learns it, then runs the chain. */
+		pc.flags |= MPS_CTXF_LEARN_SYN;
+		if (pctx_store(ctx, xdp, &pc))
+			return PASS(xdp);
+		TAIL(ctx, xdp, MPS_JMP_OPT_WALK);
+		pc.flags &= ~MPS_CTXF_LEARN_SYN; /* not learnt: the chain runs all the same */
+		gen_count(&pc, MPS_GC_MISSED_TAIL_CALL);
+#else
 		/* SYNs are rare: learning from them is a call (verified once, not per state). */
 		int bad = xdp ? learn_syn_xdp(ctx, &pc) : learn_syn_tc(ctx, &pc);
 		if (bad) { /* a SYN with malformed options */
 			gen_count(&pc, MPS_GC_MALFORMED);
 			return learn_only ? PASS(xdp) : unparseable(slot, first, xdp);
 		}
+#endif
 	} else if (tcp && (tcp->fin || tcp->rst)) {
 		int rst = tcp->rst;
 		if (xdp)
@@ -1357,6 +1407,49 @@ static __always_inline int interp_body(void *ctx, bool xdp)
 	return run_chain(ctx, xdp, &pc);
 }
 XDP_AND_TC(interp)
+
+#ifdef MPS_NO_KERNEL_BTF
+/*
+ * The option walk's program (built without kernel BTF; see opt_scan_walked()): walks the
+ * packet's options into this CPU's opt_walks, then learns the SYN the entry program handed it
+ * and runs the chain, or hands the packet to the step at pc->pc.
+ */
+static __always_inline int opt_walk_body(void *ctx, bool xdp)
+{
+	struct mps_pkt_ctx pc;
+	__u32 zero = 0;
+	if (pctx_load(ctx, xdp, &pc))
+		return PASS(xdp);
+	struct opt_walk *w = bpf_map_lookup_elem(&opt_walks, &zero);
+	if (!w)
+		return PASS(xdp);
+	w->result = opt_scan_copied(ctx, xdp, pc.l4_off, pc.l4_len, &w->loc);
+	pc.flags |= MPS_CTXF_WALKED;
+	__u32 at = pc.pc;
+	if (pc.flags & MPS_CTXF_LEARN_SYN) {
+		pc.flags &= ~MPS_CTXF_LEARN_SYN;
+		learn_syn(ctx, xdp, &pc);
+		bool learn_only = at == MPS_PC_END; /* the entry ran no chain but learns */
+		if (!(pc.flags & MPS_CTXF_SCANNED)) { /* a SYN with malformed options */
+			gen_count(&pc, MPS_GC_MALFORMED);
+			return learn_only ? PASS(xdp) : unparseable(ctx_slot(&pc), at, xdp);
+		}
+		if (learn_only || pctx_store(ctx, xdp, &pc))
+			return PASS(xdp);
+		TAIL(ctx, xdp, MPS_PROG_NONE);
+		return missed_tail_call(&pc, at, 0, xdp);
+	}
+	const struct mps_step *st = load_step(&pc);
+	if (pctx_store(ctx, xdp, &pc))
+		return PASS(xdp);
+	if (xdp)
+		bpf_tail_call(ctx, &step_progs_xdp, st->prog);
+	else
+		bpf_tail_call(ctx, &step_progs_tc, st->prog);
+	return missed_tail_call(&pc, at, st->flags, xdp);
+}
+XDP_AND_TC(opt_walk)
+#endif
 
 /* Selectors with their own program (they look up and update flow state). */
 #define SELECTOR(name, expr)                                                                       \

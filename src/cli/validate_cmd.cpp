@@ -78,10 +78,14 @@ int run_validate_host(const std::vector<std::string>& paths) {
               << (k.jit ? "on" : "off (net.core.bpf_jit_enable=0: every program interpreted)")
               << "\nmptcp:     " << (k.mptcp ? "enabled" : "off (sysctl net.mptcp.enabled=1)")
               << "\ntc hooks:  " << (k.tcx ? "TCX links" : "clsact filters (TCX needs 6.6)")
-              << "\nbtf:       "
-              << (k.btf ? "present"
-                       : "absent (/sys/kernel/btf/vmlinux): the datapath without CO-RE reads; "
-                         "add_subflow's carrier takes the socket's rcv_nxt, not its window edge")
+              << "\nbtf:       " << (k.btf ? "present" : "absent (/sys/kernel/btf/vmlinux)")
+              << "\ndatapath:  "
+              << (k.without_btf.empty()
+                      ? "built with CO-RE reads and subprogram calls"
+                      : "built without kernel BTF (" + k.without_btf +
+                            "): the option walk is a program of its own (one more tail call "
+                            "per step that reads options), add_subflow's carrier takes the "
+                            "socket's rcv_nxt, not its window edge")
               << '\n';
     if (!k.load_failed.empty()) {
         std::cout << "programs:  the BPF object does not load: " << k.load_failed << '\n';

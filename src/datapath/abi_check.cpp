@@ -19,8 +19,9 @@ extern "C" {
 // Programs sit at their enum value (chain.cpp checks every named one is below MPS_JMP_ENTRY),
 // the entry and preflight programs above them; all of it inside the prog arrays.
 static_assert(MPS_JMP_ENTRY + MPS_HOOK_MAX <= MPS_JMP_PREFLIGHT, "entry slots overlap preflight");
-static_assert(MPS_JMP_PREFLIGHT + MPS_HOOK_MAX <= MPS_PROG_MAX,
-              "preflight slots beyond the prog arrays");
+static_assert(MPS_JMP_PREFLIGHT + MPS_HOOK_MAX <= MPS_JMP_OPT_WALK,
+              "preflight slots overlap the option walk's");
+static_assert(MPS_JMP_OPT_WALK < MPS_PROG_MAX, "the option walk's slot beyond the prog arrays");
 static_assert(MPS_ACT_REDIRECT < MPS_JMP_ENTRY, "program slots overlap the entry slots");
 static_assert((MPS_MAX_STEPS & (MPS_MAX_STEPS - 1)) == 0, "pcs are masked: a power of two");
 static_assert(MPS_MAX_STEPS <= MPS_PC_END, "a pc fits a __u16 below MPS_PC_END");

@@ -43,11 +43,13 @@ const char* detail::entry_name(Hook h, bool preflight) {
 
 namespace {
 
-// The datapath object for this kernel: without kernel BTF (Debian's armmp kernels), the one
-// built without CO-RE reads (bpf/CMakeLists.txt); libbpf refuses a whole object with CO-RE
-// relocations there. Both have the same maps and programs, so mps_dp's skeleton binds either.
+// The datapath object for this kernel (why_datapath_without_btf()): libbpf refuses a whole
+// object with CO-RE relocations on a kernel without BTF, and an interpreter refuses programs
+// that make subprogram calls and tail calls. Both builds have the programs and maps mps_dp's
+// skeleton names (the one without BTF has more), so that skeleton binds either.
 const void* object_bytes(size_t* size) {
-    return kernel_has_btf() ? mps_dp__elf_bytes(size) : mps_dp_nobtf__elf_bytes(size);
+    return why_datapath_without_btf().empty() ? mps_dp__elf_bytes(size)
+                                              : mps_dp_nobtf__elf_bytes(size);
 }
 
 mps_dp* open_object() {
@@ -93,6 +95,7 @@ std::shared_ptr<Datapath> Datapath::load(const StateMaps& state,
     if (!only.empty()) {
         std::set<std::string> wanted(only.begin(), only.end());
         wanted.insert(std::begin(kAlwaysLoaded), std::end(kAlwaysLoaded));
+        wanted.insert({"opt_walk_xdp", "opt_walk_tc"});  // in the build without kernel BTF
         bpf_program* p;
         bpf_object__for_each_program(p, s->obj) {
             if (!wanted.count(bpf_program__name(p))) bpf_program__set_autoload(p, false);
@@ -104,10 +107,10 @@ std::shared_ptr<Datapath> Datapath::load(const StateMaps& state,
         // The kernel feature behind the one verdict a whole class of kernels gives.
         if (why.verdict.find("tail_calls are not allowed in non-JITed programs") !=
             std::string::npos)
-            fail("loading the BPF programs: this kernel does not JIT-compile them (the 32-bit "
-                 "ARM JIT compiles no subprogram calls; net.core.bpf_jit_enable=0 compiles "
-                 "nothing), and its interpreter refuses tail calls from programs with "
-                 "subprogram calls, which the datapath's programs are",
+            fail("loading the BPF programs: this kernel interprets them (its JIT is off or "
+                 "compiles no subprogram calls), and its interpreter refuses tail calls from "
+                 "programs with subprogram calls; MPSTEER_DATAPATH_WITHOUT_BTF=1 picks the "
+                 "build without them",
                  err);
         fail("loading the BPF programs" +
                  (why.program.empty() ? std::string()
@@ -121,8 +124,19 @@ std::shared_ptr<Datapath> Datapath::load(const StateMaps& state,
     for (auto& t : dp->slots_->tables)
         for (auto& e : t.entries) e = {MPS_PC_END, 0, 0};
     // Slot 0: the interpreter; slot N: the program of enum value N, for every one loaded.
+    // Built without kernel BTF, the option walk is a program of its own (bpf/datapath.bpf.c,
+    // opt_walk_*): slot N holds it for a step that reads options, and it hands the packet on
+    // to the step through step_progs_* (the entry program sends SYNs to MPS_JMP_OPT_WALK).
+    auto set_slot = [](int map, uint32_t slot, int fd) {
+        if (bpf_map_update_elem(map, &slot, &fd, BPF_ANY))
+            fail("filling the prog array slot " + std::to_string(slot), errno);
+    };
     for (bool xdp : {true, false}) {
         const int jmp = bpf_map__fd(xdp ? s->maps.jmp_xdp : s->maps.jmp_tc);
+        auto* walk = bpf_object__find_program_by_name(s->obj, xdp ? "opt_walk_xdp" : "opt_walk_tc");
+        auto* steps = bpf_object__find_map_by_name(s->obj, xdp ? "step_progs_xdp" : "step_progs_tc");
+        const int walk_fd = walk && steps ? bpf_program__fd(walk) : -1;
+        if (walk_fd >= 0) set_slot(jmp, MPS_JMP_OPT_WALK, walk_fd);
         for (uint32_t slot = 0; slot < MPS_PROG_MAX; ++slot) {
             auto p = static_cast<mps_prog>(slot);
             if (slot != MPS_PROG_NONE && !has_program(p)) continue;
@@ -131,8 +145,11 @@ std::shared_ptr<Datapath> Datapath::load(const StateMaps& state,
             auto* prog = bpf_object__find_program_by_name(s->obj, name.c_str());
             if (!prog || bpf_program__fd(prog) < 0) continue;  // not loaded (`only`)
             int fd = bpf_program__fd(prog);
-            if (bpf_map_update_elem(jmp, &slot, &fd, BPF_ANY))
-                fail("filling the prog array slot " + std::to_string(slot), errno);
+            if (walk_fd >= 0 && slot != MPS_PROG_NONE && detail::reads_options(p)) {
+                set_slot(bpf_map__fd(steps), slot, fd);
+                fd = walk_fd;
+            }
+            set_slot(jmp, slot, fd);
         }
         // Where compiled entries hand packets they do not take (entry_emitter.cpp).
         for (Hook h : {Hook::xdp, Hook::tc_egress, Hook::tc_ingress}) {
@@ -141,9 +158,7 @@ std::shared_ptr<Datapath> Datapath::load(const StateMaps& state,
                 auto* prog = bpf_object__find_program_by_name(s->obj, entry_name(h, preflight));
                 if (!prog || bpf_program__fd(prog) < 0) continue;
                 int fd = bpf_program__fd(prog);
-                uint32_t slot = (preflight ? MPS_JMP_PREFLIGHT : MPS_JMP_ENTRY) + uint32_t(h);
-                if (bpf_map_update_elem(jmp, &slot, &fd, BPF_ANY))
-                    fail("filling the prog array slot " + std::to_string(slot), errno);
+                set_slot(jmp, (preflight ? MPS_JMP_PREFLIGHT : MPS_JMP_ENTRY) + uint32_t(h), fd);
             }
         }
     }

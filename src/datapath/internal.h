@@ -27,6 +27,13 @@ inline std::string program_name(mps_prog p, bool xdp) {
     return std::string(prog_name(p)) + (xdp ? "_xdp" : "_tc");
 }
 
+// Whether step program p reads the packet's options (in the build without kernel BTF, the
+// walk program runs before it: bpf/datapath.bpf.c, opt_walk_*). Only the flow-table lookups
+// and the reply/redirect actors do not.
+inline bool reads_options(mps_prog p) {
+    return p != MPS_SEL_TOKEN && p != MPS_ACT_REJECT && p != MPS_ACT_REDIRECT;
+}
+
 // The hook's entry program ("entry_xdp", ...) or its preflight twin ("preflight_xdp", ...).
 const char* entry_name(Hook h, bool preflight);
 // Programs every chain needs (the entries and the interpreters): always loaded.

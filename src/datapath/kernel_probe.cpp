@@ -63,10 +63,27 @@ ChainSet sample_chain() {
 }  // namespace
 
 bool kernel_has_btf() {
-    // MPSTEER_DATAPATH_WITHOUT_BTF=1 tries the no-BTF datapath on a kernel that has BTF.
-    static const bool btf = std::filesystem::exists("/sys/kernel/btf/vmlinux") &&
-                            !std::getenv("MPSTEER_DATAPATH_WITHOUT_BTF");
+    static const bool btf = std::filesystem::exists("/sys/kernel/btf/vmlinux");
     return btf;
+}
+
+std::string why_datapath_without_btf() {
+    static const std::string why = []() -> std::string {
+        if (std::getenv("MPSTEER_DATAPATH_WITHOUT_BTF")) return "MPSTEER_DATAPATH_WITHOUT_BTF is set";
+        if (!kernel_has_btf()) return "the kernel has no BTF (/sys/kernel/btf/vmlinux)";
+        if (read_line("/proc/sys/net/core/bpf_jit_enable") == "0")
+            return "the JIT is off (net.core.bpf_jit_enable=0), and the interpreter takes no "
+                   "program that makes both subprogram calls and tail calls";
+        utsname u{};
+        const std::string machine = uname(&u) == 0 ? u.machine : "";
+        // 32-bit ARM and x86: their JITs compile no subprogram calls (the interpreter then
+        // refuses the program as above).
+        if (machine.starts_with("arm") ||
+            (machine.size() == 4 && machine[0] == 'i' && machine.ends_with("86")))
+            return "a 32-bit kernel (" + machine + "), whose JIT compiles no subprogram calls";
+        return {};
+    }();
+    return why;
 }
 
 KernelReport probe_kernel_basics() {
@@ -84,6 +101,7 @@ KernelReport probe_kernel_basics() {
     std::sscanf(r.release.c_str(), "%d.%d", &major, &minor);
     r.tcx = major > 6 || (major == 6 && minor >= 6);
     r.btf = kernel_has_btf();
+    r.without_btf = why_datapath_without_btf();
     return r;
 }
 

@@ -18,10 +18,9 @@ struct KernelReport {
     bool jit = false;    // net.core.bpf_jit_enable: programs run compiled, not interpreted
     bool mptcp = false;  // net.mptcp.enabled exists and is 1
     bool tcx = false;    // TCX links (6.6+); clsact filters otherwise
-    // /sys/kernel/btf/vmlinux (kernel_has_btf()): without it (Debian's armmp kernels) the
-    // datapath built without CO-RE reads runs, where add_subflow's carrier cannot read the
-    // subflow socket's window edge.
-    bool btf = false;
+    bool btf = false;  // /sys/kernel/btf/vmlinux (kernel_has_btf())
+    // Why the datapath built without kernel BTF runs here (why_datapath_without_btf()), or "".
+    std::string without_btf;
     std::string load_failed;  // the object did not load for a reason that names no program
     struct Refused {
         std::string program;  // e.g. act_set_backup_xdp
@@ -34,6 +33,11 @@ struct KernelReport {
 
 // Whether the kernel describes its own types (/sys/kernel/btf/vmlinux), which CO-RE reads need.
 bool kernel_has_btf();
+// Which of the two builds of the datapath this kernel runs (bpf/README.md, "Two builds of the
+// datapath"): "" for the one with CO-RE reads and subprogram calls, which needs kernel BTF and
+// a JIT that compiles subprogram calls; else why the one without kernel BTF runs instead (no
+// BTF, the JIT off, a 32-bit kernel, or MPSTEER_DATAPATH_WITHOUT_BTF=1 in the environment).
+std::string why_datapath_without_btf();
 
 // The essentials only (uname, the BPF system call, JIT, MPTCP, TCX): cheap.
 KernelReport probe_kernel_basics();
