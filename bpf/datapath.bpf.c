@@ -859,12 +859,83 @@ static __always_inline void csum_replace2(__sum16 *sum, __be16 old, __be16 new)
 	*sum = ~c;
 }
 
+/* rate_limit's right edge, per flow and direction of the window: how far the peer may send
+ * (a sequence number) as of edge_ns (0: not set). Soft state with the loaded datapath, like
+ * prio_tmpl. */
+struct rate_edge {
+	__u64 edge_ns[2];
+	__u32 edge[2];
+};
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MPS_TABLE_PLACEHOLDER);
+	__type(key, struct mps_flow_key);
+	__type(value, struct rate_edge);
+} rate_edges SEC(".maps");
+
 /*
- * Lower the advertised receive window so the peer sends at most rate x RTT per RTT.
- * The window field is scaled by the shift its sender announced in its SYN; without having
- * seen that SYN the actor does nothing. Never raises a window, never touches a SYN. The
- * options are walked (a malformed packet is never modified) only when a window is to be
- * lowered: most ACKs of a flow under its cap leave after the flags and one lookup.
+ * The window rate_limit advertises on a segment acknowledging `ack` (window direction d): up
+ * to a right edge that moves at `rate` with time, never more than `most` ahead of the ack
+ * (the bucket's depth, abi.h).
+ * A window of rate x RTT holds the rate only where it spans several segments: under two the
+ * peer waits for delayed ACKs, and the rate it reaches depends on the window's granularity
+ * more than on the RTT. An edge that moves with time lets through exactly what the rate
+ * allows by now, whatever the RTT: on a short path the peer sends it in bursts, stops at the
+ * edge, and goes on at the next ACK or window probe.
+ */
+static __always_inline __u64 rate_window(void *ctx, bool xdp, struct mps_pkt_ctx *pc, __u32 d,
+					 __u32 ack, __u64 rate, __u64 most)
+{
+	struct tuple t;
+	struct mps_flow_key k;
+	__u8 from_a;
+	if (load_tuple(ctx, xdp, pc, &t))
+		return most;
+	flow_key(&t, pc->family, &k, &from_a);
+	struct rate_edge *e = bpf_map_lookup_elem(&rate_edges, &k);
+	if (!e) {
+		struct rate_edge fresh = {};
+		bpf_map_update_elem(&rate_edges, &k, &fresh, BPF_NOEXIST);
+		e = bpf_map_lookup_elem(&rate_edges, &k);
+		if (!e)
+			return most;
+	}
+	d &= 1;
+	if (most > MPS_RATE_WINDOW_MAX)
+		most = MPS_RATE_WINDOW_MAX;
+	__u64 now = bpf_ktime_get_ns();
+	__s64 ahead = (__s32)(e->edge[d] - ack);
+	__u64 elapsed = now - e->edge_ns[d];
+	/* Unset, or left by an earlier flow of the 4-tuple: the subflow starts with all the
+	 * credit an idle one keeps. */
+	if (!e->edge_ns[d] || elapsed > 2000000000ull) {
+		e->edge[d] = ack + most;
+		e->edge_ns[d] = now;
+		return most;
+	}
+	if (ahead < 0) /* past the edge (a window the kernel gave before): no credit left */
+		ahead = 0;
+	if (elapsed > 1000000000ull) /* no overflow below: rate <= 5e10 */
+		elapsed = 1000000000ull;
+	__u64 grown = rate * elapsed / 1000000000ull;
+	if (grown) { /* the remainder stays: the clock moves by what the bytes took */
+		e->edge_ns[d] += grown * 1000000000ull / rate;
+		if (now - e->edge_ns[d] > 1000000000ull)
+			e->edge_ns[d] = now;
+		ahead += grown;
+	}
+	if (ahead > (__s64)most) /* idle: no credit beyond `most` */
+		ahead = most;
+	e->edge[d] = ack + ahead;
+	return ahead;
+}
+
+/*
+ * Lower the advertised receive window so the peer sends at most `rate`: up to the right edge
+ * rate_window() keeps (MPS_RATE_BURST_MS in abi.h). The window field is scaled by the shift
+ * its sender announced in its SYN; without having seen that SYN the actor does nothing.
+ * Never raises a window, never touches a SYN. The options are walked (a malformed packet is
+ * never modified) only when a window is to be lowered.
  */
 static __always_inline int rate_limit_flow(void *ctx, bool xdp, struct mps_pkt_ctx *pc,
 					   const struct mps_step *st, struct mps_flow *f,
@@ -893,12 +964,18 @@ static __always_inline int rate_limit_flow(void *ctx, bool xdp, struct mps_pkt_c
 	 * at most 3e18 < 2^64 (a u32 rtt times the largest rate would not fit). */
 	if (rtt > 60000000)
 		rtt = 60000000;
-	__u64 win = rate * rtt / 1000000;
+	__u64 win = 2 * rate * rtt / 1000000;
 	if (win < st->p.rate.min_window)
 		win = st->p.rate.min_window;
+	if (win < rate * MPS_RATE_BURST_MS / 1000)
+		win = rate * MPS_RATE_BURST_MS / 1000;
+	win = rate_window(ctx, xdp, pc, d, bpf_ntohl(tcp->ack_seq), rate, win);
+	tcp = view_tcp(ctx, xdp, pc);
+	if (!tcp)
+		return -1;
+	/* Rounded down to the unit the window is counted in (up to 16 KB): a window rounded up
+	 * would let the peer past the edge. Zero too: the peer then probes (after its RTO). */
 	win >>= shift & 15;
-	if (win == 0)
-		win = 1;
 	__u16 old = bpf_ntohs(tcp->window);
 	if (win >= old)
 		return 0;

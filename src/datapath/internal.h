@@ -18,8 +18,15 @@
 namespace mpsteer::datapath::detail {
 
 // Throws Error("what: strerror(err)"); err may be negative (libbpf) or positive (errno).
+// ENOTSUPP (524, kernel-internal, no strerror) is the JIT refusing what the verifier accepted.
 [[noreturn]] inline void fail(const std::string& what, int err) {
-    throw Error(what + ": " + std::strerror(err < 0 ? -err : err));
+    const int e = err < 0 ? -err : err;
+    if (e == 524)
+        throw Error(what +
+                    ": this kernel's JIT refused a program its verifier accepted (ENOTSUPP: an "
+                    "instruction that JIT does not compile, such as atomic operations on 32-bit "
+                    "ARM); with net.core.bpf_jit_enable=0 the interpreter runs it");
+    throw Error(what + ": " + std::strerror(e));
 }
 
 // "sel_token_xdp", "act_record_tc", ...: a step program's name in the BPF object.

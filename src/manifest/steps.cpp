@@ -299,19 +299,6 @@ std::optional<Action> Checker::action(const Doc& d, const std::string& ptr, cons
             }
             a.min_window = uint32_t(*w);
         }
-        // Under two segments of window the sender stalls on delayed ACKs and its persist
-        // timer: no window holds such a rate (README, "How closely rate_limit holds its rate").
-        if (a.rtt_us) {
-            constexpr uint64_t kTwoSegments = 2 * 1448;
-            const uint64_t window = std::max<uint64_t>(
-                a.rate_bytes_per_sec * a.rtt_us / 1000000, a.min_window);
-            if (window < kTwoSegments)
-                warning(d, rp,
-                        "rate x rtt is " + std::to_string(window) +
-                            " bytes, under two segments (" + std::to_string(kTwoSegments) +
-                            "): on a path this short a receive window cannot hold the rate (the "
-                            "sender stalls on delayed ACKs) and far less gets through");
-        }
         break;
     }
     case Action::Kind::set_backup:

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
 
 #include "bpf_env.h"
 
@@ -438,13 +439,14 @@ std::optional<uint16_t> expected_window(const RateCase& c) {
     if (!rate || !rtt) return std::nullopt;
     rate = std::clamp<uint64_t>(rate, MPS_RATE_MIN, MPS_RATE_MAX);
     rtt = std::min<uint64_t>(rtt, 60000000);
-    uint64_t bytes = rate * rtt / 1000000;
-    bytes = std::max<uint64_t>(bytes, c.min_window);
-    // Scaling is in effect only when both SYNs carried the option (RFC 7323).
+    // A flow's first ACK: all the credit, the bucket's depth (abi.h, MPS_RATE_BURST_MS).
+    uint64_t bytes = 2 * rate * rtt / 1000000;
+    bytes = std::max<uint64_t>({bytes, c.min_window, rate * MPS_RATE_BURST_MS / 1000});
+    bytes = std::min<uint64_t>(bytes, MPS_RATE_WINDOW_MAX);
+    // Scaling is in effect only when both SYNs carried the option (RFC 7323); rounded down.
     auto ws = c.from_client ? c.client_ws : c.server_ws;
     uint8_t shift = c.client_ws && c.server_ws ? std::min<uint8_t>(*ws, 14) : 0;
     uint64_t field = bytes >> shift;
-    if (field == 0) field = 1;
     if (field >= c.window) return std::nullopt;
     return uint16_t(field);
 }
@@ -471,14 +473,15 @@ std::vector<RateCase> rate_cases() {
         t.push_back({f + "per-subflow rate beyond the range: clamped, no overflow", 100000, 10000,
                      0, 0, 0, true, 60000, v6, 10000000000000000000ull});
         t.push_back({f + "flow RTT of an hour: clamped to a minute", 100000, 10000, 0, 14, 14, true,
-                     60000, v6, 20000000, 3600000000u});
-        t.push_back({f + "scale 14", 1000000000, 100000, 0, 14, 0, true, 60000, v6});
+                     60000, v6, 2000, 3600000000u});
+        t.push_back({f + "scale 14", 100000000, 100000, 0, 14, 0, true, 60000, v6});
         t.push_back(
-            {f + "scale 15 is clamped to 14", 1000000000, 100000, 0, 15, 0, true, 60000, v6});
-        t.push_back({f + "tiny rate: window 1, never 0", 1, 1000, 0, 7, 7, true, 500, v6});
+            {f + "scale 15 is clamped to 14", 100000000, 100000, 0, 15, 0, true, 60000, v6});
+        t.push_back({f + "tiny rate: the bucket rounds down to 0", 1, 1000, 0, 7, 7, true, 500, v6});
         t.push_back({f + "min_window floor", 1000, 1000, 20000, 0, 0, true, 60000, v6});
         t.push_back({f + "per-subflow rate wins", 100000, 10000, 0, 0, 0, true, 60000, v6, 5000});
-        t.push_back({f + "flow RTT wins", 100000, 10000, 0, 0, 0, true, 60000, v6, 0, 200});
+        t.push_back(
+            {f + "flow RTT wins", 1000, 2000000, 0, 0, 0, true, 60000, v6, 0, 4000000});
         // left alone
         t.push_back({f + "never raises a window", 100000, 10000, 0, 0, 0, true, 500, v6});
         t.push_back({f + "equal window untouched", 100000, 10000, 0, 0, 0, true, 1000, v6});
@@ -578,6 +581,38 @@ TEST_CASE("actor rate_limit: lowers the window, honours the scale, fixes the che
 
 TEST_CASE("actor rate_limit: leaves the window alone when it should", "[bpf][actor]") {
     for (const auto& chain : rate_chains()) run_rate_cases(false, chain);
+}
+
+TEST_CASE("actor rate_limit: the edge moves with time, and a subflow at it gets a zero window",
+          "[bpf][actor]") {
+    // 1000 bytes/s with scale 7 (128-byte units): a unit of window is 128 ms of time, far more
+    // than passes between two runs, so the windows before the sleep are exact.
+    RateCase c{"", 1000, 1000, 0, 7, 7, true, 60000, false};
+    for (Hook h : kHooks) {
+        INFO(name_of(h));
+        Env env(chain_of({act_rate(c.rate, c.rtt_us, c.min_window)}));
+        c.port = 31000 + static_cast<uint16_t>(h);
+        handshake(env, h, c);
+        auto window_after = [&](uint32_t acked) {
+            Bytes in = cli(false, c.port).seq(5001).ack(9001 + acked).window(60000).build();
+            Run r = env.run(h, in);
+            CHECK(checksum_errors(r.out) == "");
+            REQUIRE(r.out.size() == in.size());
+            return uint16_t(r.out[48] << 8 | r.out[49]);  // after 14 + 20 bytes of headers
+        };
+        // The first ACK: the bucket (1 s at the rate: 1000 bytes, 7 units rounded down).
+        CHECK(window_after(0) == 1000 / 128);
+        // 744 bytes acknowledged: 256 left to the edge.
+        CHECK(window_after(744) == 2);
+        // Everything up to the edge acknowledged: nothing left, a zero window.
+        CHECK(window_after(1000) == 0);
+        // Time moves the edge: 300 ms later, 300 bytes more (2 units; more if the sleep ran
+        // long, never more than the bucket).
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        uint16_t later = window_after(1000);
+        CHECK(later >= 2);
+        CHECK(later <= 1000 / 128);
+    }
 }
 
 TEST_CASE("actor rate_limit: never touches SYN, RST, non-ACK or unknown flows", "[bpf][actor]") {

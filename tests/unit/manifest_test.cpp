@@ -219,23 +219,6 @@ TEST_CASE("unknown interfaces are warnings, not errors", "[manifest]") {
           "interface 'eht0' does not exist on this host; did you mean 'eth0'?");
 }
 
-TEST_CASE("a rate_limit whose rate x rtt is under two segments is a warning", "[manifest]") {
-    auto with = [](const std::string& action) {
-        std::string t = kPolicy;
-        t.replace(t.find("record: {}"), 10, action);
-        return load_text(t);
-    };
-    auto r = with("rate_limit: {rate: 5Mbit, rtt: 1ms}");  // 625 bytes
-    REQUIRE(r.ok());
-    REQUIRE(r.diagnostics.size() == 1);
-    CHECK(r.diagnostics[0].severity == Severity::warning);
-    CHECK(r.diagnostics[0].pointer == "/spec/actions/0/rate_limit/rate");
-    CHECK(r.diagnostics[0].message.rfind("rate x rtt is 625 bytes, under two segments", 0) == 0);
-    // Enough window: from the rate and RTT, or from min_window.
-    CHECK(with("rate_limit: {rate: 50Mbit, rtt: 1ms}").diagnostics.empty());
-    CHECK(with("rate_limit: {rate: 5Mbit, rtt: 1ms, min_window: 4KB}").diagnostics.empty());
-}
-
 TEST_CASE("hostile YAML stays cheap", "[manifest]") {
     // An alias bomb: 10 levels of 10 references would expand to 10^10 nodes.
     std::string bomb = "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n";

@@ -299,6 +299,16 @@ enum mps_gen_counter {
  * anywhere else (Lua, the control requests) are clamped to it. */
 #define MPS_RATE_MIN 125ull
 #define MPS_RATE_MAX 50000000000ull
+/* rate_limit lets a subflow send up to a right edge that moves at the rate with time, at most
+ * max(2 x rate x RTT, min_window, this long at the rate) ahead of what it acknowledged (the
+ * credit an idle subflow keeps: a token bucket's depth), and never more than
+ * MPS_RATE_WINDOW_MAX. The depth outlasts the wait of a peer stopped at the edge: it probes
+ * after its RTO (>= 200 ms), then after twice that, and Linux answers a probe at most every
+ * 500 ms (tcp_invalid_ratelimit), so the answer may come ~650 ms after the stop; a shallower
+ * bucket loses what the subflow was owed meanwhile (300 ms: 58 % below 5 Mbit/s on a 0.1 ms
+ * path). */
+#define MPS_RATE_BURST_MS   1000ull
+#define MPS_RATE_WINDOW_MAX (1ull << 30) /* the largest window a scale of 14 can say */
 
 /* ---- shared state: flows and connections --------------------------------------------------
  * LRU_HASH maps shared across generations (pinned by the agent as "<name>_v<MPS_STATE_LAYOUT>",
