@@ -162,7 +162,7 @@ int run_bench(bool json, uint32_t repeat, int rounds) {
     }
     // The same stateful chain with the flow table holding 1 k, 64 k and 1 M other flows, each
     // table twice the size it holds (as an agent sized for its load would run).
-    // A kernel that cannot allocate a table that large (a 32-bit kernel's vmalloc area is a
+    // A kernel that cannot allocate tables that large (a 32-bit kernel's vmalloc area is a
     // few hundred MB) skips that case and says so.
     std::vector<std::pair<std::string, StateMaps>> filled;  // (1k, 64k, 1m) and its tables
     filled.reserve(3);
@@ -172,14 +172,15 @@ int run_bench(bool json, uint32_t repeat, int rounds) {
         TableSizes sizes;
         sizes.flows = std::max(2 * n, TableSizes::kMinFlows);
         try {
-            filled.emplace_back(size, StateMaps::open(root + "/" + key, sizes));
+            auto tables = StateMaps::open(root + "/" + key, sizes);
+            fill_flows(tables, n);
+            auto g = Generation::build(stateful_chain(), 4, tables);
+            filled.emplace_back(size, std::move(tables));
+            add_compiled(key.c_str(), std::move(g));
         } catch (const Error& e) {
             skipped[key] = std::string(e.what()) + " (tables for " + std::to_string(sizes.flows) +
                            " flows)";
-            continue;
         }
-        fill_flows(filled.back().second, n);
-        add_compiled(key.c_str(), Generation::build(stateful_chain(), 4, filled.back().second));
     }
     // Sanity: every chain must actually run to its verdict (pass) on this frame.
     for (auto& c : cases) {
