@@ -126,7 +126,11 @@ int run_bench(bool json, uint32_t repeat, int rounds) {
         std::string root;
         ~Cleanup() { std::filesystem::remove_all(root); }
     } cleanup{root};
-    auto state = StateMaps::open(root);
+    // The smallest tables for the chains that keep no state: every generation below loads a
+    // datapath whose own tables are sized by these (a 32-bit kernel has little room).
+    TableSizes small;
+    small.flows = TableSizes::kMinFlows;
+    auto state = StateMaps::open(root, small);
     auto frame = mptcp_data_frame();
 
     std::vector<Case> cases;
