@@ -324,6 +324,20 @@ static __always_inline __u32 load_be32_h(const __u8 *p)
 
 /* ---- flow learning and accounting ------------------------------------------------------- */
 
+/* rate_limit's right edge, per flow and direction of the window: how far the peer may send
+ * (a sequence number) as of edge_ns (0: not set). Soft state with the loaded datapath, like
+ * prio_tmpl. */
+struct rate_edge {
+	__u64 edge_ns[2];
+	__u32 edge[2];
+};
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MPS_TABLE_PLACEHOLDER);
+	__type(key, struct mps_flow_key);
+	__type(value, struct rate_edge);
+} rate_edges SEC(".maps");
+
 /* Both sides' SYNs seen (SYN and SYN/ACK). */
 static __always_inline bool handshake_done(const struct mps_flow *f)
 {
@@ -364,6 +378,7 @@ static __always_inline void learn_syn(void *ctx, bool xdp, struct mps_pkt_ctx *p
 		/* A SYN (not SYN/ACK) starts the flow afresh: older state is from a dead flow. */
 		if (bpf_map_update_elem(&flows, &k, &zero_flow, BPF_ANY) == 0 && !f)
 			count_insert(MPS_TI_FLOWS);
+		bpf_map_delete_elem(&rate_edges, &k);
 		f = bpf_map_lookup_elem(&flows, &k);
 		if (!f)
 			return;
@@ -859,20 +874,6 @@ static __always_inline void csum_replace2(__sum16 *sum, __be16 old, __be16 new)
 	*sum = ~c;
 }
 
-/* rate_limit's right edge, per flow and direction of the window: how far the peer may send
- * (a sequence number) as of edge_ns (0: not set). Soft state with the loaded datapath, like
- * prio_tmpl. */
-struct rate_edge {
-	__u64 edge_ns[2];
-	__u32 edge[2];
-};
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, MPS_TABLE_PLACEHOLDER);
-	__type(key, struct mps_flow_key);
-	__type(value, struct rate_edge);
-} rate_edges SEC(".maps");
-
 /*
  * The window rate_limit advertises on a segment acknowledging `ack` (window direction d): up
  * to a right edge that moves at `rate` with time, never more than `most` ahead of the ack
@@ -904,17 +905,19 @@ static __always_inline __u64 rate_window(void *ctx, bool xdp, struct mps_pkt_ctx
 	if (most > MPS_RATE_WINDOW_MAX)
 		most = MPS_RATE_WINDOW_MAX;
 	__u64 now = bpf_ktime_get_ns();
-	__s64 ahead = (__s32)(e->edge[d] - ack);
 	__u64 elapsed = now - e->edge_ns[d];
-	/* Unset, or left by an earlier flow of the 4-tuple: the subflow starts with all the
-	 * credit an idle one keeps. */
+	/* Unset, or idle long enough (a SYN starting the 4-tuple afresh deletes it): the subflow
+	 * starts with all the credit an idle one keeps. */
 	if (!e->edge_ns[d] || elapsed > 2000000000ull) {
 		e->edge[d] = ack + most;
 		e->edge_ns[d] = now;
 		return most;
 	}
-	if (ahead < 0) /* past the edge (a window the kernel gave before): no credit left */
-		ahead = 0;
+	/* The ack a live subflow sends lies at most `most` behind the edge it was given (stored
+	 * as ack + at most `most`, and acks only grow): an older one (reordered, duplicated or
+	 * forged) changes nothing, and its window the peer ignores anyway. */
+	if ((__s32)(e->edge[d] - ack) > (__s64)most)
+		return most;
 	if (elapsed > 1000000000ull) /* no overflow below: rate <= 5e10 */
 		elapsed = 1000000000ull;
 	__u64 grown = rate * elapsed / 1000000000ull;
@@ -922,11 +925,17 @@ static __always_inline __u64 rate_window(void *ctx, bool xdp, struct mps_pkt_ctx
 		e->edge_ns[d] += grown * 1000000000ull / rate;
 		if (now - e->edge_ns[d] > 1000000000ull)
 			e->edge_ns[d] = now;
-		ahead += grown;
+		e->edge[d] += grown;
 	}
-	if (ahead > (__s64)most) /* idle: no credit beyond `most` */
+	/* Only time moves the edge forward: an ack past it (in flight before the cap applied, or
+	 * forged) owes until time catches up, and gets a zero window meanwhile. */
+	__s64 ahead = (__s32)(e->edge[d] - ack);
+	if (ahead < 0)
+		return 0;
+	if (ahead > (__s64)most) { /* idle: no credit beyond `most` */
 		ahead = most;
-	e->edge[d] = ack + ahead;
+		e->edge[d] = ack + most;
+	}
 	return ahead;
 }
 

@@ -583,7 +583,7 @@ TEST_CASE("actor rate_limit: leaves the window alone when it should", "[bpf][act
     for (const auto& chain : rate_chains()) run_rate_cases(false, chain);
 }
 
-TEST_CASE("actor rate_limit: the edge moves with time, and a subflow at it gets a zero window",
+TEST_CASE("actor rate_limit: only time moves the edge, and a subflow at it gets a zero window",
           "[bpf][actor]") {
     // 1000 bytes/s with scale 7 (128-byte units): a unit of window is 128 ms of time, far more
     // than passes between two runs, so the windows before the sleep are exact.
@@ -603,6 +603,12 @@ TEST_CASE("actor rate_limit: the edge moves with time, and a subflow at it gets 
         // The first ACK: the bucket (1 s at the rate: 1000 bytes, 7 units rounded down).
         CHECK(window_after(0) == 1000 / 128);
         // 744 bytes acknowledged: 256 left to the edge.
+        CHECK(window_after(744) == 2);
+        // Forged (or stale) acks move nothing: one past the edge gets a zero window, one far
+        // behind it the window of an idle subflow, and the subflow's next ACK the same as
+        // before them.
+        CHECK(window_after(1000000) == 0);
+        CHECK(window_after(uint32_t(-100000)) == 1000 / 128);
         CHECK(window_after(744) == 2);
         // Everything up to the edge acknowledged: nothing left, a zero window.
         CHECK(window_after(1000) == 0);
