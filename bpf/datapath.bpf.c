@@ -1515,7 +1515,7 @@ static __always_inline int opt_walk_body(void *ctx, bool xdp)
 	if (pc.flags & MPS_CTXF_LEARN_SYN) {
 		pc.flags &= ~MPS_CTXF_LEARN_SYN;
 		learn_syn(ctx, xdp, &pc);
-		bool learn_only = at == MPS_PC_END; /* the entry ran no chain but learns */
+		bool learn_only = at == MPS_PC_END;   /* the entry ran no chain but learns */
 		if (!(pc.flags & MPS_CTXF_SCANNED)) { /* a SYN with malformed options */
 			gen_count(&pc, MPS_GC_MALFORMED);
 			return learn_only ? PASS(xdp) : unparseable(ctx_slot(&pc), at, xdp);

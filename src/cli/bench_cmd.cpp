@@ -182,8 +182,8 @@ int run_bench(bool json, uint32_t repeat, int rounds) {
             filled.emplace_back(size, std::move(tables));
             add_compiled(key.c_str(), std::move(g));
         } catch (const Error& e) {
-            skipped[key] = std::string(e.what()) + " (tables for " + std::to_string(sizes.flows) +
-                           " flows)";
+            skipped[key] =
+                std::string(e.what()) + " (tables for " + std::to_string(sizes.flows) + " flows)";
         }
     }
     // Sanity: every chain must actually run to its verdict (pass) on this frame.

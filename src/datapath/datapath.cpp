@@ -111,11 +111,12 @@ std::shared_ptr<Datapath> Datapath::load(const StateMaps& state,
         // The kernel feature behind the one verdict a whole class of kernels gives.
         if (why.verdict.find("tail_calls are not allowed in non-JITed programs") !=
             std::string::npos)
-            fail("loading the BPF programs: this kernel interprets them (its JIT is off or "
-                 "compiles no subprogram calls), and its interpreter refuses tail calls from "
-                 "programs with subprogram calls; MPSTEER_DATAPATH_WITHOUT_BTF=1 picks the "
-                 "build without them",
-                 err);
+            fail(
+                "loading the BPF programs: this kernel interprets them (its JIT is off or "
+                "compiles no subprogram calls), and its interpreter refuses tail calls from "
+                "programs with subprogram calls; MPSTEER_DATAPATH_WITHOUT_BTF=1 picks the "
+                "build without them",
+                err);
         fail("loading the BPF programs" +
                  (why.program.empty() ? std::string()
                                       : " (this kernel's verifier refused program " +
@@ -138,7 +139,8 @@ std::shared_ptr<Datapath> Datapath::load(const StateMaps& state,
     for (bool xdp : {true, false}) {
         const int jmp = bpf_map__fd(xdp ? s->maps.jmp_xdp : s->maps.jmp_tc);
         auto* walk = bpf_object__find_program_by_name(s->obj, xdp ? "opt_walk_xdp" : "opt_walk_tc");
-        auto* steps = bpf_object__find_map_by_name(s->obj, xdp ? "step_progs_xdp" : "step_progs_tc");
+        auto* steps =
+            bpf_object__find_map_by_name(s->obj, xdp ? "step_progs_xdp" : "step_progs_tc");
         const int walk_fd = walk && steps ? bpf_program__fd(walk) : -1;
         if (walk_fd >= 0) set_slot(jmp, MPS_JMP_OPT_WALK, walk_fd);
         for (uint32_t slot = 0; slot < MPS_PROG_MAX; ++slot) {

@@ -69,7 +69,8 @@ bool kernel_has_btf() {
 
 std::string why_datapath_without_btf() {
     static const std::string why = []() -> std::string {
-        if (std::getenv("MPSTEER_DATAPATH_WITHOUT_BTF")) return "MPSTEER_DATAPATH_WITHOUT_BTF is set";
+        if (std::getenv("MPSTEER_DATAPATH_WITHOUT_BTF"))
+            return "MPSTEER_DATAPATH_WITHOUT_BTF is set";
         if (!kernel_has_btf()) return "the kernel has no BTF (/sys/kernel/btf/vmlinux)";
         if (read_line("/proc/sys/net/core/bpf_jit_enable") == "0")
             return "the JIT is off (net.core.bpf_jit_enable=0), and the interpreter takes no "

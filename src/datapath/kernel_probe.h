@@ -18,7 +18,7 @@ struct KernelReport {
     bool jit = false;    // net.core.bpf_jit_enable: programs run compiled, not interpreted
     bool mptcp = false;  // net.mptcp.enabled exists and is 1
     bool tcx = false;    // TCX links (6.6+); clsact filters otherwise
-    bool btf = false;  // /sys/kernel/btf/vmlinux (kernel_has_btf())
+    bool btf = false;    // /sys/kernel/btf/vmlinux (kernel_has_btf())
     // Why the datapath built without kernel BTF runs here (why_datapath_without_btf()), or "".
     std::string without_btf;
     std::string load_failed;  // the object did not load for a reason that names no program

@@ -477,11 +477,11 @@ std::vector<RateCase> rate_cases() {
         t.push_back({f + "scale 14", 100000000, 100000, 0, 14, 0, true, 60000, v6});
         t.push_back(
             {f + "scale 15 is clamped to 14", 100000000, 100000, 0, 15, 0, true, 60000, v6});
-        t.push_back({f + "tiny rate: the bucket rounds down to 0", 1, 1000, 0, 7, 7, true, 500, v6});
+        t.push_back(
+            {f + "tiny rate: the bucket rounds down to 0", 1, 1000, 0, 7, 7, true, 500, v6});
         t.push_back({f + "min_window floor", 1000, 1000, 20000, 0, 0, true, 60000, v6});
         t.push_back({f + "per-subflow rate wins", 100000, 10000, 0, 0, 0, true, 60000, v6, 5000});
-        t.push_back(
-            {f + "flow RTT wins", 1000, 2000000, 0, 0, 0, true, 60000, v6, 0, 4000000});
+        t.push_back({f + "flow RTT wins", 1000, 2000000, 0, 0, 0, true, 60000, v6, 0, 4000000});
         // left alone
         t.push_back({f + "never raises a window", 100000, 10000, 0, 0, 0, true, 500, v6});
         t.push_back({f + "equal window untouched", 100000, 10000, 0, 0, 0, true, 1000, v6});

@@ -83,7 +83,7 @@ enum mps_prog {
 #define MPS_JMP_PREFLIGHT 52
 /* The datapath built without kernel BTF walks options in a program of its own
  * (bpf/datapath.bpf.c, opt_walk_*): jmp_*[MPS_JMP_OPT_WALK] is that program. */
-#define MPS_JMP_OPT_WALK 56
+#define MPS_JMP_OPT_WALK  56
 
 /* ---- the per-packet context ---------------------------------------------------------------
  * What one program of a chain tells the next across a tail call. It must fit where the kernel
@@ -128,7 +128,7 @@ struct mps_pkt_ctx {
 #define MPS_CTXF_SCANNED   0x01 /* option walk done, kinds valid, options well-formed */
 #define MPS_CTXF_ACCOUNTED 0x02 /* flow counters already updated for this packet */
 #define MPS_CTXF_SLOT1	   0x04 /* the packet runs the generation in table slot 1 */
-#define MPS_CTXF_WALKED	   0x08 /* built without kernel BTF: this packet's option walk is in opt_walks */
+#define MPS_CTXF_WALKED	   0x08 /* built without kernel BTF: the walk is in opt_walks */
 #define MPS_CTXF_LEARN_SYN 0x10 /* built without kernel BTF: the walk program learns this SYN */
 
 /* ---- steps --------------------------------------------------------------------------------
