@@ -556,9 +556,8 @@ struct tcp_sock {
 
 /* How far ahead of the packet's sequence a pure ACK on its subflow stays acceptable to the
  * local socket: the right edge (rcv_wup + rcv_wnd) of the window it advertised. A kernel
- * without BTF cannot read those fields; there it is rcv_nxt (struct bpf_tcp_sock), acceptable
- * until the socket acknowledges what arrived after the packet. Returns 1, or 0 when there is
- * no such socket (e.g. a BPF_PROG_TEST_RUN). */
+ * without BTF cannot read those fields; there it is a little ahead of rcv_nxt (struct
+ * bpf_tcp_sock). Returns 1, or 0 when there is no such socket (e.g. a BPF_PROG_TEST_RUN). */
 static __always_inline int rcv_window_edge(struct __sk_buff *skb, const struct tuple *t,
 					   __u8 family, __u32 *edge)
 {
@@ -588,9 +587,13 @@ static __always_inline int rcv_window_edge(struct __sk_buff *skb, const struct t
 		found = 1;
 	}
 #else
+	/* rcv_nxt moves on while the carrier waits in the backlog behind segments still arriving,
+	 * and once the socket acknowledges them, a carrier at the old rcv_nxt is an old sequence.
+	 * Eight segments ahead stays inside any window a receiving socket advertises (its first
+	 * one is about ten) and ahead of what arrives meanwhile. */
 	struct bpf_tcp_sock *tp = bpf_tcp_sock(sk);
 	if (tp) {
-		*edge = tp->rcv_nxt;
+		*edge = tp->rcv_nxt + 8 * tp->mss_cache;
 		found = 1;
 	}
 #endif
