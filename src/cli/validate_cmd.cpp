@@ -84,8 +84,8 @@ int run_validate_host(const std::vector<std::string>& paths) {
                       ? "built with CO-RE reads and subprogram calls"
                       : "built without kernel BTF (" + k.without_btf +
                             "): the option walk is a program of its own (one more tail call "
-                            "per step that reads options), add_subflow's carrier takes the "
-                            "socket's rcv_nxt, not its window edge")
+                            "per step that reads options), add_subflow's carrier goes a little "
+                            "ahead of the socket's rcv_nxt, not at its window edge")
               << '\n';
     if (!k.load_failed.empty()) {
         std::cout << "programs:  the BPF object does not load: " << k.load_failed << '\n';

@@ -21,7 +21,8 @@
 # emulation takes the better part of an hour); MPS_VM_VERBOSE=1 runs mpsteer -v (a refused program's whole verifier log);
 # MPS_VM_NO_BTF=1 runs the datapath built for kernels without BTF (bpf/README.md) on a kernel that has it;
 # MPS_VM_APPEND adds kernel arguments (e.g. sysctl.net.core.bpf_jit_enable=1).
-# Each check's whole output lands in build/vm-logs/ARCH-KERNEL (MPS_VM_LOGS).
+# Each check's whole output lands in build/vm-logs/ARCH-KERNEL (-nobtf with MPS_VM_NO_BTF;
+# MPS_VM_LOGS overrides).
 set -eu
 cd "$(dirname "$0")/../.."
 [ "$(id -u)" = 0 ] || { echo "vm: run as root (debootstrap, chroot, loop-free ext4 image)" >&2; exit 1; }
@@ -192,7 +193,7 @@ else
 fi
 
 # ---- the guest's logs, then the verdict -----------------------------------------------------
-LOGS=${MPS_VM_LOGS:-$PWD/build/vm-logs/$ARCH-$KERNEL}
+LOGS=${MPS_VM_LOGS:-$PWD/build/vm-logs/$ARCH-$KERNEL${MPS_VM_NO_BTF:+-nobtf}}
 rm -rf "$LOGS"
 mkdir -p "$LOGS"
 cp "$WORK/console.log" "$LOGS/"
