@@ -17,6 +17,7 @@
 
 #include "agent/agent.h"
 #include "agent/lock_file.h"
+#include "datapath/kernel_probe.h"
 #include "net/address.h"
 
 namespace fs = std::filesystem;
@@ -291,6 +292,8 @@ nlohmann::json render_status(const AgentStatus& a, const DatapathStatus& dp,
             {"generation", dp.generation},
             {"policies", policies},
             {"attachments", links},
+            // Which build of the datapath runs (bpf/README.md, "Two builds of the datapath").
+            {"datapath_without_btf", datapath::why_datapath_without_btf()},
             {"datapath", gen_counters},
             {"tables", tables},
             {"errors", a.errors},

@@ -90,6 +90,9 @@ int print_status_text(nlohmann::json s) {
             std::cout << "condition:  " << c.value("type", "") << "="
                       << (c.value("status", false) ? "True" : "False") << " "
                       << c.value("reason", "") << ": " << c.value("message", "") << '\n';
+    if (const std::string why = s.value("datapath_without_btf", ""); !why.empty())
+        std::cout << "datapath:   built without kernel BTF (" << why
+                  << "): no subprogram calls, one more tail call per step that reads options\n";
     for (const auto& a : s["attachments"]) {
         std::cout << "attached:   " << a.value("interface", "") << " " << a.value("hook", "")
                   << " (" << a.value("mode", "") << ", "

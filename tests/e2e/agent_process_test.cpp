@@ -126,8 +126,16 @@ TEST_CASE("agent process: SIGTERM with the metrics server on stops cleanly", "[a
     h.extra_args = {"--detach-on-exit", "--flows", "4096"};
     PolicyGen gen(lab, 1);
     h.publish(gen.valid(1).files);
+    // This agent runs the datapath built without kernel BTF, and says so.
+    setenv("MPSTEER_DATAPATH_WITHOUT_BTF", "1", 1);
     const pid_t pid = h.start();
+    unsetenv("MPSTEER_DATAPATH_WITHOUT_BTF");
     REQUIRE(h.wait_status([](const json& s) { return s.value("ready", false); }, 120s));
+    CHECK(h.status().value("datapath_without_btf", "") == "MPSTEER_DATAPATH_WITHOUT_BTF is set");
+    auto text = run({mpsteer_bin(), "status", "--state-dir", h.state_dir()});
+    INFO(text.out);
+    CHECK(text.out.find("datapath:   built without kernel BTF (MPSTEER_DATAPATH_WITHOUT_BTF is "
+                        "set)") != std::string::npos);
     // The metrics endpoint answers inside the agent's namespace.
     auto m = run_in(lab.server_ns(), {"curl", "-sf", "http://127.0.0.1:19477/metrics"});
     INFO(m.out);
