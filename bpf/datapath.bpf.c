@@ -330,6 +330,7 @@ static __always_inline __u32 load_be32_h(const __u8 *p)
 struct rate_edge {
 	__u64 edge_ns[2];
 	__u32 edge[2];
+	__u32 most[2]; /* the credit the edge was last capped to (rate_window()'s `most`) */
 };
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -911,13 +912,15 @@ static __always_inline __u64 rate_window(void *ctx, bool xdp, struct mps_pkt_ctx
 	if (!e->edge_ns[d] || elapsed > 2000000000ull) {
 		e->edge[d] = ack + most;
 		e->edge_ns[d] = now;
+		e->most[d] = most;
 		return most;
 	}
-	/* The ack a live subflow sends lies at most `most` behind the edge it was given (stored
-	 * as ack + at most `most`, and acks only grow): an older one (reordered, duplicated or
-	 * forged) changes nothing, and its window the peer ignores anyway. */
-	if ((__s32)(e->edge[d] - ack) > (__s64)most)
+	/* The ack a live subflow sends lies at most the credit of the last update behind the
+	 * edge (stored as ack + at most that, and acks only grow): an older one (reordered,
+	 * duplicated or forged) changes nothing, and its window the peer ignores anyway. */
+	if ((__s32)(e->edge[d] - ack) > (__s64)e->most[d])
 		return most;
+	e->most[d] = most; /* a lower rate (or RTT) caps the credit below */
 	if (elapsed > 1000000000ull) /* no overflow below: rate <= 5e10 */
 		elapsed = 1000000000ull;
 	__u64 grown = rate * elapsed / 1000000000ull;
@@ -932,7 +935,7 @@ static __always_inline __u64 rate_window(void *ctx, bool xdp, struct mps_pkt_ctx
 	__s64 ahead = (__s32)(e->edge[d] - ack);
 	if (ahead < 0)
 		return 0;
-	if (ahead > (__s64)most) { /* idle: no credit beyond `most` */
+	if (ahead > (__s64)most) { /* idle, or a lower rate: no credit beyond `most` */
 		ahead = most;
 		e->edge[d] = ack + most;
 	}

@@ -583,7 +583,7 @@ TEST_CASE("actor rate_limit: leaves the window alone when it should", "[bpf][act
     for (const auto& chain : rate_chains()) run_rate_cases(false, chain);
 }
 
-TEST_CASE("actor rate_limit: only time moves the edge, and a subflow at it gets a zero window",
+TEST_CASE("actor rate_limit: only time moves the edge, a lower rate cuts the credit, a subflow at the edge gets a zero window",
           "[bpf][actor]") {
     // 1000 bytes/s with scale 7 (128-byte units): a unit of window is 128 ms of time, far more
     // than passes between two runs, so the windows before the sleep are exact.
@@ -618,6 +618,11 @@ TEST_CASE("actor rate_limit: only time moves the edge, and a subflow at it gets 
         uint16_t later = window_after(1000);
         CHECK(later >= 2);
         CHECK(later <= 1000 / 128);
+        // A lower rate caps the credit at once: 200 bytes/s keeps 200 bytes (one unit), and
+        // 150 more bytes acknowledged leave 50 (none).
+        env.set_step(0, act_rate(200, c.rtt_us, c.min_window));
+        CHECK(window_after(1000) == 1);
+        CHECK(window_after(1150) == 0);
     }
 }
 
