@@ -187,7 +187,7 @@ struct mps_p_bytes {
 struct mps_p_rate {
 	__u64 bytes_per_sec; /* default cap; a per-subflow value in the flow map wins */
 	__u32 rtt_us;	     /* used when no RTT sample exists (0: leave the window alone) */
-	__u32 min_window;    /* bytes; never advertise less (keeps the flow alive) */
+	__u32 min_window;    /* bytes: the credit an idle subflow builds up is at least this */
 };
 struct mps_p_backup {
 	__u8 backup;	   /* B flag to signal */
