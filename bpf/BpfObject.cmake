@@ -37,3 +37,32 @@ function(bpf_object name source)
   target_include_directories(${name}_skel INTERFACE ${out_dir} ${CMAKE_SOURCE_DIR}/bpf/include)
   set_property(GLOBAL APPEND PROPERTY MPSTEER_BPF_OBJECTS ${obj})
 endfunction()
+
+# bpf_headers_self_contained(HEADER...): each header compiles on its own (with and without
+# MPS_NO_KERNEL_BTF), so none relies on what its includer defined before it; part of ALL.
+function(bpf_headers_self_contained)
+  set(stamps)
+  foreach(h ${ARGN})
+    get_filename_component(n ${h} NAME_WE)
+    foreach(variant btf nobtf)
+      set(def)
+      if(variant STREQUAL nobtf)
+        set(def -DMPS_NO_KERNEL_BTF)
+      endif()
+      set(stamp ${CMAKE_CURRENT_BINARY_DIR}/self-contained/${n}.${variant}.stamp)
+      add_custom_command(
+        OUTPUT ${stamp}
+        COMMAND ${BPF_CLANG} -O2 -target bpf -mcpu=v3 -Wall -Wextra -Werror
+                -Wno-unused-parameter -I${CMAKE_SOURCE_DIR}/bpf/include
+                -I/usr/include/${BPF_MULTIARCH} ${def} -fsyntax-only
+                -include ${CMAKE_CURRENT_SOURCE_DIR}/${h} -x c /dev/null
+        COMMAND ${CMAKE_COMMAND} -E touch ${stamp}
+        DEPENDS ${h}
+        IMPLICIT_DEPENDS C ${CMAKE_CURRENT_SOURCE_DIR}/${h}
+        COMMENT "BPF header ${h} on its own (${variant})"
+        VERBATIM)
+      list(APPEND stamps ${stamp})
+    endforeach()
+  endforeach()
+  add_custom_target(bpf_headers_self_contained ALL DEPENDS ${stamps})
+endfunction()

@@ -7,7 +7,7 @@
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 #include "mpsteer/abi.h"
-#include "state_maps.bpf.h" /* the pinned maps the agent reuses (used here: flows, conns) */
+#include "lib/state_maps.h" /* the pinned maps the agent reuses (used here: flows, conns) */
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 

@@ -3,7 +3,7 @@
 # `promtool check metrics` on the agent's real /metrics: the built agent runs the shipped
 # policies (with their Lua hooks) in a network namespace of its own, with its own pin root and
 # state directory, until Ready; then its 127.0.0.1:9477/metrics (inside the namespace) must pass
-# promtool's exposition-format and naming lint, and hold the series the alerting rules and the
+# promtool's exposition-format and naming lint, and hold every family the alerting rules and the
 # dashboard use. Needs root (BPF, netns).
 #   monitoring/check-metrics.sh [MPSTEER]     (ctest: monitoring_metrics_promtool, label e2e)
 set -eu
@@ -46,12 +46,13 @@ echo "check-metrics: $(grep -c '^mpsteer_' "$TMP/metrics") series in $(grep -c '
 fail=0
 # Lint problems are printed and fail the check (promtool exits 3 for lint, 1 for format errors).
 promtool check metrics <"$TMP/metrics" || fail=1
-for family in mpsteer_ready mpsteer_generation mpsteer_revision_info mpsteer_errors \
-              mpsteer_applies_total mpsteer_last_apply_duration_seconds \
-              mpsteer_policy_missed_tail_calls_total mpsteer_datapath_packets_total \
-              mpsteer_lua_hook_disabled mpsteer_lua_hook_calls_total \
-              mpsteer_table_entries mpsteer_table_evictions_total; do
-    grep -q "^# TYPE $family " "$TMP/metrics" || { echo "check-metrics: no $family"; fail=1; }
+# Every family an alerting rule or the dashboard names (a histogram's _bucket, _sum and _count
+# are its family's), and the ones the status page's readers rely on.
+used=$(grep -oh 'mpsteer_[a-z0-9_]*' monitoring/mpsteer.rules.yml monitoring/mpsteer-dashboard.json |
+       sed -E 's/_(bucket|sum|count)$//' | sort -u)
+for family in $used mpsteer_generation mpsteer_table_entries; do
+    grep -q "^# TYPE $family " "$TMP/metrics" ||
+        { echo "check-metrics: no $family (an alerting rule or the dashboard uses it)"; fail=1; }
 done
 [ "$fail" = 0 ] && echo "check-metrics: promtool check metrics passes on the agent's /metrics"
 exit "$fail"

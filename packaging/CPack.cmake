@@ -14,7 +14,8 @@
 #   /etc/mpsteer/policies/                the operator's policies (shipped empty, never removed
 #                                         while it holds files)
 #   /usr/share/man/man8/mpsteer.8.gz      the manual page
-#   /usr/share/doc/mpsteer/               README.md, manifests.md (schemas/), lua-hooks.md (lua/),
+#   /usr/share/doc/mpsteer/               README.md, docs/*.md (its pages; not their plots),
+#                                         manifests.md (schemas/), lua-hooks.md (lua/),
 #                                         copyright (DEP-5), changelog.gz (Debian changelog)
 #   /usr/share/lintian/overrides/mpsteer  the BPF objects are EM_BPF ELF files in /usr/share
 
@@ -32,6 +33,8 @@ install(FILES ${CMAKE_SOURCE_DIR}/monitoring/mpsteer.rules.yml
               ${CMAKE_SOURCE_DIR}/monitoring/mpsteer-dashboard.json
         DESTINATION share/mpsteer/monitoring)
 install(FILES ${CMAKE_SOURCE_DIR}/README.md DESTINATION share/doc/mpsteer)
+install(DIRECTORY ${CMAKE_SOURCE_DIR}/docs/ DESTINATION share/doc/mpsteer/docs
+        FILES_MATCHING PATTERN "*.md" PATTERN "usecases" EXCLUDE)
 # The manifest format and the Lua hook API, for operators writing policies.
 install(FILES ${CMAKE_SOURCE_DIR}/schemas/README.md DESTINATION share/doc/mpsteer
         RENAME manifests.md)

@@ -23,7 +23,7 @@ KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
 # runtime libraries, libc6-dev). The header-only Architecture: all ones are here so that CMake
 # searches the sysroot only; they come without their dependencies (libvalijson-dev's would
 # add Qt, Poco and MariaDB for adapters mpsteer does not use).
-PKGS="libbpf-dev libelf-dev zlib1g-dev libssl-dev nettle-dev libspdlog-dev libfmt-dev liblua5.4-dev
+PKGS="libbpf-dev libelf-dev zlib1g-dev libssl-dev nettle-dev libspdlog-dev libfmt-dev liblua5.4-dev libseccomp-dev
 libyaml-cpp-dev libc6-dev libstdc++-12-dev catch2"
 NODEPS="libcli11-dev nlohmann-json3-dev libvalijson-dev"
 

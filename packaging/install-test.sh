@@ -86,11 +86,11 @@ grep -E "^(Setting up|Unpacking) " "$ROOT.apt.log" | sed 's/^/      /' | grep -i
 
 desc="mpsteer validate /usr/share/mpsteer/policies exits 0"
 check in_root mpsteer validate /usr/share/mpsteer/policies
-desc="mpsteer --help and every subcommand's --help"
-check in_root sh -c 'mpsteer --help && for c in validate plan run status suspend resume reset events demo bench; do mpsteer $c --help || exit 1; done'
+desc="mpsteer --help and every subcommand's --help (the test bed's through mpsteer-lab)"
+check in_root sh -c 'mpsteer --help && for c in validate plan run status suspend resume reset events demo usecases bench; do mpsteer $c --help || exit 1; done && mpsteer bench --live --help | grep -q -- --prog-times'
 desc="man page /usr/share/man/man8/mpsteer.8.gz is gzip'd roff naming the commands"
 check in_root sh -c 'zcat /usr/share/man/man8/mpsteer.8.gz | grep -q "^.SH COMMANDS"'
-for f in /usr/bin/mpsteer /usr/share/mpsteer/bpf/mps_dp.bpf.o /usr/share/mpsteer/bpf/mps_ctl.bpf.o \
+for f in /usr/bin/mpsteer /usr/lib/mpsteer/mpsteer-lab /usr/share/mpsteer/bpf/mps_dp.bpf.o /usr/share/mpsteer/bpf/mps_ctl.bpf.o \
          /usr/share/mpsteer/schemas/policy.schema.json /usr/share/mpsteer/policies/lua/ecf.lua \
          /usr/share/mpsteer/policies/small-flow-pm.yaml /lib/systemd/system/mpsteer.service \
          /usr/lib/sysusers.d/mpsteer.conf \
@@ -109,11 +109,11 @@ bad=$(in_root sh -c 'dpkg -L mpsteer | while read -r f; do
         [ -e "$f" ] && [ ! -L "$f" ] || continue  # /lib is a usrmerge symlink
         stat -c "%U:%G %a %n" "$f"; done' |
       awk -v root="$ROOT" '$1 != "root:root" { print; next }
-           $3 == "/usr/bin/mpsteer" { if ($2 != "755") print; next }
+           $3 == "/usr/bin/mpsteer" || $3 == "/usr/lib/mpsteer/mpsteer-lab" { if ($2 != "755") print; next }
            { cmd = "test -d \"" root $3 "\""; isdir = (system(cmd) == 0) }
            isdir && $2 != "755" { print; next }
            !isdir && $2 != "644" { print }')
-desc="owners root:root, modes 0755 (binary, directories) and 0644 (the rest)${bad:+: $bad}"
+desc="owners root:root, modes 0755 (the two binaries, directories) and 0644 (the rest)${bad:+: $bad}"
 check test -z "$bad"
 desc="the unit runs the agent on /etc/mpsteer/policies with /etc/default/mpsteer"
 check sh -c "grep -q '^ExecStart=/usr/bin/mpsteer run --policies \${MPSTEER_POLICIES} \$MPSTEER_OPTS' '$ROOT/lib/systemd/system/mpsteer.service' &&

@@ -1,8 +1,8 @@
 #!/bin/sh
 # SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
-# Lintian on a built package: fails on any error, lists the warnings (each justified in the
-# README, "Packages"). Usage: packaging/lintian.sh [ARCH] (default amd64: what package.sh ARCH
-# wrote, build/ or build-ARCH/packages/mpsteer_*_ARCH.deb).
+# Lintian on a built package: fails on any error, lists the warnings (each justified in
+# docs/install-and-kernels.md, "Package tests"). Usage: packaging/lintian.sh [ARCH] (default
+# amd64: what package.sh ARCH wrote, build/ or build-ARCH/packages/mpsteer_*_ARCH.deb).
 set -eu
 cd "$(dirname "$0")/.."
 ARCH=${1:-$(dpkg --print-architecture)}

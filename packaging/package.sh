@@ -26,9 +26,9 @@ else
     db=/var/cache/mpsteer-cross/$ARCH/dpkg
     [ ! -d "$db" ] || export DPKG_ADMINDIR="$db"
 fi
-# The package needs only the binary and the man page: skip building everything else first.
+# The package needs only the two binaries and the man page: skip building everything else first.
 cmake -S . -B "$dir" -G Ninja -DCMAKE_SKIP_INSTALL_ALL_DEPENDENCY=ON -Wno-dev "$@" >/dev/null
-ninja -C "$dir" -j"${JOBS:-2}" mpsteer mpsteer_docs
+ninja -C "$dir" -j"${JOBS:-2}" mpsteer mpsteer-lab mpsteer_docs
 (cd "$dir" && cpack -G DEB >/dev/null)
 deb=$(ls "$dir"/packages/mpsteer_*_"$ARCH".deb)
 echo "package: $deb"

@@ -27,7 +27,7 @@ if [ "$ARCH" = armhf ]; then
     exec packaging/cross-sysroot.sh armhf
 fi
 
-FOREIGN="libbpf-dev libelf-dev zlib1g-dev libssl-dev nettle-dev libspdlog-dev libfmt-dev liblua5.4-dev
+FOREIGN="libbpf-dev libelf-dev zlib1g-dev libssl-dev nettle-dev libspdlog-dev libfmt-dev liblua5.4-dev libseccomp-dev
 libyaml-cpp0.7 libc6-dev libstdc++6 libgcc-s1"
 PKGS="crossbuild-essential-$ARCH $QEMU dpkg-dev"
 for p in $FOREIGN; do PKGS="$PKGS $p:$ARCH"; done

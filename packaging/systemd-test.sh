@@ -117,6 +117,15 @@ desc="its datapath is attached (links pinned under /sys/fs/bpf/mpsteer/links)"
 check pins_linked
 desc="status.json is 0640, group mpsteer"
 check in_ct sh -c 'stat -c "%a %G" /run/mpsteer/status.json | grep -qx "640 mpsteer"'
+desc="the hook process runs as mpsteer-hooks under its seccomp filter (mpsteer status)"
+check in_ct sh -c 'mpsteer status | grep -q "^hook process: pid [0-9]*, user mpsteer-hooks, seccomp, 0 restarts"'
+desc="the hook process has no capabilities, no_new_privs and seccomp mode 2 (/proc)"
+check in_ct sh -c 'for p in /proc/[0-9]*; do
+                       [ "$(tr "\0" " " <$p/cmdline 2>/dev/null)" = "mpsteer hook-host " ] || continue
+                       grep -q "^CapEff:[[:space:]]*0000000000000000" $p/status &&
+                       grep -q "^NoNewPrivs:[[:space:]]*1" $p/status &&
+                       grep -q "^Seccomp:[[:space:]]*2" $p/status && exit 0
+                   done; exit 1'
 
 in_ct systemctl reload mpsteer.service
 desc="systemctl reload re-reads the policy directory (SIGHUP)"

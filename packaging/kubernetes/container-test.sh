@@ -4,7 +4,8 @@
 #   1. the base image is the install test's Debian 12 root (packaging/install-test.sh caches it),
 #      `podman import`ed; the image is packaging/kubernetes/Containerfile with the built .deb;
 #   2. the container runs the agent as daemonset.yaml does: the same command and arguments,
-#      capabilities (all dropped but BPF, PERFMON, NET_ADMIN, NET_RAW, SYS_RESOURCE), read-only
+#      capabilities (all dropped but BPF, PERFMON, NET_ADMIN, NET_RAW, SYS_RESOURCE, SETUID,
+#      SETGID), read-only
 #      root, no new privileges, no seccomp profile (podman's default allows bpf() only with
 #      CAP_SYS_ADMIN), and the same mounts (bpffs on
 #      /sys/fs/bpf with HostToContainer propagation, /run/mpsteer, the git-sync volume read-only
@@ -88,7 +89,7 @@ for l in lo mpsc0 mpsc1; do ip -n "$NS" link set "$l" up; done
 # RLIMIT_NOFILE/NPROC for root, which fails where the host's hard limits are lower).
 podman --runtime runc run -d -q --name "$CT" --network "ns:/run/netns/$NS" --user 0 \
     --ulimit "nofile=$(ulimit -Hn):$(ulimit -Hn)" --ulimit nproc=4096:4096 \
-    --cap-drop all --cap-add BPF,PERFMON,NET_ADMIN,NET_RAW,SYS_RESOURCE \
+    --cap-drop all --cap-add BPF,PERFMON,NET_ADMIN,NET_RAW,SYS_RESOURCE,SETUID,SETGID \
     --read-only --security-opt no-new-privileges --security-opt seccomp=unconfined \
     -v "$NODE_BPF:/sys/fs/bpf:rslave" -v "$TMP/run:/run/mpsteer" -v "$TMP/git:/git:ro" \
     -v "$TMP/textfile:/var/lib/prometheus/node-exporter" \
@@ -106,6 +107,8 @@ desc="Ready in the container (readiness probe: mpsteer status exits 0), commit $
 check wait_for applied "$c1"
 desc="XDP attached to the node's interface, links pinned in the node's bpffs"
 check sh -c "[ -n \"\$(ip -n '$NS' -d link show mpsc0 | grep 'prog/xdp')\" ] && [ -n \"\$(ls -A '$NODE_BPF/mpsteer/links')\" ]"
+desc="the hook process runs unprivileged under its seccomp filter (mpsteer status)"
+check sh -c "podman exec '$CT' /usr/bin/mpsteer status | grep -Eq '^hook process: pid [0-9]+, user (mpsteer-hooks|nobody), seccomp, 0 restarts'"
 
 cp policies/ecf-scheduler.yaml "$TMP/repo/" && cp lua/ecf.lua "$TMP/repo/lua/"
 c2=$(commit "ecf-scheduler")

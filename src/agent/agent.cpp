@@ -1,11 +1,12 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // The reconcile loop. This thread owns the Rollout (the datapath, its generations and links)
 // and the status; the metrics server only reads a rendered text under a mutex. The hooks
-// (their Lua states, DatapathBackend and HookDispatcher) belong to the event thread
-// (lua/event_thread.h): datapath events and on_tick run there, and this thread reaches them
-// only through EventThread::call() (configure, status), so an event never waits for an apply,
-// a status write or the event log. What the hooks write into the running generation comes back
-// here through the StepWriteQueue, so the Rollout stays the generation's one writer.
+// (the hook process that holds the Lua states, the DatapathBackend that serves their calls,
+// the HookDispatcher) belong to the event thread (lua/event_thread.h): datapath events and
+// on_tick run there, and this thread reaches them only through EventThread::call() (configure,
+// status), so an event never waits for an apply, a status write or the event log. What the
+// hooks write into the running generation comes back here through the StepWriteQueue, so the
+// Rollout stays the generation's one writer.
 #include "agent/agent.h"
 
 #include <fcntl.h>
@@ -16,6 +17,7 @@
 #include <spdlog/spdlog.h>
 #include <sys/epoll.h>
 #include <sys/signalfd.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -33,28 +35,49 @@
 #include "lua/datapath_backend.h"
 #include "lua/event_thread.h"
 #include "lua/hook_dispatcher.h"
+#include "lua/hook_process.h"
 #include "lua/step_writes.h"
 #include "manifest/manifest.h"
+#include "net/fd.h"
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-// How long the main loop waits for the event thread (busy with a hook call): a hook that runs
-// longer is the watchdog's (EventThreadOptions::hang_after, exit_after).
+// How long the main loop waits for the event thread (busy with a hook call): a call that runs
+// past its budget is the hook process's to kill (lua/hook_process.h).
 constexpr auto kHookThreadWait = 1s;
 
 namespace mpsteer::agent {
 namespace {
 
-// SIGINT/SIGTERM stop the agent cleanly; SIGHUP re-reads the policy directory. The loop takes
+// SIGINT/SIGTERM stop the agent cleanly; SIGHUP re-reads the policy directory; SIGUSR1 logs
+// a one-line summary and writes the status now (SIGPIPE is ignored, main.cpp). The loop takes
 // them from a signalfd, so they must be blocked in every thread: run() blocks them before the
 // first thread (metrics, event thread) starts, and threads inherit the mask.
 sigset_t agent_signals() {
     sigset_t sigs;
     sigemptyset(&sigs);
-    for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&sigs, sig);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1}) sigaddset(&sigs, sig);
     return sigs;
+}
+
+lua::HookProcessOptions hook_process_options(const Config& cfg) {
+    lua::HookProcessOptions o;
+    o.rt_priority = cfg.events_rt_priority;  // the hooks' half of the event path, too
+    return o;
+}
+
+// The state directory's `state` subdirectory as a real directory: a link or file planted at
+// its name is removed (unlink never follows), so nothing is written through it.
+void ensure_state_subdir(const std::string& dir) {
+    struct stat st {};
+    if (lstat(dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
+        spdlog::warn("{} is not a directory (a planted link or file): replacing it", dir);
+        if (unlink(dir.c_str()) != 0)
+            throw std::runtime_error("removing " + dir + ": " + std::strerror(errno));
+    }
+    fs::create_directories(dir);
 }
 
 class Agent {
@@ -70,6 +93,7 @@ private:
     void apply(const Revision& rev);
     void fail(Stall why, const std::string& message);
     void write_status();
+    void log_summary() const;
     // The Lua hooks follow the running revision's policies.
     void configure_hooks(const manifest::Model& model, const std::string& revision);
     void configure_hooks_from_dir();
@@ -84,6 +108,7 @@ private:
     // When to load the running generation's compiled entries: once revisions have been quiet
     // this long after an apply (a burst of commits compiles only the last one).
     Clock::time_point compile_due_ = Clock::time_point::max();
+    net::Fd epoll_;  // declared before watch_: the Watch uses it to its end
     std::unique_ptr<Watch> watch_;
     std::unique_ptr<EventLog> events_;
     std::unique_ptr<MetricsOutput> metrics_;
@@ -93,7 +118,7 @@ private:
     lua::StepWriteQueue step_writes_;
     lua::FlowIds flow_ids_{state_.sizes().flows};
     lua::DatapathBackend lua_backend_{state_, flow_ids_, step_writes_};
-    lua::HookSet hooks_{lua_backend_};
+    lua::HookProcess hooks_{lua_backend_, hook_process_options(cfg_)};
     lua::HookDispatcher dispatcher_{flow_ids_};
     bool hooks_configured_ = false;
     std::unique_ptr<lua::EventThread> event_thread_;
@@ -142,7 +167,17 @@ void Agent::reconcile() {
         fail(Stall::source_unavailable, e.what());
         return;
     }
-    watch_->follow(rev.root);
+    if (auto why = watch_->follow(rev.root); !why.empty()) {
+        // Refused as a whole, like any revision the agent cannot take: the running one stays.
+        // Too many directories is the revision's; the host's inotify limit is not.
+        status_.attempted_revision = rev.id;
+        if (rev.content == failed_content_) return;
+        attempting_content_ = rev.content;
+        status_.errors = {why};
+        fail(watch_->too_many_directories() ? Stall::validation_failed : Stall::source_unavailable,
+             why);
+        return;
+    }
     const bool ifaces_changed = rollout_.interfaces_changed(present_interfaces());
     if (!ifaces_changed && rev.content == failed_content_) {
         status_.attempted_revision =
@@ -171,7 +206,9 @@ void Agent::reconcile() {
 
 void Agent::fail(Stall why, const std::string& message) {
     ++status_.applies_failed;
-    failed_content_ = attempting_content_;
+    // An unreadable directory says nothing about the content: whatever comes back (the same
+    // content included) is looked at again.
+    failed_content_ = why == Stall::source_unavailable ? "" : attempting_content_;
     status_.stall = why;
     status_.stall_message = message;
     spdlog::error("revision {} not applied ({}): {}", status_.attempted_revision, to_string(why),
@@ -210,10 +247,11 @@ void Agent::write_status() {
             taken->scripts = hooks_.status();
             taken->scripts_json = hooks_.status_json();
             taken->event_thread = event_thread_->stats().to_json();
+            taken->process = hooks_.info().to_json();
         })) {
         // A hook call holds the event thread: report that script as out of service.
         lua::ScriptStatus s;
-        if (auto c = hooks_.watch().current()) {  // CallWatch: safe from this thread
+        if (auto c = hooks_.running()) {  // safe from this thread
             s.policy = c->policy;
             s.script = c->script;
             s.last_error = c->hook + ": has held the event thread for " +
@@ -229,15 +267,39 @@ void Agent::write_status() {
         taken->scripts = {s};
         taken->scripts_json = nlohmann::json::array({s.to_json()});
         taken->event_thread = {{"hung", s.last_error}};
+        taken->process = hooks_.info().to_json();
     }
     const HookStatus& hooks = *taken;
+    events_->flush();  // also opens an event log that could not be opened, once a second
     auto s = render_status(status_, rollout_.report(), hooks, *events_, cfg_.policies_dir);
-    write_atomic(status_path(cfg_.state_dir), json_text(s, 1) + "\n", 0640, runtime_gid_);
     metrics_->publish(s);
+    // A full or read-only state directory is reported and retried with the next write (every
+    // second), never fatal: the datapath and the metrics carry on meanwhile.
+    try {
+        write_atomic(status_path(cfg_.state_dir), json_text(s, 1) + "\n", 0640, runtime_gid_);
+        if (!status_.status_write_error.empty())
+            spdlog::info("status written again after {} failures", status_.status_write_failures);
+        status_.status_write_error.clear();
+    } catch (const std::exception& e) {
+        ++status_.status_write_failures;
+        if (status_.status_write_error != e.what())
+            spdlog::error("{} (retried every second)", e.what());
+        status_.status_write_error = status_.last_status_write_error = e.what();
+    }
+}
+
+void Agent::log_summary() const {
+    spdlog::info("SIGUSR1: applied {}, attempted {}, generation {}{}{}{}",
+                 status_.applied_revision.empty() ? "(none)" : status_.applied_revision,
+                 status_.attempted_revision.empty() ? "(none)" : status_.attempted_revision,
+                 rollout_.generation(), status_.suspended ? ", suspended" : "",
+                 status_.stall == Stall::none ? "" : ", stalled: ",
+                 status_.stall == Stall::none ? "" : status_.stall_message);
 }
 
 int Agent::run() {
-    fs::create_directories(cfg_.state_dir + "/state");
+    fs::create_directories(cfg_.state_dir);
+    ensure_state_subdir(cfg_.state_dir + "/state");
     // Status and events are for root and the mpsteer group only.
     if (chown(cfg_.state_dir.c_str(), 0, static_cast<gid_t>(runtime_gid_)))
         spdlog::warn("chown {}: {}", cfg_.state_dir, std::strerror(errno));
@@ -248,26 +310,21 @@ int Agent::run() {
     metrics_ = std::make_unique<MetricsOutput>(cfg_.metrics_port, cfg_.metrics_textfile);
 
     const sigset_t sigs = agent_signals();  // blocked by run() before any thread started
-    int sigfd = signalfd(-1, &sigs, SFD_CLOEXEC | SFD_NONBLOCK);
+    net::Fd sigfd(signalfd(-1, &sigs, SFD_CLOEXEC | SFD_NONBLOCK));
     lua::EventThreadOptions eo;
     eo.mode = *lua::poll_mode_from_string(cfg_.events_mode);  // checked by the CLI
     eo.spin = cfg_.events_spin;
     eo.rt_priority = cfg_.events_rt_priority;
     eo.cpu = cfg_.events_cpu;
-    eo.on_stuck = [](const lua::RunningCall&) {
-        // The thread cannot be stopped; the datapath keeps running from its pins meanwhile.
-        spdlog::default_logger()->flush();
-        std::_Exit(70);
-    };
     event_thread_ = std::make_unique<lua::EventThread>(state_, dispatcher_, hooks_, eo);
     const int events_fd = event_thread_->notify_fd();
 
-    int epoll = epoll_create1(EPOLL_CLOEXEC);
-    for (int fd : {sigfd, events_fd, step_writes_.fd()}) {
+    epoll_.reset(epoll_create1(EPOLL_CLOEXEC));
+    for (int fd : {sigfd.get(), events_fd, step_writes_.fd()}) {
         epoll_event ev{EPOLLIN, {.fd = fd}};
-        epoll_ctl(epoll, EPOLL_CTL_ADD, fd, &ev);
+        epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev);
     }
-    watch_ = std::make_unique<Watch>(epoll, cfg_.policies_dir, cfg_.state_dir);
+    watch_ = std::make_unique<Watch>(epoll_.get(), cfg_.policies_dir, cfg_.state_dir);
     if (auto adopted = rollout_.adopt()) {
         status_.applied_revision = adopted->revision;
         applied_content_ = adopted->content;
@@ -281,17 +338,25 @@ int Agent::run() {
     auto due = Clock::time_point::max();  // debounced reconcile
     auto next_status = Clock::now() + 1s, next_resync = Clock::now() + cfg_.resync;
     for (;;) {
-        auto wake = std::min({due, next_status, next_resync, compile_due_});
+        // compile_due_ waits for a quiet moment: while a reconcile is due it is not a reason to
+        // wake (else a stream of changes would spin the loop at timeout 0).
+        auto wake = std::min(
+            {due, next_status, next_resync, due == Clock::time_point::max() ? compile_due_ : due});
         int timeout = static_cast<int>(std::max<int64_t>(
             0, std::chrono::duration_cast<std::chrono::milliseconds>(wake - Clock::now()).count()));
         epoll_event evs[8];
-        int n = epoll_wait(epoll, evs, 8, timeout);
+        int n = epoll_wait(epoll_.get(), evs, 8, timeout);
         bool stop = false;
         for (int i = 0; i < n; ++i) {
             int fd = evs[i].data.fd;
-            if (fd == sigfd) {
+            if (fd == sigfd.get()) {
                 signalfd_siginfo si;
-                while (read(sigfd, &si, sizeof si) == sizeof si) {
+                while (read(sigfd.get(), &si, sizeof si) == sizeof si) {
+                    if (si.ssi_signo == SIGUSR1) {
+                        log_summary();
+                        write_status();
+                        continue;
+                    }
                     if (si.ssi_signo != SIGHUP) {
                         stop = true;
                         continue;
@@ -344,8 +409,7 @@ int Agent::run() {
     rollout_.release_links(cfg_.detach_on_exit);
     write_status();
     watch_.reset();
-    close(epoll);
-    close(sigfd);
+    epoll_.reset();
     return 0;
 }
 }  // namespace
@@ -353,6 +417,7 @@ int Agent::run() {
 int run(const Config& cfg) {
     const sigset_t sigs = agent_signals();
     pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+    signal(SIGUSR1, SIG_DFL);  // blocked now: queued for the signalfd (main.cpp ignores it)
     datapath::init_libbpf_logging();
     // What no policy can do without, named before any load is tried.
     const auto kernel = datapath::probe_kernel_basics();
@@ -362,15 +427,15 @@ int run(const Config& cfg) {
         return 1;
     }
     if (!kernel.jit)
-        spdlog::warn("net.core.bpf_jit_enable is 0: the datapath runs in the BPF interpreter, "
-                     "several times slower");
+        spdlog::warn(
+            "net.core.bpf_jit_enable is 0: the datapath runs in the BPF interpreter, "
+            "several times slower");
     if (!cfg.netns.empty()) {
-        int fd = open(("/run/netns/" + cfg.netns).c_str(), O_RDONLY | O_CLOEXEC);
-        if (fd < 0 || setns(fd, CLONE_NEWNET)) {
+        net::Fd fd(open(("/run/netns/" + cfg.netns).c_str(), O_RDONLY | O_CLOEXEC));
+        if (!fd || setns(fd.get(), CLONE_NEWNET)) {
             spdlog::error("entering network namespace {}: {}", cfg.netns, std::strerror(errno));
             return 1;
         }
-        close(fd);
     }
     try {
         auto state_lock = AgentLock::try_take(cfg.state_dir);

@@ -35,8 +35,8 @@ struct Config {
     // one CPU all the time, "adaptive" polls for events_spin after each event, then sleeps.
     std::string events_mode = "wait";
     std::chrono::microseconds events_spin{1000};
-    int events_rt_priority = 0;  // SCHED_FIFO priority of the event thread; 0: SCHED_OTHER
-    int events_cpu = -1;         // pin the event thread to this CPU; -1: any
+    int events_rt_priority = 0;   // SCHED_FIFO priority of the event thread; 0: SCHED_OTHER
+    int events_cpu = -1;          // pin the event thread to this CPU; -1: any
     datapath::TableSizes tables;  // state table sizes when this agent creates them
 };
 

@@ -16,36 +16,22 @@ std::string lock_path(const std::string& state_dir) {
 
 std::optional<AgentLock> AgentLock::try_take(const std::string& state_dir) {
     std::filesystem::create_directories(state_dir);
-    int fd = open(lock_path(state_dir).c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
-    if (fd < 0) return std::nullopt;
-    if (flock(fd, LOCK_EX | LOCK_NB)) {
-        close(fd);
-        return std::nullopt;
-    }
-    return AgentLock(fd);
+    net::Fd fd(open(lock_path(state_dir).c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644));
+    if (!fd || flock(fd.get(), LOCK_EX | LOCK_NB)) return std::nullopt;
+    return AgentLock(std::move(fd));
 }
 
 std::optional<AgentLock> AgentLock::try_take_pin_root(const std::string& pin_root) {
     std::filesystem::create_directories(pin_root);
-    int fd = open(pin_root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) return std::nullopt;
-    if (flock(fd, LOCK_EX | LOCK_NB)) {
-        close(fd);
-        return std::nullopt;
-    }
-    return AgentLock(fd);
+    net::Fd fd(open(pin_root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (!fd || flock(fd.get(), LOCK_EX | LOCK_NB)) return std::nullopt;
+    return AgentLock(std::move(fd));
 }
 
 bool AgentLock::held(const std::string& state_dir) {
-    int fd = open(lock_path(state_dir).c_str(), O_RDWR | O_CLOEXEC);
-    if (fd < 0) return false;
-    bool held = flock(fd, LOCK_EX | LOCK_NB) != 0;
-    close(fd);  // also drops the lock if we just took it
-    return held;
-}
-
-AgentLock::~AgentLock() {
-    if (fd_ >= 0) close(fd_);
+    net::Fd fd(open(lock_path(state_dir).c_str(), O_RDWR | O_CLOEXEC));
+    if (!fd) return false;
+    return flock(fd.get(), LOCK_EX | LOCK_NB) != 0;  // closing fd drops the lock if we took it
 }
 
 }  // namespace mpsteer::agent

@@ -8,6 +8,8 @@
 #include <optional>
 #include <string>
 
+#include "net/fd.h"
+
 namespace mpsteer::agent {
 
 class AgentLock {
@@ -19,14 +21,13 @@ public:
     // The pin root's lock, or nullopt when another process holds it. Creates the directory.
     static std::optional<AgentLock> try_take_pin_root(const std::string& pin_root);
 
-    AgentLock(AgentLock&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+    AgentLock(AgentLock&&) noexcept = default;
     AgentLock& operator=(AgentLock&&) = delete;
     AgentLock(const AgentLock&) = delete;
-    ~AgentLock();
 
 private:
-    explicit AgentLock(int fd) : fd_(fd) {}
-    int fd_;
+    explicit AgentLock(net::Fd fd) : fd_(std::move(fd)) {}
+    net::Fd fd_;
 };
 
 }  // namespace mpsteer::agent

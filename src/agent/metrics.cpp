@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "agent/status.h"
+#include "net/fd.h"
 
 namespace mpsteer::agent {
 
@@ -31,28 +32,25 @@ public:
     static constexpr size_t kMaxRequestBytes = 8192;
 
     explicit MetricsServer(int port) {
-        fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        fd_.reset(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
         int one = 1;
-        setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        setsockopt(fd_.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
         sockaddr_in sa{};
         sa.sin_family = AF_INET;
         sa.sin_port = htons(static_cast<uint16_t>(port));
         sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        if (bind(fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa) || listen(fd_, 64)) {
+        if (bind(fd_.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) || listen(fd_.get(), 64)) {
             int err = errno;
-            close(fd_);
             throw std::runtime_error("metrics on 127.0.0.1:" + std::to_string(port) + ": " +
                                      std::strerror(err));
         }
-        stop_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        stop_fd_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
         thread_ = std::thread([this] { serve(); });
     }
     ~MetricsServer() {
         uint64_t one = 1;
-        (void)!write(stop_fd_, &one, sizeof one);
+        (void)!write(stop_fd_.get(), &one, sizeof one);
         thread_.join();
-        close(stop_fd_);
-        close(fd_);
     }
     void set(std::string text) {
         std::lock_guard lock(mu_);
@@ -62,7 +60,7 @@ public:
 private:
     using Clock = std::chrono::steady_clock;
     struct Client {
-        int fd;
+        net::Fd fd;
         Clock::time_point deadline;
         std::string in, out;  // out non-empty: the request is read, the response goes out
         size_t sent = 0;
@@ -86,7 +84,7 @@ private:
     bool step(Client& c) {
         if (c.out.empty()) {
             char buf[2048];
-            ssize_t n = recv(c.fd, buf, sizeof buf, 0);
+            ssize_t n = recv(c.fd.get(), buf, sizeof buf, 0);
             if (n < 0 && (errno == EAGAIN || errno == EINTR)) return true;
             if (n <= 0) return false;
             c.in.append(buf, static_cast<size_t>(n));
@@ -94,7 +92,7 @@ private:
                 return true;
             c.out = respond(c.in);
         }
-        ssize_t n = send(c.fd, c.out.data() + c.sent, c.out.size() - c.sent, MSG_NOSIGNAL);
+        ssize_t n = send(c.fd.get(), c.out.data() + c.sent, c.out.size() - c.sent, MSG_NOSIGNAL);
         if (n < 0) return errno == EAGAIN || errno == EINTR;
         c.sent += static_cast<size_t>(n);
         return c.sent < c.out.size();
@@ -105,11 +103,13 @@ private:
         std::vector<pollfd> fds;
         for (;;) {
             fds.clear();
-            fds.push_back({stop_fd_, POLLIN, 0});
-            fds.push_back({fd_, static_cast<short>(clients.size() < kMaxClients ? POLLIN : 0), 0});
+            fds.push_back({stop_fd_.get(), POLLIN, 0});
+            fds.push_back(
+                {fd_.get(), static_cast<short>(clients.size() < kMaxClients ? POLLIN : 0), 0});
             auto wake = Clock::time_point::max();
             for (const auto& c : clients) {
-                fds.push_back({c.fd, static_cast<short>(c.out.empty() ? POLLIN : POLLOUT), 0});
+                fds.push_back(
+                    {c.fd.get(), static_cast<short>(c.out.empty() ? POLLIN : POLLOUT), 0});
                 wake = std::min(wake, c.deadline);
             }
             int timeout =
@@ -130,22 +130,18 @@ private:
             for (size_t i = 0; i < clients.size(); ++i) {
                 auto& c = clients[i];
                 bool open = now < c.deadline && (!fds[i + 2].revents || step(c));
-                if (open)
-                    kept.push_back(std::move(c));
-                else
-                    close(c.fd);
+                if (open) kept.push_back(std::move(c));
             }
-            clients = std::move(kept);
+            clients = std::move(kept);  // closes the connections that are done
             while (fds[1].revents && clients.size() < kMaxClients) {
-                int c = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-                if (c < 0) break;
-                clients.push_back({c, now + kClientTimeout, {}, {}, 0});
+                net::Fd c(accept4(fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+                if (!c) break;
+                clients.push_back({std::move(c), now + kClientTimeout, {}, {}, 0});
             }
         }
-        for (auto& c : clients) close(c.fd);
     }
 
-    int fd_ = -1, stop_fd_ = -1;
+    net::Fd fd_, stop_fd_;
     std::mutex mu_;
     std::string text_;
     std::thread thread_;
@@ -223,12 +219,11 @@ std::string to_prometheus(const nlohmann::json& s) {
         for (const auto& [k, v] : s["tables"].items())
             out += "mpsteer_table_memory_bytes{table=\"" + esc(k) + "\"} " +
                    num(v["memory_bytes"]) + "\n";
-        metric("mpsteer_table_entries", "gauge",
-               "Entries in a state table (counted every 10 s)");
+        metric("mpsteer_table_entries", "gauge", "Entries in a state table (counted every 10 s)");
         for (const auto& [k, v] : s["tables"].items())
             if (v.contains("entries"))
-                out += "mpsteer_table_entries{table=\"" + esc(k) + "\"} " + num(v["entries"]) +
-                       "\n";
+                out +=
+                    "mpsteer_table_entries{table=\"" + esc(k) + "\"} " + num(v["entries"]) + "\n";
         metric("mpsteer_table_evictions_total", "counter",
                "Entries a full table dropped to make room for new ones (a SYN flood shows here)");
         for (const auto& [k, v] : s["tables"].items())
@@ -250,6 +245,16 @@ std::string to_prometheus(const nlohmann::json& s) {
     metric("mpsteer_last_apply_duration_seconds", "gauge", "Time the last successful apply took");
     out += "mpsteer_last_apply_duration_seconds " +
            std::to_string(s["applies"].value("last_duration_ms", 0.0) / 1000.0) + "\n";
+    if (s.contains("state_files") && s["state_files"].is_object()) {
+        const auto& f = s["state_files"];
+        metric("mpsteer_status_write_failures_total", "counter",
+               "Times status.json could not be written (a full or read-only state directory)");
+        out += "mpsteer_status_write_failures_total " + num(f["status_write_failures"]) + "\n";
+        metric("mpsteer_event_log_writable", "gauge",
+               "1 while events.jsonl is written, 0 when it cannot be (see the status)");
+        out += "mpsteer_event_log_writable " +
+               std::string(f.value("event_log_error", "").empty() ? "1" : "0") + "\n";
+    }
     metric("mpsteer_events_total", "counter", "Datapath events, by type");
     for (const auto& [k, v] : s["events"].items())
         out += "mpsteer_events_total{type=\"" + k + "\"} " + num(v) + "\n";
@@ -269,6 +274,11 @@ std::string to_prometheus(const nlohmann::json& s) {
         for (const auto& h : s["lua_hooks"])
             out += "mpsteer_lua_hook_disabled{policy=\"" + esc(h.value("policy", "")) + "\"} " +
                    (h.value("state", "") == "disabled" ? "1" : "0") + "\n";
+    }
+    if (s.contains("hook_process") && s["hook_process"].is_object()) {
+        metric("mpsteer_hook_process_restarts_total", "counter",
+               "Times the Lua hook process was killed or died and was started again");
+        out += "mpsteer_hook_process_restarts_total " + num(s["hook_process"]["restarts"]) + "\n";
     }
     if (s.contains("event_thread") && s["event_thread"].contains("latency_us")) {
         const auto& e = s["event_thread"];

@@ -55,8 +55,11 @@ bool commit_hash(const std::string& s) {
            });
 }
 
-bool any_file(const std::string&) {
-    return true;
+// What a load reads: manifests and scripts. Other files (documentation, images) neither
+// change what runs nor take the revision's byte cap from the files that do.
+bool policy_input(const std::string& name) {
+    auto ext = fs::path(name).extension();
+    return ext == ".yaml" || ext == ".yml" || ext == ".lua";
 }
 }  // namespace
 
@@ -71,11 +74,11 @@ Revision snapshot(const std::string& dir) {
     r.root = tree->root();
     fs::path root = r.root;
 
-    // Content: every non-hidden file, sorted by relative path, read as the manifests are
-    // (policy_files.h). A file refused there counts by its name and the refusal, so the
-    // content still changes when it does; the manifest load reports it.
+    // Content: every non-hidden manifest and script, sorted by relative path, read as the
+    // manifests are (policy_files.h). A file refused there counts by its name and the refusal, so
+    // the content still changes when it does; the manifest load reports it.
     std::vector<manifest::Diagnostic> refused;
-    auto files = tree->list(any_file, refused);
+    auto files = tree->list(policy_input, refused);
     net::Sha256 md;
     for (const auto& d : refused) md.update(d.pos.file.data(), d.pos.file.size());
     for (const auto& f : files) {

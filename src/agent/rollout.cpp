@@ -14,6 +14,7 @@
 #include "compile/compile.h"
 #include "datapath/actors.h"
 #include "datapath/frames.h"
+#include "net/fd.h"
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
@@ -33,7 +34,7 @@ std::set<std::string> present_interfaces() {
 }
 
 std::string Rollout::LinkKey::pin_name() const {
-    return ifname + "@" + std::string(datapath::to_string(hook));
+    return ifname + "@" + std::string(to_string(hook));
 }
 
 Rollout::Rollout(const Config& cfg, const datapath::StateMaps& state) : cfg_(cfg), state_(state) {}
@@ -89,8 +90,7 @@ std::optional<Rollout::Adopted> Rollout::adopt() {
     for (const auto& entry : fs::directory_iterator(link_dir(), ec)) {
         auto name = entry.path().filename().string();
         auto at = name.rfind('@');
-        auto hook = at == std::string::npos ? std::nullopt
-                                            : datapath::hook_from_string(name.substr(at + 1));
+        auto hook = at == std::string::npos ? std::nullopt : hook_from_string(name.substr(at + 1));
         if (!hook) continue;
         LinkKey key{name.substr(0, at), *hook};
         try {
@@ -149,8 +149,8 @@ void Rollout::preflight(const Generation& g) {
     for (const auto& [h, r] : g.preflight(frame)) {
         bool ok = h == Hook::xdp ? (r.retval <= 4) : (r.retval == uint32_t(-1) || r.retval <= 7);
         if (!ok)
-            throw datapath::Error("pre-flight: " + std::string(datapath::to_string(h)) +
-                                  " returned " + std::to_string(r.retval));
+            throw datapath::Error("pre-flight: " + std::string(to_string(h)) + " returned " +
+                                  std::to_string(r.retval));
     }
     if (g.gen_counters().values[MPS_GC_MISSED_TAIL_CALL] != before)
         throw datapath::Error("pre-flight: a tail call missed on the canned packet");
@@ -321,9 +321,10 @@ void Rollout::compile_entries() {
     int compiled = 0;
     for (auto& [key, link] : links_) {
         if (auto why = current_->refusal(key.hook, key.ifname); !why.empty())
-            spdlog::warn("{}: the kernel refused the compiled entry, the entry program runs the "
-                         "chain: {}",
-                         key.pin_name(), why);
+            spdlog::warn(
+                "{}: the kernel refused the compiled entry, the entry program runs the "
+                "chain: {}",
+                key.pin_name(), why);
         const int fd = current_->entry_fd(key.hook, key.ifname);
         if (!current_->compiled(key.hook, key.ifname) || link->runs(fd)) continue;
         try {
@@ -477,11 +478,7 @@ void Rollout::release_links(bool detach) {
 void Rollout::remove_pins(const std::string& pin_root) {
     std::error_code ec;
     for (const auto& entry : fs::directory_iterator(pin_root + "/links", ec)) {
-        int fd = bpf_obj_get(entry.path().c_str());
-        if (fd >= 0) {
-            bpf_link_detach(fd);
-            close(fd);
-        }
+        if (net::Fd fd(bpf_obj_get(entry.path().c_str())); fd) bpf_link_detach(fd.get());
         spdlog::info("detached {}", entry.path().filename().string());
     }
     fs::remove_all(pin_root, ec);

@@ -2,6 +2,7 @@
 #include "agent/status.h"
 
 #include <arpa/inet.h>
+#include <spdlog/spdlog.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <sys/stat.h>
@@ -19,6 +20,8 @@
 #include "agent/lock_file.h"
 #include "datapath/kernel_probe.h"
 #include "net/address.h"
+#include "net/fd.h"
+#include "net/text.h"
 
 namespace fs = std::filesystem;
 
@@ -80,15 +83,15 @@ int64_t unix_ms() {
 // is opened non-blocking and refused before any read).
 constexpr off_t kStatusMaxBytes = 16 << 20;
 std::string read_status_text(const std::string& path) {
-    int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) {
+    net::Fd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
+    if (!fd) {
         if (errno == ENOENT)
             throw std::runtime_error("no status at " + path + " (has an agent run here?)");
         throw std::runtime_error("cannot open " + path + ": " + std::strerror(errno));
     }
     struct stat st {};
     std::string why;
-    if (fstat(fd, &st))
+    if (fstat(fd.get(), &st))
         why = std::strerror(errno);
     else if (S_ISDIR(st.st_mode))
         why = "is a directory, not a status file";
@@ -99,14 +102,13 @@ std::string read_status_text(const std::string& path) {
     std::string text;
     while (why.empty()) {
         char buf[65536];
-        ssize_t n = read(fd, buf, sizeof buf);
+        ssize_t n = read(fd.get(), buf, sizeof buf);
         if (n < 0 && errno == EINTR) continue;
         if (n < 0) why = std::strerror(errno);
         if (n <= 0) break;
         text.append(buf, static_cast<size_t>(n));
         if (text.size() > static_cast<size_t>(kStatusMaxBytes)) why = "is too large for a status";
     }
-    close(fd);
     if (!why.empty()) throw std::runtime_error(path + " " + why);
     return text;
 }
@@ -131,18 +133,19 @@ void write_atomic(const std::string& path, const std::string& text, unsigned mod
     const fs::path dir = fs::path(path).parent_path();
     if (!dir.empty()) fs::create_directories(dir);
     std::string tmp = path + ".XXXXXX";
-    int fd = mkostemp(tmp.data(), O_CLOEXEC);  // O_CREAT|O_EXCL: a planted name is not followed
-    if (fd < 0) throw std::runtime_error("creating " + tmp + ": " + std::strerror(errno));
-    bool ok = fchmod(fd, mode) == 0 &&
-              (gid < 0 || fchown(fd, static_cast<uid_t>(-1), static_cast<gid_t>(gid)) == 0);
+    net::Fd fd(mkostemp(tmp.data(), O_CLOEXEC));  // O_CREAT|O_EXCL: a planted name is not followed
+    // Named by the file, not the random temporary name: the same failure reads the same.
+    if (!fd) throw std::runtime_error("writing " + path + ": " + std::strerror(errno));
+    bool ok = fchmod(fd.get(), mode) == 0 &&
+              (gid < 0 || fchown(fd.get(), static_cast<uid_t>(-1), static_cast<gid_t>(gid)) == 0);
     for (size_t off = 0; ok && off < text.size();) {
-        ssize_t n = write(fd, text.data() + off, text.size() - off);
+        ssize_t n = write(fd.get(), text.data() + off, text.size() - off);
         if (n < 0 && errno == EINTR) continue;
         ok = n > 0;
         off += n > 0 ? static_cast<size_t>(n) : 0;
     }
     const int err = errno;
-    close(fd);
+    fd.reset();  // before the rename: the file is whole once it has the name
     if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
         const int e = ok ? errno : err;
         unlink(tmp.c_str());
@@ -155,18 +158,56 @@ EventLog::EventLog(const std::string& path, uint64_t max_bytes)
     open();
 }
 
+EventLog::~EventLog() {
+    flush();
+}
+
+void EventLog::failed(const std::string& why) {
+    fd_.reset();
+    pending_.clear();  // not kept: a log that cannot be written must not grow the agent
+    if (why != error_)
+        spdlog::error("event log {}: {} (events are counted, not written)", path_, why);
+    error_ = why;
+}
+
 void EventLog::open() {
-    out_.close();
-    out_.clear();
-    // Created 0640 like the status (O_NOFOLLOW: never through a planted link); appended to.
-    int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0640);
-    struct stat st {};
-    if (fd >= 0) {
-        fstat(fd, &st);
-        close(fd);
+    fd_.reset();
+    last_open_ = std::chrono::steady_clock::now();
+    // Created 0640 like the status; appended to. O_NOFOLLOW: never through a planted link;
+    // O_NONBLOCK: a planted FIFO fails here instead of blocking the loop.
+    net::Fd fd(::open(path_.c_str(),
+                      O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0640));
+    if (!fd) {
+        failed(errno == ELOOP ? "is a symbolic link, not followed" : std::strerror(errno));
+        return;
     }
+    struct stat st {};
+    if (fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
+        failed("is not a regular file");
+        return;
+    }
+    fd_ = std::move(fd);
     size_ = static_cast<uint64_t>(st.st_size);
-    out_.open(path_, std::ios::app);
+    if (!error_.empty()) spdlog::info("event log {}: written again", path_);
+    error_.clear();
+}
+
+void EventLog::flush() {
+    if (!fd_ && std::chrono::steady_clock::now() - last_open_ >= std::chrono::seconds(1)) open();
+    if (!fd_) {
+        pending_.clear();
+        return;
+    }
+    for (size_t off = 0; off < pending_.size();) {
+        ssize_t n = write(fd_.get(), pending_.data() + off, pending_.size() - off);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            failed(std::strerror(n < 0 ? errno : EIO));
+            return;
+        }
+        off += static_cast<size_t>(n);
+    }
+    pending_.clear();
 }
 
 void EventLog::record(const datapath::Event& ev) {
@@ -175,33 +216,40 @@ void EventLog::record(const datapath::Event& ev) {
         {"time", now_iso()},
         {"flow", datapath::to_string(r.flow)},
         {"hook", std::string(datapath::to_string(static_cast<datapath::Hook>(r.hook)))}};
-    if (r.type < 5) ++counts_[r.type];
-    if (r.type == MPS_EV_MP_CAPABLE) {
-        j["type"] = "mp_capable";
+    if (r.type < MPS_EV_MAX) ++counts_[r.type];
+    const auto fields = datapath::decode(r);
+    j["type"] = fields.type;
+    switch (r.type) {
+    case MPS_EV_MP_CAPABLE:
         j["version"] = r.version;
         if (ev.token_a) j["token_a"] = hex32(ev.token_a);
         if (ev.token_b) j["token_b"] = hex32(ev.token_b);
-    } else if (r.type == MPS_EV_MP_JOIN) {
-        j["type"] = "mp_join";
+        break;
+    case MPS_EV_MP_JOIN:
         j["token"] = hex32(r.token);
-        j["backup"] = bool(r.flags & 1);
+        j["backup"] = fields.backup;
         j["addr_id"] = r.addr_id;
-    } else if (r.type == MPS_EV_ADD_ADDR_BLOCKED) {
-        j["type"] = "add_addr_blocked";
-        j["address"] = net::address_text(r.flags == 6 ? 6 : 4, r.key);
+        break;
+    case MPS_EV_ADD_ADDR_BLOCKED:
+        j["address"] = fields.address;
         j["addr_id"] = r.addr_id;
-        if (r.nonce) j["port"] = r.nonce;
-    } else {
-        j["type"] = "flow_closed";
+        if (fields.port) j["port"] = fields.port;
+        break;
+    case MPS_EV_FLOW_CLOSED:
+        if (fields.reset) j["reset"] = true;
+        break;
+    default: break;
     }
     const std::string line = json_text(j) + '\n';
     if (size_ > 0 && size_ + line.size() > max_bytes_) {
-        out_.flush();
+        flush();
         ::rename(path_.c_str(), (path_ + ".1").c_str());
         open();
     }
-    out_ << line;
+    if (!fd_) return;
+    pending_ += line;
     size_ += line.size();
+    if (pending_.size() >= 64 * 1024) flush();
 }
 
 nlohmann::json EventLog::counts_json() const {
@@ -210,6 +258,17 @@ nlohmann::json EventLog::counts_json() const {
             {"flow_closed", counts_[MPS_EV_FLOW_CLOSED]},
             {"add_addr_blocked", counts_[MPS_EV_ADD_ADDR_BLOCKED]}};
 }
+
+namespace {
+// Every string of the status may carry policy text (names, messages, script errors): escaped
+// here, once, so `mpsteer status` and whatever reads the file print it as one line.
+void escape_strings(nlohmann::json& j) {
+    if (j.is_string())
+        j = net::escape_control(j.get_ref<const std::string&>());
+    else if (j.is_structured())
+        for (auto& v : j) escape_strings(v);
+}
+}  // namespace
 
 nlohmann::json render_status(const AgentStatus& a, const DatapathStatus& dp,
                              const HookStatus& hooks, const EventLog& events,
@@ -254,6 +313,23 @@ nlohmann::json render_status(const AgentStatus& a, const DatapathStatus& dp,
                      {"status", degradation != Degradation::none},
                      {"reason", to_string(degradation)},
                      {"message", degraded_message}});
+    // The state files: the status itself (its failures show once it is written again) and the
+    // event log.
+    std::string state_message;
+    if (a.status_write_failures)
+        state_message = "status.json could not be written " +
+                        std::to_string(a.status_write_failures) +
+                        " times (last: " + a.last_status_write_error + ")";
+    if (!events.error().empty())
+        state_message +=
+            (state_message.empty() ? "" : "; ") + std::string("events.jsonl ") + events.error();
+    const bool state_ok = a.status_write_error.empty() && events.error().empty();
+    conds.push_back({{"type", "StateWritable"},
+                     {"status", state_ok},
+                     {"reason", !events.error().empty()   ? "EventLogUnwritable"
+                                : a.status_write_failures ? "StatusWriteFailed"
+                                                          : ""},
+                     {"message", state_message}});
     const auto& g = dp.totals.values;
     nlohmann::json gen_counters = {{"packets", g[MPS_GC_PACKETS]},
                                    {"not_tcp", g[MPS_GC_NOT_TCP]},
@@ -283,32 +359,38 @@ nlohmann::json render_status(const AgentStatus& a, const DatapathStatus& dp,
         if (t.entries) j["entries"] = *t.entries;
         if (t.evictions) j["evictions"] = *t.evictions;
     }
-    return {{"ready", ready},
-            {"suspended", a.suspended},
-            {"pending", a.pending},
-            {"conditions", conds},
-            {"applied_revision", a.applied_revision},
-            {"attempted_revision", a.attempted_revision},
-            {"generation", dp.generation},
-            {"policies", policies},
-            {"attachments", links},
-            // Which build of the datapath runs (bpf/README.md, "Two builds of the datapath").
-            {"datapath_without_btf", datapath::why_datapath_without_btf()},
-            {"datapath", gen_counters},
-            {"tables", tables},
-            {"errors", a.errors},
-            {"warnings", a.warnings},
-            {"applies",
-             {{"succeeded", a.applies_succeeded},
-              {"failed", a.applies_failed},
-              {"last_duration_ms", a.last_apply_ms}}},
-            {"events", events.counts_json()},
-            {"lua_hooks", hooks.scripts_json},
-            {"event_thread", hooks.event_thread},
-            {"pid", getpid()},
-            {"policies_dir", policies_dir},
-            {"updated", now_iso()},
-            {"updated_unix_ms", unix_ms()}};
+    nlohmann::json status = {
+        {"ready", ready},
+        {"suspended", a.suspended},
+        {"pending", a.pending},
+        {"conditions", conds},
+        {"applied_revision", a.applied_revision},
+        {"attempted_revision", a.attempted_revision},
+        {"generation", dp.generation},
+        {"policies", policies},
+        {"attachments", links},
+        // Which build of the datapath runs (bpf/README.md, "Two builds of the datapath").
+        {"datapath_without_btf", datapath::why_datapath_without_btf()},
+        {"datapath", gen_counters},
+        {"tables", tables},
+        {"errors", a.errors},
+        {"warnings", a.warnings},
+        {"applies",
+         {{"succeeded", a.applies_succeeded},
+          {"failed", a.applies_failed},
+          {"last_duration_ms", a.last_apply_ms}}},
+        {"events", events.counts_json()},
+        {"state_files",
+         {{"status_write_failures", a.status_write_failures}, {"event_log_error", events.error()}}},
+        {"lua_hooks", hooks.scripts_json},
+        {"event_thread", hooks.event_thread},
+        {"hook_process", hooks.process},
+        {"pid", getpid()},
+        {"policies_dir", policies_dir},
+        {"updated", now_iso()},
+        {"updated_unix_ms", unix_ms()}};
+    escape_strings(status);
+    return status;
 }
 
 nlohmann::json read_status(const std::string& state_dir) {

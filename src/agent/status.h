@@ -5,8 +5,8 @@
 // that `mpsteer status`, the metrics and the docs read.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
-#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -15,6 +15,7 @@
 
 #include "datapath/datapath.h"
 #include "lua/hooks.h"
+#include "net/fd.h"
 
 namespace mpsteer::agent {
 
@@ -46,6 +47,11 @@ struct AgentStatus {
     bool suspended = false, pending = false;
     uint64_t applies_succeeded = 0, applies_failed = 0;
     double last_apply_ms = 0;
+    // A status that could not be written (a full or read-only state directory) is retried every
+    // second; the count and the last reason show once it can be written again.
+    uint64_t status_write_failures = 0;
+    std::string status_write_error;  // the last failure; "" while the last write succeeded
+    std::string last_status_write_error;
 };
 
 struct PolicyCounters {
@@ -74,25 +80,37 @@ struct HookStatus {
     std::vector<lua::ScriptStatus> scripts;
     nlohmann::json scripts_json = nlohmann::json::array();
     nlohmann::json event_thread = nlohmann::json::object();
+    nlohmann::json process = nlohmann::json::object();  // lua::HookProcessInfo
 };
 
 // events.jsonl: one JSON line per datapath event, after the hooks saw it; and the counts.
 // Size-capped: a line that takes the file past `max_bytes` first moves it to events.jsonl.1
 // (replacing the previous one), so the log keeps between max_bytes and 2 x max_bytes.
+// Only ever a regular file: a link planted at its name is not followed. A file that cannot be
+// opened or written is reported (error()) and tried again at most once a second; events meanwhile
+// are counted, not written.
 class EventLog {
 public:
     static constexpr uint64_t kDefaultMaxBytes = 16ull << 20;
     explicit EventLog(const std::string& path, uint64_t max_bytes = kDefaultMaxBytes);
+    ~EventLog();
+    EventLog(const EventLog&) = delete;
+    EventLog& operator=(const EventLog&) = delete;
     void record(const datapath::Event& ev);
-    void flush() { out_.flush(); }
+    void flush();
     nlohmann::json counts_json() const;
+    const std::string& error() const { return error_; }  // "" while the file is written
 
 private:
     void open();
+    void failed(const std::string& why);
     std::string path_;
     uint64_t max_bytes_, size_ = 0;
-    std::ofstream out_;
-    uint64_t counts_[5] = {};
+    net::Fd fd_;
+    std::string pending_;  // lines not written yet
+    std::string error_;
+    std::chrono::steady_clock::time_point last_open_{};
+    uint64_t counts_[MPS_EV_MAX] = {};
 };
 
 // How long a status may go unwritten before `mpsteer status` calls the agent frozen (the loop

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 #include "agent/watch.h"
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <linux/netlink.h>
 #include <linux/rtnetlink.h>
 #include <sys/epoll.h>
@@ -8,7 +10,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
+#include <vector>
 
 namespace fs = std::filesystem;
 
@@ -16,26 +21,23 @@ namespace mpsteer::agent {
 
 Watch::Watch(int epoll, std::string policies_dir, std::string state_dir)
     : epoll_(epoll), policies_dir_(std::move(policies_dir)), state_dir_(std::move(state_dir)) {
-    netlink_ = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC | SOCK_NONBLOCK, NETLINK_ROUTE);
+    netlink_.reset(socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC | SOCK_NONBLOCK, NETLINK_ROUTE));
     sockaddr_nl snl{};
     snl.nl_family = AF_NETLINK;
     snl.nl_groups = RTMGRP_LINK;
-    bind(netlink_, reinterpret_cast<sockaddr*>(&snl), sizeof snl);
-    epoll_event ev{EPOLLIN, {.fd = netlink_}};
-    epoll_ctl(epoll_, EPOLL_CTL_ADD, netlink_, &ev);
+    bind(netlink_.get(), reinterpret_cast<sockaddr*>(&snl), sizeof snl);
+    epoll_event ev{EPOLLIN, {.fd = netlink_.get()}};
+    epoll_ctl(epoll_, EPOLL_CTL_ADD, netlink_.get(), &ev);
 }
 
 Watch::~Watch() {
-    for (int fd : {inotify_, netlink_})
-        if (fd >= 0) {
-            epoll_ctl(epoll_, EPOLL_CTL_DEL, fd, nullptr);
-            close(fd);
-        }
+    for (int fd : {inotify_.get(), netlink_.get()})
+        if (fd >= 0) epoll_ctl(epoll_, EPOLL_CTL_DEL, fd, nullptr);
 }
 
 bool Watch::handle(int fd) {
-    if (fd == inotify_) return relevant_inotify();
-    if (fd != netlink_) return false;
+    if (fd == inotify_.get()) return relevant_inotify();
+    if (fd != netlink_.get()) return false;
     char buf[8192];
     while (read(fd, buf, sizeof buf) > 0) {}
     return true;  // any link change: the interfaces are compared on reconcile
@@ -47,11 +49,13 @@ bool Watch::relevant_inotify() {
     alignas(inotify_event) char buf[16384];
     bool relevant = false;
     for (;;) {
-        ssize_t n = read(inotify_, buf, sizeof buf);
+        ssize_t n = read(inotify_.get(), buf, sizeof buf);
         if (n <= 0) break;
         for (char* p = buf; p < buf + n;) {
             auto* ev = reinterpret_cast<inotify_event*>(p);
             std::string name = ev->len ? ev->name : "";
+            if (ev->wd == root_wd_ && (ev->mask & IN_IGNORED))
+                watched_root_.clear();  // the root went away: watched anew when it is back
             if (ev->wd == state_wd_)
                 relevant |= name == "suspended";
             else if (ev->wd == parent_wd_)
@@ -64,30 +68,95 @@ bool Watch::relevant_inotify() {
     return relevant;
 }
 
-void Watch::follow(const std::string& root) {
-    if (root == watched_root_) return;
-    if (inotify_ >= 0) {
-        epoll_ctl(epoll_, EPOLL_CTL_DEL, inotify_, nullptr);
-        close(inotify_);
+namespace {
+// The directory `rel` beneath `root_fd`, opened one component at a time without following a
+// symlink: it cannot lead out of the tree, whatever was renamed meanwhile.
+net::Fd open_beneath(int root_fd, const std::string& rel) {
+    net::Fd fd(fcntl(root_fd, F_DUPFD_CLOEXEC, 0));
+    for (size_t start = 0; fd && start < rel.size();) {
+        size_t end = rel.find('/', start);
+        if (end == std::string::npos) end = rel.size();
+        const std::string name = rel.substr(start, end - start);
+        fd.reset(openat(fd.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+        start = end + 1;
     }
-    inotify_ = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
-    epoll_event ev{EPOLLIN, {.fd = inotify_}};
-    epoll_ctl(epoll_, EPOLL_CTL_ADD, inotify_, &ev);
-    // The parent sees a symlink flip (git-sync renames a new link over the old one).
+    return fd;
+}
+}  // namespace
+
+// Breadth first by relative path, so no more than two descriptors are open at a time.
+std::string Watch::watch_tree(const std::string& root) {
+    const uint32_t mask = IN_CLOSE_WRITE | IN_MOVED_TO | IN_MOVED_FROM | IN_CREATE | IN_DELETE |
+                          IN_DELETE_SELF | IN_MOVE_SELF | IN_ATTRIB | IN_ONLYDIR;
+    net::Fd root_fd(open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (!root_fd) return root + ": " + std::strerror(errno);
+    too_many_directories_ = false;
+    std::vector<std::string> pending = {""};
+    std::string error;
+    for (size_t next = 0; next < pending.size() && error.empty(); ++next) {
+        const std::string rel = pending[next];
+        net::Fd fd = open_beneath(root_fd.get(), rel);
+        if (!fd) continue;  // replaced by a link or removed meanwhile: not ours to watch
+        // The descriptor's /proc name is the directory just opened, not a path to resolve again.
+        const std::string self = "/proc/self/fd/" + std::to_string(fd.get());
+        int wd = inotify_add_watch(inotify_.get(), self.c_str(), mask);
+        if (wd < 0) {
+            error = std::string("watching ") + (rel.empty() ? "the policy directory" : rel) + ": " +
+                    std::strerror(errno) +
+                    (errno == ENOSPC ? " (the host's fs.inotify.max_user_watches)" : "");
+            break;
+        }
+        if (rel.empty()) root_wd_ = wd;
+        DIR* dir = fdopendir(fd.get());  // once it succeeds, closedir() closes the descriptor
+        if (!dir) continue;
+        fd.release();
+        const bool descend = rel != ".git";  // .git: its own changes (HEAD, a fetch), not below
+        while (dirent* e = descend ? readdir(dir) : nullptr) {
+            const std::string name = e->d_name;
+            if (name == "." || name == "..") continue;
+            if (e->d_type != DT_DIR && e->d_type != DT_UNKNOWN) continue;  // links included
+            if (name[0] == '.' && !(rel.empty() && name == ".git")) continue;
+            if (pending.size() >= kMaxWatchedDirectories) {
+                too_many_directories_ = true;
+                error = "the policy directory has more than " +
+                        std::to_string(kMaxWatchedDirectories) +
+                        " directories (the agent watches at most that many)";
+                break;
+            }
+            pending.push_back(rel.empty() ? name : rel + "/" + name);
+        }
+        closedir(dir);
+    }
+    return error;
+}
+
+// A new inotify instance with the watches outside the tree: the parent sees a symlink flip
+// (git-sync renames a new link over the old one), the state directory the suspend flag.
+void Watch::reset_inotify() {
+    if (inotify_) {
+        epoll_ctl(epoll_, EPOLL_CTL_DEL, inotify_.get(), nullptr);
+        inotify_.reset();  // before the new one: each counts against the host's inotify limits
+    }
+    inotify_.reset(inotify_init1(IN_NONBLOCK | IN_CLOEXEC));
+    epoll_event ev{EPOLLIN, {.fd = inotify_.get()}};
+    epoll_ctl(epoll_, EPOLL_CTL_ADD, inotify_.get(), &ev);
     auto abs = fs::absolute(policies_dir_).lexically_normal();
     if (!abs.has_filename()) abs = abs.parent_path();
     link_name_ = abs.filename().string();
-    parent_wd_ = inotify_add_watch(inotify_, abs.parent_path().c_str(),
+    parent_wd_ = inotify_add_watch(inotify_.get(), abs.parent_path().c_str(),
                                    IN_CREATE | IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE | IN_ATTRIB);
-    state_wd_ = inotify_add_watch(inotify_, state_dir_.c_str(), IN_CREATE | IN_DELETE);
-    const uint32_t mask = IN_CLOSE_WRITE | IN_MOVED_TO | IN_MOVED_FROM | IN_CREATE | IN_DELETE |
-                          IN_DELETE_SELF | IN_MOVE_SELF | IN_ATTRIB;
-    std::error_code ec;
-    if (inotify_add_watch(inotify_, root.c_str(), mask) < 0) return;
-    for (auto it = fs::recursive_directory_iterator(root, ec); !ec && it != fs::end(it);
-         it.increment(ec))
-        if (it->is_directory()) inotify_add_watch(inotify_, it->path().c_str(), mask);
+    state_wd_ = inotify_add_watch(inotify_.get(), state_dir_.c_str(), IN_CREATE | IN_DELETE);
+    root_wd_ = -1;
+}
+
+std::string Watch::follow(const std::string& root) {
+    // A refused tree is looked at again each time: it may have shrunk in place.
+    if (root == watched_root_ && tree_error_.empty()) return "";
+    reset_inotify();
+    tree_error_ = watch_tree(root);
+    if (!tree_error_.empty()) reset_inotify();  // never a partial watch of the tree
     watched_root_ = root;
+    return tree_error_;
 }
 
 }  // namespace mpsteer::agent

@@ -110,6 +110,14 @@ int print_status_text(nlohmann::json s) {
                         p.value("selected", 0UL), p.value("applied", 0UL), p.value("drops", 0UL),
                         p.value("missed_tail_calls", 0UL));
     }
+    if (const auto hp = s.value("hook_process", nlohmann::json::object()); hp.value("pid", 0) > 0) {
+        std::cout << "hook process: pid " << hp.value("pid", 0) << ", user " << hp.value("user", "")
+                  << (hp.value("seccomp", false) ? ", seccomp" : ", no seccomp") << ", "
+                  << hp.value("restarts", 0) << " restarts";
+        if (!hp.value("last_restart", "").empty())
+            std::cout << " (last: " << hp.value("last_restart", "") << ")";
+        std::cout << '\n';
+    }
     for (const auto& h : s.value("lua_hooks", nlohmann::json::array())) {
         std::cout << "lua hook:   " << h.value("policy", "") << " " << h.value("script", "") << " "
                   << h.value("state", "") << ", " << h["calls"] << " calls, " << h["failures"]
@@ -162,9 +170,18 @@ void add_agent_commands(CLI::App& app) {
     run->add_option("-i,--interface", cfg.interfaces,
                     "interface the agent manages, for policies that name none; when given, a named "
                     "interface outside them is not attached (repeatable; default: all but lo)");
+    run->footer(
+        "Signals: SIGTERM/SIGINT stop, SIGHUP re-reads the policy directory (retrying a "
+        "revision that failed), SIGUSR1 logs a one-line summary and writes the status now; "
+        "SIGPIPE is ignored (a closed log pipe never stops the agent).");
     static int debounce_ms = 50;
     run->add_option("--debounce-ms", debounce_ms, "quiet time after a change before applying")
         ->check(CLI::Range(0, 60000))
+        ->capture_default_str();
+    static int resync_s = 30;
+    run->add_option("--resync-s", resync_s,
+                    "re-read the policy directory this often even without a change")
+        ->check(CLI::Range(1, 86400))
         ->capture_default_str();
     run->add_option("--metrics-port", cfg.metrics_port, "Prometheus /metrics on 127.0.0.1 (0: off)")
         ->check(CLI::Range(0, 65535))
@@ -205,6 +222,7 @@ void add_agent_commands(CLI::App& app) {
         cfg.state_dir = g_state_dir;
         cfg.events_spin = std::chrono::microseconds(spin_us);
         cfg.debounce = std::chrono::milliseconds(debounce_ms);
+        cfg.resync = std::chrono::seconds(resync_s);
         set_exit_code(agent::run(cfg));
     });
 
@@ -220,8 +238,7 @@ void add_agent_commands(CLI::App& app) {
                      "exit 0 while an agent runs and writes its status, ready or not; 1 when "
                      "none runs or it stopped writing (a liveness probe)");
     add_state_dir(status);
-    status->callback(
-        [] { set_exit_code(alive ? print_alive() : print_status(output == "json")); });
+    status->callback([] { set_exit_code(alive ? print_alive() : print_status(output == "json")); });
 
     auto* suspend =
         app.add_subcommand("suspend", "Stop applying new revisions (the datapath keeps running)");

@@ -14,45 +14,33 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
-#include "cli/agent_process.h"
-#include "cli/bench_live.h"
 #include "cli/commands.h"
 #include "datapath/datapath.h"
 #include "datapath/frames.h"
-#include "lab/stats.h"
+#include "net/stats.h"
 
 namespace mpsteer::cli {
 namespace {
 using namespace mpsteer::datapath;
-using lab::median;
-
-mps_step cidr(mps_prog prog, const char* addr, uint8_t prefix) {
-    auto s = make_step(prog, 0, MPS_PC_END);
-    s.p.cidr.family = 4;
-    s.p.cidr.prefix = prefix;
-    s.p.cidr.mask[0] = htonl(prefix ? ~0u << (32 - prefix) : 0);
-    inet_pton(AF_INET, addr, &s.p.cidr.addr[0]);
-    s.p.cidr.addr[0] &= s.p.cidr.mask[0];
-    return s;
-}
+using net::median;
 
 // The selectors a chain is made of, in order; all match the canned frame unless `miss`.
 std::vector<mps_step> selectors(bool miss) {
     std::vector<mps_step> v;
-    v.push_back(cidr(MPS_SEL_DST, miss ? "10.9.0.0" : "10.0.1.0", 24));
+    v.push_back(cidr4_step(MPS_SEL_DST, miss ? "10.9.0.0" : "10.0.1.0", 24));
     auto port = make_step(MPS_SEL_PORT, 0, MPS_PC_END);
     port.p.port = {MPS_DIR_DST, 0, 5201, 5201};
     v.push_back(port);
     auto kinds = make_step(MPS_SEL_PACKET_TYPE, 0, MPS_PC_END);
     kinds.p.kinds.any_of = MPS_K_DSS;
     v.push_back(kinds);
-    v.push_back(cidr(MPS_SEL_SRC, "10.0.1.0", 24));
+    v.push_back(cidr4_step(MPS_SEL_SRC, "10.0.1.0", 24));
     auto pair = make_step(MPS_SEL_IP_PAIR, 0, MPS_PC_END);
     pair.p.pair.family = 4;
     inet_pton(AF_INET, "10.0.1.1", &pair.p.pair.a[0]);
     inet_pton(AF_INET, "10.0.1.2", &pair.p.pair.b[0]);
     v.push_back(pair);
-    v.push_back(cidr(MPS_SEL_DST, "10.0.0.0", 16));
+    v.push_back(cidr4_step(MPS_SEL_DST, "10.0.0.0", 16));
     auto sport = make_step(MPS_SEL_PORT, 0, MPS_PC_END);
     sport.p.port = {MPS_DIR_SRC, 0, 1024, 65535};
     v.push_back(sport);
@@ -229,9 +217,9 @@ int run_bench(bool json, uint32_t repeat, int rounds) {
         for (int i = 0; i < 3; ++i) {
             auto t0 = std::chrono::steady_clock::now();
             tables.tables(true);
-            walks.push_back(std::chrono::duration<double, std::milli>(
-                                std::chrono::steady_clock::now() - t0)
-                                .count());
+            walks.push_back(
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                    .count());
         }
         out["table_count_flows" + size + "_ms"] = median(walks);
     }
@@ -254,34 +242,16 @@ int run_bench(bool json, uint32_t repeat, int rounds) {
 
 void add_bench_command(CLI::App& app) {
     auto* cmd = app.add_subcommand("bench", "Measure per-packet cost of chains (needs root)");
-    static bool json = false, live = false, prog_times = false;
+    static bool json = false, live = false;
     static uint32_t repeat = 100000;
-    static int rounds = 31, seconds = 4;
+    static int rounds = 31;
     cmd->add_flag("--json", json, "print one JSON object");
+    // main() hands `bench --live` to mpsteer-lab before this parser sees it.
     cmd->add_flag("--live", live,
                   "a real MPTCP transfer through the lab instead: no program, a bare XDP_PASS "
                   "and chains on both hosts, the agent with the shipped policies, in "
-                  "alternating rounds (default 9 rounds)");
-    cmd->add_option("--seconds", seconds, "--live: length of each transfer")
-        ->check(CLI::Range(1, 60))
-        ->capture_default_str();
-    cmd->add_flag("--prog-times", prog_times,
-                  "--live: also the kernel's run time per program run at each hook and the "
-                  "programs' own CPU seconds per GB, beside the whole machine's "
-                  "(kernel.bpf_stats_enabled: every run then pays two clock reads, so compare "
-                  "throughput only between runs alike)");
-    static std::string share = default_share();
-    static std::vector<std::string> cases = {live_bench_cases().begin(),
-                                             live_bench_cases().begin() + 3};
-    cmd->add_option("--cases", cases,
-                    "--live: the cases beside none and bare_xdp (also: selectors_only, "
-                    "record_only, chain4_xdp_only, chain4_tc_only: where a chain's cost goes)")
-        ->check(CLI::IsMember(live_bench_cases()))
-        ->delimiter(',')
-        ->capture_default_str();
-    cmd->add_option("--share", share, "--live: where the shipped policies/ and lua/ are")
-        ->check(CLI::ExistingDirectory)
-        ->capture_default_str();
+                  "alternating rounds (the test bed, mpsteer-lab: its options in `mpsteer bench "
+                  "--live --help`)");
     cmd->add_option("--repeat", repeat, "BPF_PROG_TEST_RUN repetitions per sample")
         ->check(CLI::Range(100000u, 100000000u))
         ->capture_default_str();
@@ -290,13 +260,9 @@ void add_bench_command(CLI::App& app) {
            "samples per case, interleaved (medians reported; ratios: median of the per-round ratios)")
         ->check(CLI::Range(1, 100))
         ->capture_default_str();
-    cmd->callback([cmd] {
+    cmd->callback([] {
         try {
-            if (live)
-                set_exit_code(run_live_bench(json, cmd->count("--rounds") ? rounds : 9, seconds,
-                                             share, cases, prog_times));
-            else
-                set_exit_code(run_bench(json, repeat, rounds));
+            set_exit_code(run_bench(json, repeat, rounds));
         } catch (const std::exception& e) {
             spdlog::error("bench: {}", e.what());
             set_exit_code(1);

@@ -11,7 +11,6 @@
 namespace mpsteer::compile {
 
 using manifest::Action;
-using manifest::HookPoint;
 using manifest::Policy;
 using manifest::Selector;
 
@@ -163,23 +162,10 @@ struct Builder {
     }
 
     void action(const Action& a, int next) {
-        static const std::map<Action::Kind, mps_prog> progs = {
-            {Action::Kind::pass, MPS_ACT_PASS},
-            {Action::Kind::drop, MPS_ACT_DROP},
-            {Action::Kind::record, MPS_ACT_RECORD},
-            {Action::Kind::get_connect, MPS_ACT_GET_CONNECT},
-            {Action::Kind::get_subflow, MPS_ACT_GET_SUBFLOW},
-            {Action::Kind::rate_limit, MPS_ACT_RATE_LIMIT},
-            {Action::Kind::blk_subflow, MPS_ACT_BLK_SUBFLOW},
-            {Action::Kind::add_subflow, MPS_ACT_ADD_SUBFLOW},
-            {Action::Kind::set_backup, MPS_ACT_SET_BACKUP},
-            {Action::Kind::no_subflows, MPS_ACT_NO_SUBFLOWS},
-            {Action::Kind::redirect, MPS_ACT_REDIRECT},
-            {Action::Kind::reject, MPS_ACT_REJECT},
-        };
-        auto it = progs.find(a.kind);
-        if (it == progs.end()) throw Error("unresolved action_chain " + a.ref);
-        mps_step st = datapath::make_step(it->second, MPS_PC_END, MPS_PC_END, policy);
+        // The actor's program is the one the registry (MPS_PROGRAMS) names act_<its key>.
+        const auto prog = datapath::prog_from_name("act_" + std::string(to_string(a.kind)));
+        if (!prog) throw Error("unresolved action_chain " + a.ref);
+        mps_step st = datapath::make_step(*prog, MPS_PC_END, MPS_PC_END, policy);
         switch (a.kind) {
         case Action::Kind::rate_limit:
             st.p.rate.bytes_per_sec = a.rate_bytes_per_sec;
@@ -229,7 +215,7 @@ struct Builder {
     }
 };
 
-bool on_hook(const Policy& p, HookPoint h) {
+bool on_hook(const Policy& p, Hook h) {
     return std::binary_search(p.hooks.begin(), p.hooks.end(), h);
 }
 
@@ -247,7 +233,6 @@ struct Layout {
 // SYN only. Where no chain on the policy's interfaces sees the other direction, the entry is
 // attached there too and learns the handshakes without running anything.
 void learn_handshakes(const std::vector<const Policy*>& order, Layout& l) {
-    using datapath::Hook;
     std::set<Hook> learning;
     auto attached = [&](const std::string& ifn, Hook h) {
         return l.attach.count({ifn, uint8_t(h)}) || l.attach.count({"", uint8_t(h)});
@@ -258,8 +243,8 @@ void learn_handshakes(const std::vector<const Policy*>& order, Layout& l) {
             continue;
         std::vector<std::string> ifnames = p->interfaces;
         if (ifnames.empty()) ifnames.push_back("");
-        for (HookPoint h : p->hooks) {
-            const bool egress = h == HookPoint::tc_egress;
+        for (Hook h : p->hooks) {
+            const bool egress = h == Hook::tc_egress;
             for (const auto& ifn : ifnames) {
                 if (egress ? attached(ifn, Hook::xdp) || attached(ifn, Hook::tc_ingress)
                            : attached(ifn, Hook::tc_egress))
@@ -290,16 +275,15 @@ Layout lay_out(const manifest::Model& model, datapath::ChainSet& cs) {
 
     Layout l;
     Builder& b = l.b;
-    for (HookPoint h : {HookPoint::xdp, HookPoint::tc_egress, HookPoint::tc_ingress}) {
-        auto dh = *datapath::hook_from_string(manifest::to_string(h));
+    for (Hook h : kHooks) {
         std::set<std::string> named;
         bool some_unnamed = false;
         for (const Policy* p : order) {
             if (!on_hook(*p, h)) continue;
             named.insert(p->interfaces.begin(), p->interfaces.end());
             some_unnamed |= p->interfaces.empty();
-            for (const auto& i : p->interfaces) l.attach.emplace(i, uint8_t(dh));
-            if (p->interfaces.empty()) l.attach.emplace("", uint8_t(dh));
+            for (const auto& i : p->interfaces) l.attach.emplace(i, uint8_t(h));
+            if (p->interfaces.empty()) l.attach.emplace("", uint8_t(h));
         }
         std::vector<std::string> ifnames;
         if (some_unnamed) ifnames.push_back("");  // every other interface
@@ -315,7 +299,7 @@ Layout lay_out(const manifest::Model& model, datapath::ChainSet& cs) {
             if (chain.empty()) continue;
             int start = b.label();
             b.bind(start);
-            l.entries.push_back({datapath::EntryPoint{dh, ifn, 0}, start});
+            l.entries.push_back({datapath::EntryPoint{h, ifn, 0}, start});
             l.chains.emplace_back();
             int first = start;
             for (size_t i = 0; i < chain.size(); ++i) {

@@ -44,7 +44,7 @@ bool unhex(const std::string& s, void* p, size_t n) {
 }
 
 datapath::Hook hook_of(const json& j) {
-    auto h = datapath::hook_from_string(j.get<std::string>());
+    auto h = hook_from_string(j.get<std::string>());
     if (!h) throw Error("unknown hook " + j.dump());
     return *h;
 }
@@ -60,7 +60,7 @@ PlanModel make_plan_model(const manifest::Model& model, const Output& out, std::
     m.revision = std::move(revision);
     for (const auto& p : model.policies) {
         PlanPolicy pp{p.name, p.canonical, {}, p.priority};
-        for (auto h : p.hooks) pp.hooks.emplace_back(manifest::to_string(h));
+        for (auto h : p.hooks) pp.hooks.emplace_back(to_string(h));
         m.policies.push_back(std::move(pp));
     }
     std::sort(m.policies.begin(), m.policies.end(),
@@ -95,13 +95,12 @@ json to_json(const PlanModel& m) {
     }
     j["entries"] = json::array();
     for (const auto& e : m.chains.entries)
-        j["entries"].push_back(
-            {{"hook", datapath::to_string(e.hook)}, {"ifname", e.ifname}, {"pc", e.pc}});
+        j["entries"].push_back({{"hook", to_string(e.hook)}, {"ifname", e.ifname}, {"pc", e.pc}});
     j["attachments"] = json::array();
     for (const auto& a : m.chains.attachments)
         j["attachments"].push_back({{"hook", datapath::to_string(a.hook)}, {"ifname", a.ifname}});
     j["learning_hooks"] = json::array();
-    for (auto h : m.chains.learning_hooks) j["learning_hooks"].push_back(datapath::to_string(h));
+    for (auto h : m.chains.learning_hooks) j["learning_hooks"].push_back(to_string(h));
     j["step_ifnames"] = json::array();
     for (const auto& [pc, name] : m.chains.step_ifnames)
         j["step_ifnames"].push_back({{"pc", pc}, {"ifname", name}});

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
-// The userspace side of the option-rewriting actors (bpf/rewrite.bpf.h): the announcements
-// blk_subflow hid, add_subflow requests, and set_backup's one-shot memory. Errors are
+// The userspace side of the option-rewriting actors (bpf/lib/rewrite.h and its actors): the
+// announcements blk_subflow hid, add_subflow requests, and set_backup's one-shot memory. Errors are
 // datapath::Error, as in datapath.h.
 //
 // The maps are read and written through file descriptors: those of a loaded Generation

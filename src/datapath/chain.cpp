@@ -14,48 +14,15 @@
 
 namespace mpsteer::datapath {
 
-std::string_view to_string(Hook h) {
-    switch (h) {
-    case Hook::xdp: return "xdp";
-    case Hook::tc_egress: return "tc_egress";
-    case Hook::tc_ingress: return "tc_ingress";
-    }
-    return "?";
-}
-
-std::optional<Hook> hook_from_string(std::string_view s) {
-    for (Hook h : {Hook::xdp, Hook::tc_egress, Hook::tc_ingress})
-        if (to_string(h) == s) return h;
-    return std::nullopt;
-}
-
 namespace {
 struct ProgName {
     mps_prog prog;
     std::string_view name;
 };
 constexpr std::array kProgNames{
-    ProgName{MPS_SEL_SUBFLOW, "sel_subflow"},
-    ProgName{MPS_SEL_IP_PAIR, "sel_ip_pair"},
-    ProgName{MPS_SEL_SRC, "sel_src"},
-    ProgName{MPS_SEL_DST, "sel_dst"},
-    ProgName{MPS_SEL_PORT, "sel_port"},
-    ProgName{MPS_SEL_PACKET_TYPE, "sel_packet_type"},
-    ProgName{MPS_SEL_TOKEN, "sel_token"},
-    ProgName{MPS_SEL_SEQUENCE, "sel_sequence"},
-    ProgName{MPS_SEL_FLOW_BYTES, "sel_flow_bytes"},
-    ProgName{MPS_ACT_PASS, "act_pass"},
-    ProgName{MPS_ACT_DROP, "act_drop"},
-    ProgName{MPS_ACT_RECORD, "act_record"},
-    ProgName{MPS_ACT_GET_CONNECT, "act_get_connect"},
-    ProgName{MPS_ACT_GET_SUBFLOW, "act_get_subflow"},
-    ProgName{MPS_ACT_RATE_LIMIT, "act_rate_limit"},
-    ProgName{MPS_ACT_BLK_SUBFLOW, "act_blk_subflow"},
-    ProgName{MPS_ACT_ADD_SUBFLOW, "act_add_subflow"},
-    ProgName{MPS_ACT_SET_BACKUP, "act_set_backup"},
-    ProgName{MPS_ACT_NO_SUBFLOWS, "act_no_subflows"},
-    ProgName{MPS_ACT_REDIRECT, "act_redirect"},
-    ProgName{MPS_ACT_REJECT, "act_reject"},
+#define MPS_PROG_NAME(e, value, name, inl, options) ProgName{e, #name},
+    MPS_PROGRAMS(MPS_PROG_NAME)
+#undef MPS_PROG_NAME
 };
 // A program's prog-array slot is its value: every one between the interpreter (slot 0) and
 // the entry programs (MPS_JMP_ENTRY..., abi_check.cpp places those below MPS_PROG_MAX).
@@ -146,6 +113,16 @@ mps_step make_step(mps_prog prog, uint16_t on_match, uint16_t on_miss, uint16_t 
     s.on_match = on_match;
     s.on_miss = on_miss;
     s.policy = policy;
+    return s;
+}
+
+mps_step cidr4_step(mps_prog prog, const char* addr, uint8_t prefix, uint16_t on_match) {
+    auto s = make_step(prog, on_match, MPS_PC_END);
+    s.p.cidr.family = 4;
+    s.p.cidr.prefix = prefix;
+    s.p.cidr.mask[0] = htonl(prefix ? ~0u << (32 - prefix) : 0);
+    inet_pton(AF_INET, addr, &s.p.cidr.addr[0]);
+    s.p.cidr.addr[0] &= s.p.cidr.mask[0];
     return s;
 }
 

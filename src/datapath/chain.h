@@ -3,6 +3,8 @@
 // A plain value, built and compared without root; see bpf/README.md for the step semantics.
 #pragma once
 
+#include "net/hook.h"
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -16,13 +18,12 @@ extern "C" {
 
 namespace mpsteer::datapath {
 
-enum class Hook : uint8_t {
-    xdp = MPS_HOOK_XDP,
-    tc_egress = MPS_HOOK_TC_EGRESS,
-    tc_ingress = MPS_HOOK_TC_INGRESS,
-};
-std::string_view to_string(Hook h);
-std::optional<Hook> hook_from_string(std::string_view s);  // "xdp", "tc_egress", "tc_ingress"
+using mpsteer::Hook;
+using mpsteer::hook_from_string;
+using mpsteer::to_string;
+static_assert(uint8_t(Hook::xdp) == MPS_HOOK_XDP &&
+              uint8_t(Hook::tc_egress) == MPS_HOOK_TC_EGRESS &&
+              uint8_t(Hook::tc_ingress) == MPS_HOOK_TC_INGRESS);
 
 // Where a hook's chain starts. An empty ifname applies to every interface the hook is attached
 // to; a named one overrides it for that interface (per-interface policy sets).
@@ -74,27 +75,24 @@ constexpr size_t kMaxIfaceEntries = MPS_IFACE_ENTRIES_MAX / 2;
 // Step constructors: fill the union correctly so callers never touch raw bytes.
 mps_step make_step(mps_prog prog, uint16_t on_match, uint16_t on_miss = MPS_PC_END,
                    uint16_t policy = 0);
+// A src/dst selector on the IPv4 prefix addr/prefix (the benchmarks' chains), miss -> end.
+mps_step cidr4_step(mps_prog prog, const char* addr, uint8_t prefix, uint16_t on_match = 0);
 std::string_view prog_name(mps_prog p);
 
 // "10.0.1.1:40000 <-> 10.0.2.2:80" (IPv6 endpoints in brackets), in the key's own order.
 std::string to_string(const mps_flow_key& k);
 // Whether a step runs in its own program (reached by tail call) rather than inline in the
-// interpreter (the cheap selectors, pass and drop).
+// interpreter (the cheap selectors, pass and drop): MPS_PROGRAMS' `inline` column.
 constexpr bool has_program(mps_prog p) {
     switch (p) {
-    case MPS_SEL_SUBFLOW:
-    case MPS_SEL_IP_PAIR:
-    case MPS_SEL_SRC:
-    case MPS_SEL_DST:
-    case MPS_SEL_PORT:
-    case MPS_SEL_PACKET_TYPE:
-    case MPS_ACT_PASS:
-    case MPS_ACT_DROP:
-    case MPS_PROG_NONE:
-    case MPS_PROG_MAX: return false;
-    default: return true;
+#define MPS_PROG_OWN(e, value, name, inl, options) \
+    case e: return !(inl);
+        MPS_PROGRAMS(MPS_PROG_OWN)
+#undef MPS_PROG_OWN
+    default: return false;
     }
-}  // "sel_dst", "act_record", ...
+}
+// "sel_dst", "act_record", ... (MPS_PROGRAMS' names) -> the program.
 std::optional<mps_prog> prog_from_name(std::string_view name);
 
 }  // namespace mpsteer::datapath

@@ -52,18 +52,11 @@ const void* object_bytes(size_t* size) {
                                               : mps_dp_nobtf__elf_bytes(size);
 }
 
-mps_dp* open_object() {
-    auto* obj = static_cast<mps_dp*>(calloc(1, sizeof(mps_dp)));
-    if (!obj) return nullptr;
-    if (mps_dp__create_skeleton(obj)) {
-        mps_dp__destroy(obj);
-        return nullptr;
-    }
+DpSkeleton open_object() {
+    DpSkeleton obj(static_cast<mps_dp*>(calloc(1, sizeof(mps_dp))));
+    if (!obj || mps_dp__create_skeleton(obj.get())) return nullptr;
     obj->skeleton->data = const_cast<void*>(object_bytes(&obj->skeleton->data_sz));
-    if (bpf_object__open_skeleton(obj->skeleton, nullptr)) {
-        mps_dp__destroy(obj);
-        return nullptr;
-    }
+    if (bpf_object__open_skeleton(obj->skeleton, nullptr)) return nullptr;
     return obj;
 }
 
@@ -86,7 +79,7 @@ std::shared_ptr<Datapath> Datapath::load(const StateMaps& state,
     std::shared_ptr<Datapath> dp(new Datapath());
     dp->skel_ = open_object();
     if (!dp->skel_) fail("opening the BPF object", errno);
-    auto* s = dp->skel_;
+    auto* s = dp->skel_.get();
     // Shared state first, so every datapath sees the same flows.
     detail::reuse_state_maps(s->obj, state);
     // set_backup's templates: one per subflow direction it signalled, like prio_sent.
@@ -117,17 +110,27 @@ std::shared_ptr<Datapath> Datapath::load(const StateMaps& state,
                 "programs with subprogram calls; MPSTEER_DATAPATH_WITHOUT_BTF=1 picks the "
                 "build without them",
                 err);
-        fail("loading the BPF programs" +
-                 (why.program.empty() ? std::string()
-                                      : " (this kernel's verifier refused program " +
-                                            why.program + ": " + why.verdict +
-                                            "; the whole log with mpsteer -v)"),
-             err);
+        fail(
+            "loading the BPF programs" +
+                (why.program.empty() ? std::string()
+                                     : " (this kernel's verifier refused program " + why.program +
+                                           ": " + why.verdict + "; the whole log with mpsteer -v)"),
+            err);
     }
     dp->slots_ = &s->bss->mps_slots;
+    dp->empty_slots();
+    dp->fill_prog_arrays();
+    return dp;
+}
+
+void Datapath::empty_slots() {
     // Both slots: no chain on any hook until a generation is written.
-    for (auto& t : dp->slots_->tables)
+    for (auto& t : slots_->tables)
         for (auto& e : t.entries) e = {MPS_PC_END, 0, 0};
+}
+
+void Datapath::fill_prog_arrays() const {
+    auto* s = skel_.get();
     // Slot 0: the interpreter; slot N: the program of enum value N, for every one loaded.
     // Built without kernel BTF, the option walk is a program of its own (bpf/datapath.bpf.c,
     // opt_walk_*): slot N holds it for a step that reads options, and it hands the packet on
@@ -158,7 +161,7 @@ std::shared_ptr<Datapath> Datapath::load(const StateMaps& state,
             set_slot(jmp, slot, fd);
         }
         // Where compiled entries hand packets they do not take (entry_emitter.cpp).
-        for (Hook h : {Hook::xdp, Hook::tc_egress, Hook::tc_ingress}) {
+        for (Hook h : kHooks) {
             if ((h == Hook::xdp) != xdp) continue;
             for (bool preflight : {false, true}) {
                 auto* prog = bpf_object__find_program_by_name(s->obj, entry_name(h, preflight));
@@ -168,20 +171,16 @@ std::shared_ptr<Datapath> Datapath::load(const StateMaps& state,
             }
         }
     }
-    return dp;
 }
 
-std::vector<std::pair<std::string, std::string>> Datapath::refused_programs(
-    const StateMaps& state, size_t* programs) {
+std::vector<std::pair<std::string, std::string>> Datapath::refused_programs(const StateMaps& state,
+                                                                            size_t* programs) {
     std::vector<std::pair<std::string, std::string>> refused;
     std::set<std::string> off;
     for (;;) {
-        mps_dp* s = open_object();
-        if (!s) fail("opening the BPF object", errno);
-        struct Close {
-            mps_dp* s;
-            ~Close() { mps_dp__destroy(s); }
-        } close{s};
+        DpSkeleton obj = open_object();
+        if (!obj) fail("opening the BPF object", errno);
+        mps_dp* s = obj.get();
         detail::reuse_state_maps(s->obj, state);
         bpf_map__set_max_entries(s->maps.prio_tmpl, state.sizes().prio_sent());
         bpf_map__set_max_entries(s->maps.rate_edges, state.sizes().prio_sent());
@@ -234,8 +233,11 @@ std::shared_ptr<Datapath> Datapath::adopt(const std::string& dir) {
     return dp;
 }
 
+void SkeletonDeleter::operator()(mps_dp* s) const {
+    mps_dp__destroy(s);
+}
+
 Datapath::~Datapath() {
-    if (skel_) mps_dp__destroy(skel_);
     if (map_len_) munmap(slots_, map_len_);
 }
 
@@ -288,6 +290,37 @@ int Datapath::map_fd(std::string_view name) const {
     for (const auto& [n, fd] : adopted_)
         if (n == name) return fd.get();
     throw Error("no BPF map " + std::string(name));
+}
+
+void Datapath::reset() {
+    if (!skel_) throw Error("resetting an adopted datapath");
+    bpf_map* m;
+    bpf_object__for_each_map(m, skel_->obj) {
+        const int fd = bpf_map__fd(m);
+        switch (bpf_map__type(m)) {
+        case BPF_MAP_TYPE_HASH:
+        case BPF_MAP_TYPE_LRU_HASH:
+        case BPF_MAP_TYPE_PERCPU_HASH:
+        case BPF_MAP_TYPE_LRU_PERCPU_HASH: {
+            // Delete by the first key until none is left: deleting the key iteration stands
+            // on would restart it anyway.
+            std::vector<uint8_t> key(bpf_map__key_size(m));
+            while (bpf_map_get_next_key(fd, nullptr, key.data()) == 0)
+                if (bpf_map_delete_elem(fd, key.data()) && errno != ENOENT)
+                    fail(std::string("clearing ") + bpf_map__name(m), errno);
+            break;
+        }
+        case BPF_MAP_TYPE_PERCPU_ARRAY:
+            // Per-CPU values travel padded to 8 bytes each.
+            detail::zero_percpu(fd, 0, bpf_map__max_entries(m),
+                                (bpf_map__value_size(m) + 7) / 8 * 8);
+            break;
+        default:  // arrays (the slots, the prog arrays), the ring buffer
+            break;
+        }
+    }
+    empty_slots();
+    fill_prog_arrays();
 }
 
 mps_table& Datapath::table(uint32_t slot) {

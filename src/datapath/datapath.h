@@ -16,10 +16,12 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "datapath/chain.h"
+#include "net/fd.h"
 
 struct ring_buffer;
 struct mps_dp;  // the generated skeletons (bpf/datapath.bpf.c, bpf/ctl.bpf.c)
@@ -36,20 +38,15 @@ struct Error : std::runtime_error {
 void init_libbpf_logging();
 void ensure_bpffs(const std::string& pin_root);
 
-// An owned file descriptor.
-class Fd {
-public:
-    Fd() = default;
-    explicit Fd(int fd) : fd_(fd) {}
-    Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-    Fd& operator=(Fd&& o) noexcept;
-    ~Fd();
-    int get() const { return fd_; }
-    explicit operator bool() const { return fd_ >= 0; }
+using net::Fd;  // net/fd.h
 
-private:
-    int fd_ = -1;
+// The generated skeletons, destroyed with their owner (bpf/datapath.bpf.c, bpf/ctl.bpf.c).
+struct SkeletonDeleter {
+    void operator()(struct mps_dp* s) const;
+    void operator()(struct mps_ctl* s) const;
 };
+using DpSkeleton = std::unique_ptr<struct mps_dp, SkeletonDeleter>;
+using CtlSkeleton = std::unique_ptr<struct mps_ctl, SkeletonDeleter>;
 
 // How many entries the state tables hold, chosen when the agent creates them (`mpsteer run
 // --flows N`; bpf/README.md, "Table sizes"). Everything follows from the subflows tracked: a
@@ -87,7 +84,7 @@ public:
     int flows() const { return flows_.get(); }
     int conns() const { return conns_.get(); }
     int events() const { return events_.get(); }
-    // The option-rewriting actors' memory (bpf/rewrite.bpf.h): stored ADD_ADDR
+    // The option-rewriting actors' memory (bpf/lib/rewrite.h and its actors): stored ADD_ADDR
     // announcements, pending add_subflow requests, set_backup's signalled state.
     int announces() const { return announces_.get(); }
     int add_requests() const { return add_requests_.get(); }
@@ -108,13 +105,10 @@ public:
     bool update_flow(const mps_ctl_flow_req& req) const;
 
 private:
-    struct CtlDeleter {
-        void operator()(struct mps_ctl* c) const;
-    };
     std::string root_;
     TableSizes sizes_;
     Fd flows_, conns_, events_, announces_, add_requests_, prio_sent_, table_inserts_;
-    std::unique_ptr<struct mps_ctl, CtlDeleter> ctl_;  // bpf/ctl.bpf.c
+    CtlSkeleton ctl_;  // bpf/ctl.bpf.c
 };
 
 struct StepCounters {
@@ -157,6 +151,13 @@ public:
     int prog_fd(std::string_view name) const;  // e.g. "bench_bare_pass"
     int map_fd(std::string_view name) const;   // e.g. "jmp_xdp", "prio_tmpl", "step_counters"
 
+    // Returns a loaded datapath (not an adopted one) to how load() left it, with the state
+    // maps emptied: every hash table (flows, connections, announcements, templates, rate
+    // edges, per-interface entries) and per-CPU array (counters, scratch) cleared, the prog
+    // arrays filled again, both slots without a chain. The ring buffer is its readers' to
+    // drain. For tests that share one load among many cases.
+    void reset();
+
     uint32_t active_slot() const;
     uint32_t live_word() const;  // mps_slots.active: the slot and its compiled entries' epoch
     // Waits, when a flip happened since the last wait (or `always`), until no packet can still
@@ -171,8 +172,10 @@ private:
     void activate(uint32_t live);
     uint32_t next_live(uint32_t slot);  // a live word no compiled entry has had
     void set_testing(uint32_t live);
+    void empty_slots();             // every hook of both slots: no chain
+    void fill_prog_arrays() const;  // slot N of jmp_*: the program of enum value N (loaded ones)
     uint32_t epoch_ = 0;
-    struct mps_dp* skel_ = nullptr;                    // loaded here
+    DpSkeleton skel_;                                  // loaded here (none: adopted)
     std::vector<std::pair<std::string, Fd>> adopted_;  // adopted: pins by name
     mps_slots* slots_ = nullptr;  // in .bss: the skeleton's mmap, or ours when adopted
     size_t map_len_ = 0;          // our own mmap's length (adopted)
@@ -204,6 +207,9 @@ public:
     static std::unique_ptr<Generation> build(const ChainSet& chains, uint32_t number,
                                              const StateMaps& state,
                                              const std::vector<std::string>& also_load = {});
+    // The same on a datapath loaded before (every program the chain set needs in it).
+    static std::unique_ptr<Generation> build(std::shared_ptr<Datapath> dp, const ChainSet& chains,
+                                             uint32_t number);
     // Writes the chain set into the slot no packet runs (waiting out packets that ran it
     // before) and makes it the staged slot: preflight_fd() runs it, packets do not until
     // activate(). Overwrites whatever generation had that slot. Compiled entries come with
@@ -327,6 +333,17 @@ struct Event {
     bool have_flow = false;             // the flows map had raw.flow
     mps_flow flow{};                    // its entry (zero unless have_flow)
 };
+// What an event's fields mean for its type (abi.h, "what the rest holds per type"), decoded
+// here once for every reader: the hooks, the event log, the demo.
+struct EventFields {
+    std::string_view type;  // "mp_capable", "mp_join", "flow_closed", "add_addr_blocked", "unknown"
+    bool backup = false;    // mp_join: the B flag
+    bool reset = false;     // flow_closed: by a RST
+    std::string address;    // add_addr_blocked: the announced address, as text
+    uint16_t port = 0;      // add_addr_blocked: the announced port (0: none)
+};
+EventFields decode(const mps_event& e);
+
 class EventReader {
 public:
     using Handler = std::function<void(const Event&)>;

@@ -4,31 +4,10 @@
 // every jump goes forward; Emitter writes the program: the live-word check, the IPv4/TCP
 // shape checks of parse_packet(), each step, and the cold hand-overs to the entry programs.
 //
-// A selector's meaning is written three times: the interpreter (bpf/datapath.bpf.c), the
-// option walks (bpf/include/mpsteer/parse.h) and this emitter. tests/bpf/compiled_test.cpp
-// holds them together. Adding a selector, in order:
-//  1. bpf/include/mpsteer/abi.h: a value in enum mps_prog after the last selector (below
-//     MPS_ACT_PASS; never renumber) and, with parameters, a struct mps_p_<name> in
-//     union mps_param (40 bytes at most); its size and offsets in src/datapath/abi_check.cpp.
-//  2. The manifest: schemas/selector-set.schema.json, src/manifest/model.cpp
-//     (Selector::Kind and its key), schemas/README.md.
-//  3. src/compile/compile.cpp, Builder::encode(): the Selector as step parameters.
-//  4. src/datapath/chain.h, has_program(): inline (cheap: the addresses, ports or kinds the
-//     entry already has) or a program of its own (flow state, options with offsets);
-//     src/datapath/chain.cpp: "sel_<name>" in kProgNames, its parameters in params_str().
-//  5. bpf/datapath.bpf.c: inline, a branch-free m_<name>() and its case in walk() (the
-//     interpreter); a program, sel_<name>() and a SELECTOR(sel_<name>, ...) line. A new
-//     packet kind goes into both option walks of parse.h, scan_options() and scan_kinds(),
-//     and into Emitter::scan() here.
-//  6. Here, for an inline selector only (program steps need nothing: hand_over() gives them
-//     the interpreter's context): its case in Emitter::step(), for the one shape taken
-//     (without one it would fall to hand_over() and an empty prog-array slot); parameters
-//     that decide the answer alone (never / always matches) in successors() and never_ipv4();
-//     a selector that needs the option walk marked as packet_type is in plan_scans().
-//  7. Tests: its meaning in tests/bpf/selectors_test.cpp; the equivalence in
-//     tests/bpf/compiled_test.cpp, chains(): a chain using it (each parameter shape the
-//     emitter treats apart), checked against the interpreter on every frame of frames() and
-//     every hook. bpf/README.md lists the inline selectors ("How a packet runs a chain").
+// A selector's meaning is written three times: the interpreter (bpf/lib/selectors.h, interp.h), the
+// option walks (bpf/include/mpsteer/parse.h) and this emitter; tests/bpf/compiled_test.cpp
+// holds them together. What an inline selector needs here: CONTRIBUTING.md, "How to add a
+// selector".
 #include "datapath/entry_emitter.h"
 
 #include "datapath/bpf_asm.h"
@@ -560,7 +539,7 @@ private:
         count_gen(MPS_GC_PACKETS);
         Reg base = kCtx;
         int16_t at = offsetof(__sk_buff, cb);
-        if (xdp_) {  // the per-CPU context (bpf/chain.bpf.h: xdp_pkt_ctx)
+        if (xdp_) {  // the per-CPU context (bpf/lib/chain_maps.h: xdp_pkt_ctx)
             lookup(maps_.xdp_ctx, 0);
             Label found = a_.label();
             a_.jmp64(BPF_JNE, R0, 0, found);

@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "net/address.h"
 #include "net/sha256.h"
 
 namespace mpsteer::datapath {
@@ -22,7 +23,9 @@ namespace {
 std::atomic<uint64_t> conn_insert_count{0};
 }
 
-uint64_t conn_inserts() { return conn_insert_count.load(std::memory_order_acquire); }
+uint64_t conn_inserts() {
+    return conn_insert_count.load(std::memory_order_acquire);
+}
 
 MptcpKeyIds mptcp_key_ids(uint64_t key_wire) {
     // The key as on the wire is already big-endian bytes in memory. One digest gives both.
@@ -141,6 +144,28 @@ int EventReader::on_sample(void* self_ptr, void* data, size_t size) {
     }
     self->handler_(ev);
     return 0;
+}
+
+EventFields decode(const mps_event& e) {
+    EventFields f;
+    switch (e.type) {
+    case MPS_EV_MP_CAPABLE: f.type = "mp_capable"; break;
+    case MPS_EV_MP_JOIN:
+        f.type = "mp_join";
+        f.backup = e.flags & 1;
+        break;
+    case MPS_EV_FLOW_CLOSED:
+        f.type = "flow_closed";
+        f.reset = e.flags & 1;
+        break;
+    case MPS_EV_ADD_ADDR_BLOCKED:
+        f.type = "add_addr_blocked";
+        f.address = net::address_text(e.flags == 6 ? 6 : 4, e.key);
+        f.port = uint16_t(e.nonce);
+        break;
+    default: f.type = "unknown"; break;
+    }
+    return f;
 }
 
 }  // namespace mpsteer::datapath

@@ -45,7 +45,12 @@ std::unique_ptr<Generation> Generation::build(const ChainSet& chains, uint32_t n
     for (const auto& st : chains.steps)
         for (auto& name : programs_of(st)) only.push_back(std::move(name));
     only.push_back(detail::kAlwaysLoaded[0]);  // never empty: empty means every program
-    auto g = stage(Datapath::load(state, only), chains, number);
+    return build(Datapath::load(state, only), chains, number);
+}
+
+std::unique_ptr<Generation> Generation::build(std::shared_ptr<Datapath> dp, const ChainSet& chains,
+                                              uint32_t number) {
+    auto g = stage(std::move(dp), chains, number);
     if (!g->missing_interfaces().empty())
         throw Error("interface " + g->missing_interfaces().front() + " not found");
     g->emit_entries();
@@ -204,7 +209,7 @@ Fd load_compiled(Hook hook, const std::vector<bpf_insn>& insns, std::string& why
     opts.log_size = static_cast<__u32>(log.size());
     opts.log_level = 1;
     Fd again(bpf_prog_load(type, name, "Dual BSD/GPL", insns.data(), insns.size(), &opts));
-    if (again) return again;  // refused once only: take it
+    if (again) return again;                 // refused once only: take it
     const bool truncated = errno == ENOSPC;  // before 6.4 a full log keeps its start only
     log.resize(std::strlen(log.c_str()));
     spdlog::debug("the verifier's log for the compiled {} entry:\n{}", to_string(hook), log);
@@ -280,7 +285,7 @@ bool Generation::compiled(Hook h, const std::string& ifname) const {
 std::vector<std::pair<Hook, RunResult>> Generation::preflight(
     std::span<const uint8_t> frame) const {
     std::vector<std::pair<Hook, RunResult>> out;
-    for (Hook h : {Hook::xdp, Hook::tc_egress, Hook::tc_ingress})
+    for (Hook h : kHooks)
         out.emplace_back(h, test_run(dp_->preflight_fd(h), frame, h == Hook::xdp));
     struct Testing {  // compiled entries run their chain while testing holds their word
         Datapath& dp;

@@ -35,10 +35,15 @@ inline std::string program_name(mps_prog p, bool xdp) {
 }
 
 // Whether step program p reads the packet's options (in the build without kernel BTF, the
-// walk program runs before it: bpf/datapath.bpf.c, opt_walk_*). Only the flow-table lookups
-// and the reply/redirect actors do not.
-inline bool reads_options(mps_prog p) {
-    return p != MPS_SEL_TOKEN && p != MPS_ACT_REJECT && p != MPS_ACT_REDIRECT;
+// walk program runs before it: bpf/datapath.bpf.c, opt_walk_*): MPS_PROGRAMS' `options`.
+constexpr bool reads_options(mps_prog p) {
+    switch (p) {
+#define MPS_PROG_OPTIONS(e, value, name, inl, options) \
+    case e: return options;
+        MPS_PROGRAMS(MPS_PROG_OPTIONS)
+#undef MPS_PROG_OPTIONS
+    default: return false;
+    }
 }
 
 // The hook's entry program ("entry_xdp", ...) or its preflight twin ("preflight_xdp", ...).
@@ -63,7 +68,7 @@ void forget_refusal();  // before a load, so a failure without a log names no ea
 // In the calling thread's network namespace; throws Error when there is no such interface.
 uint32_t ifindex_of(const std::string& ifname);
 
-// The shared state maps (bpf/state_maps.bpf.h): makes every load of a BPF object use the
+// The shared state maps (bpf/lib/state_maps.h): makes every load of a BPF object use the
 // pinned ones, and tells them apart from the maps a Datapath owns.
 void reuse_state_maps(bpf_object* obj, const StateMaps& state);
 bool is_state_map(std::string_view name);

@@ -30,11 +30,7 @@ std::string bpf_unusable() {
         {BPF_ALU64 | BPF_MOV | BPF_K, BPF_REG_0, 0, 0, 2 /* XDP_PASS */},
         {BPF_JMP | BPF_EXIT, 0, 0, 0, 0},
     };
-    int fd = bpf_prog_load(BPF_PROG_TYPE_XDP, "mps_probe", "GPL", pass, 2, nullptr);
-    if (fd >= 0) {
-        close(fd);
-        return {};
-    }
+    if (Fd(bpf_prog_load(BPF_PROG_TYPE_XDP, "mps_probe", "GPL", pass, 2, nullptr))) return {};
     switch (errno) {
     case ENOSYS: return "the kernel has no BPF system call (CONFIG_BPF_SYSCALL)";
     case EPERM: return "not permitted: run as root (CAP_BPF, CAP_NET_ADMIN, CAP_PERFMON)";

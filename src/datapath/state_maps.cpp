@@ -83,22 +83,22 @@ uint32_t max_entries_of(int fd) {
 // its size: a different one asked for is reported, not applied (its entries are live flows).
 Fd create_or_adopt(const std::string& path, bpf_map_type type, uint32_t key, uint32_t value,
                    uint32_t max_entries, const char* name) {
-    int fd = bpf_obj_get(path.c_str());
-    if (fd < 0) {
-        fd = bpf_map_create(type, name, key, value, max_entries, nullptr);
-        if (fd < 0) fail(std::string("creating map ") + name, errno);
-        if (bpf_obj_pin(fd, path.c_str())) {
+    Fd map(bpf_obj_get(path.c_str()));
+    if (!map) {
+        map.reset(bpf_map_create(type, name, key, value, max_entries, nullptr));
+        if (!map) fail(std::string("creating map ") + name, errno);
+        if (bpf_obj_pin(map.get(), path.c_str())) {
             int err = errno;
-            close(fd);
             // Someone else pinned it first: use theirs.
-            if (err != EEXIST || (fd = bpf_obj_get(path.c_str())) < 0) fail("pinning " + path, err);
+            map.reset(err == EEXIST ? bpf_obj_get(path.c_str()) : -1);
+            if (!map) fail("pinning " + path, err);
         }
     }
-    Fd map(fd);
-    if (uint32_t have = max_entries_of(fd); have != max_entries)
-        spdlog::warn("state table {} was made with {} entries and is kept at that size (it holds "
-                     "live state); `mpsteer reset` before a start applies {}",
-                     name, have, max_entries);
+    if (uint32_t have = max_entries_of(map.get()); have != max_entries)
+        spdlog::warn(
+            "state table {} was made with {} entries and is kept at that size (it holds "
+            "live state); `mpsteer reset` before a start applies {}",
+            name, have, max_entries);
     return map;
 }
 
@@ -259,7 +259,7 @@ void zero_percpu(int fd, uint32_t first, uint32_t n, size_t value_size) {
 }
 
 namespace {
-// The shared maps by their names in the BPF objects (bpf/state_maps.bpf.h).
+// The shared maps by their names in the BPF objects (bpf/lib/state_maps.h).
 struct StateMapRef {
     const char* name;
     int (StateMaps::*fd)() const;
@@ -290,18 +290,6 @@ bool is_state_map(std::string_view name) {
     return false;
 }
 }  // namespace detail
-
-Fd& Fd::operator=(Fd&& o) noexcept {
-    if (this != &o) {
-        if (fd_ >= 0) close(fd_);
-        fd_ = std::exchange(o.fd_, -1);
-    }
-    return *this;
-}
-
-Fd::~Fd() {
-    if (fd_ >= 0) close(fd_);
-}
 
 std::string detail::verifier_verdict(std::string_view log) {
     std::string_view verdict;
@@ -430,8 +418,8 @@ void StateMaps::remove_flow(const mps_flow_key& k) const {
         fail("counting a removed flow", errno);
 }
 
-void StateMaps::CtlDeleter::operator()(mps_ctl* c) const {
-    mps_ctl__destroy(c);
+void SkeletonDeleter::operator()(mps_ctl* s) const {
+    mps_ctl__destroy(s);
 }
 
 bool StateMaps::update_flow(const mps_ctl_flow_req& req) const {

@@ -20,6 +20,7 @@
 #include <spdlog/spdlog.h>
 
 #include "lab/lab.h"
+#include "net/fd.h"
 
 namespace mpsteer::lab {
 
@@ -27,30 +28,24 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-int packet_socket(const std::string& ifname) {
-    int fd = socket(AF_PACKET, SOCK_RAW | SOCK_CLOEXEC | SOCK_NONBLOCK, htons(ETH_P_ALL));
-    if (fd < 0) throw Error(std::string("delay line: packet socket: ") + std::strerror(errno));
+net::Fd packet_socket(const std::string& ifname) {
+    net::Fd fd(socket(AF_PACKET, SOCK_RAW | SOCK_CLOEXEC | SOCK_NONBLOCK, htons(ETH_P_ALL)));
+    if (!fd) throw Error(std::string("delay line: packet socket: ") + std::strerror(errno));
     sockaddr_ll a{};
     a.sll_family = AF_PACKET;
     a.sll_protocol = htons(ETH_P_ALL);
     a.sll_ifindex = static_cast<int>(if_nametoindex(ifname.c_str()));
     int one = 1, big = 8 << 20;
     // Our own transmissions on this interface must not come back as input.
-    setsockopt(fd, SOL_PACKET, PACKET_IGNORE_OUTGOING, &one, sizeof one);
+    setsockopt(fd.get(), SOL_PACKET, PACKET_IGNORE_OUTGOING, &one, sizeof one);
     // Each frame with its virtio_net_hdr: received and sent as is, GSO and checksum state.
-    if (setsockopt(fd, SOL_PACKET, PACKET_VNET_HDR, &one, sizeof one) != 0) {
-        std::string e = std::string("delay line: PACKET_VNET_HDR: ") + std::strerror(errno);
-        close(fd);
-        throw Error(e);
-    }
+    if (setsockopt(fd.get(), SOL_PACKET, PACKET_VNET_HDR, &one, sizeof one) != 0)
+        throw Error(std::string("delay line: PACKET_VNET_HDR: ") + std::strerror(errno));
     // Deep buffers: a burst at line rate must wait out the delay rather than be dropped.
-    setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &big, sizeof big);
-    setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &big, sizeof big);
-    if (!a.sll_ifindex || bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-        std::string e = "delay line: bind to " + ifname + ": " + std::strerror(errno);
-        close(fd);
-        throw Error(e);
-    }
+    setsockopt(fd.get(), SOL_SOCKET, SO_RCVBUFFORCE, &big, sizeof big);
+    setsockopt(fd.get(), SOL_SOCKET, SO_SNDBUFFORCE, &big, sizeof big);
+    if (!a.sll_ifindex || bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0)
+        throw Error("delay line: bind to " + ifname + ": " + std::strerror(errno));
     return fd;
 }
 
@@ -66,20 +61,13 @@ DelayLine::DelayLine(const std::string& netns, const std::string& if_a, const st
     : delay_us_(delay.count()) {
     NetnsGuard in(netns);
     fd_[0] = packet_socket(if_a);
-    try {
-        fd_[1] = packet_socket(if_b);
-    } catch (...) {
-        close(fd_[0]);
-        throw;
-    }
+    fd_[1] = packet_socket(if_b);
     thread_ = std::thread([this] { relay(); });
 }
 
 DelayLine::~DelayLine() {
     stop_ = true;
     thread_.join();
-    close(fd_[0]);
-    close(fd_[1]);
 }
 
 void DelayLine::relay() {
@@ -100,14 +88,14 @@ void DelayLine::relay() {
             ts.tv_sec = wait.count() / 1000000000;
             ts.tv_nsec = wait.count() % 1000000000;
         }
-        pollfd p[2] = {{fd_[0], POLLIN, 0}, {fd_[1], POLLIN, 0}};
+        pollfd p[2] = {{fd_[0].get(), POLLIN, 0}, {fd_[1].get(), POLLIN, 0}};
         ppoll(p, 2, &ts, nullptr);
         now = Clock::now();
         const auto delay = std::chrono::microseconds(delay_us_.load());
         for (int i = 0; i < 2; i++) {
             if (!(p[i].revents & POLLIN)) continue;
             for (;;) {
-                ssize_t n = recv(fd_[i], buf.data(), buf.size(), MSG_DONTWAIT);
+                ssize_t n = recv(fd_[i].get(), buf.data(), buf.size(), MSG_DONTWAIT);
                 if (n <= 0) break;
                 q[i].push_back({now + delay, {buf.begin(), buf.begin() + n}});
             }
@@ -116,7 +104,8 @@ void DelayLine::relay() {
             while (!q[i].empty() && q[i].front().due <= now) {
                 const auto& f = q[i].front();
                 // Out of the other interface; a full queue drops, as a router would.
-                if (send(fd_[i ^ 1], f.data.data(), f.data.size(), MSG_DONTWAIT) < 0) dropped_++;
+                if (send(fd_[i ^ 1].get(), f.data.data(), f.data.size(), MSG_DONTWAIT) < 0)
+                    dropped_++;
                 q[i].pop_front();
             }
         }

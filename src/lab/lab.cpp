@@ -46,31 +46,28 @@ CmdResult run(const std::vector<std::string>& argv) {
     cargv.push_back(nullptr);
     int p[2];
     if (pipe2(p, O_CLOEXEC) != 0) throw Error(sys_error("pipe"));
+    net::Fd read_end(p[0]), write_end(p[1]);
     pid_t pid = fork();
-    if (pid < 0) {
-        close(p[0]);
-        close(p[1]);
-        throw Error(sys_error("fork"));
-    }
+    if (pid < 0) throw Error(sys_error("fork"));
     if (pid == 0) {
         int devnull = open("/dev/null", O_RDONLY);
         if (devnull >= 0) dup2(devnull, 0);
-        dup2(p[1], 1);
-        dup2(p[1], 2);
+        dup2(write_end.get(), 1);
+        dup2(write_end.get(), 2);
         execvp(cargv[0], cargv.data());
         _exit(127);
     }
-    close(p[1]);
+    write_end.reset();  // else the read below never sees EOF
     CmdResult r;
     char buf[4096];
     for (;;) {
-        ssize_t n = read(p[0], buf, sizeof buf);
+        ssize_t n = read(read_end.get(), buf, sizeof buf);
         if (n > 0)
             r.out.append(buf, n);
         else if (n == 0 || errno != EINTR)
             break;
     }
-    close(p[0]);
+    read_end.reset();  // before waiting: a child still writing must not block on a full pipe
     int st = 0;
     while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
     r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
@@ -101,28 +98,23 @@ std::string must_in(const std::string& netns, const std::vector<std::string>& ar
 
 NetnsGuard::NetnsGuard(const std::string& netns) {
     // thread-self: setns changes only this thread, so save this thread's namespace.
-    saved_ = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
-    if (saved_ < 0) throw Error(sys_error("open /proc/thread-self/ns/net"));
-    int fd = open(("/run/netns/" + netns).c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        close(saved_);
-        throw Error(sys_error("open /run/netns/" + netns));
-    }
-    int r = setns(fd, CLONE_NEWNET);
+    saved_.reset(open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC));
+    if (!saved_) throw Error(sys_error("open /proc/thread-self/ns/net"));
+    net::Fd fd(open(("/run/netns/" + netns).c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd) throw Error(sys_error("open /run/netns/" + netns));
+    int r = setns(fd.get(), CLONE_NEWNET);
     int err = errno;
-    close(fd);
+    fd.reset();
     if (r != 0) {
-        close(saved_);
         errno = err;
         throw Error(sys_error("setns " + netns));
     }
 }
 
 NetnsGuard::~NetnsGuard() {
-    if (setns(saved_, CLONE_NEWNET) != 0)
+    if (setns(saved_.get(), CLONE_NEWNET) != 0)
         spdlog::critical("lab: cannot return to the original network namespace: {}",
                          std::strerror(errno));
-    close(saved_);
 }
 
 // ---- Lab -----------------------------------------------------------------------------------

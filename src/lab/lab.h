@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "datapath/datapath.h"
+#include "net/fd.h"
 
 namespace mpsteer::lab {
 
@@ -65,7 +66,7 @@ public:
     NetnsGuard& operator=(const NetnsGuard&) = delete;
 
 private:
-    int saved_ = -1;
+    net::Fd saved_;
 };
 
 // ---- the lab -------------------------------------------------------------------------------
@@ -90,7 +91,7 @@ public:
 
 private:
     void relay();
-    int fd_[2] = {-1, -1};
+    net::Fd fd_[2];
     std::atomic<int64_t> delay_us_;
     std::atomic<uint64_t> dropped_{0};
     std::atomic<bool> stop_{false};
@@ -291,21 +292,21 @@ std::string to_string(const MptcpEvent& e);
 class MptcpMonitor {
 public:
     explicit MptcpMonitor(const std::string& netns);
-    ~MptcpMonitor();
     MptcpMonitor(const MptcpMonitor&) = delete;
     MptcpMonitor& operator=(const MptcpMonitor&) = delete;
     // Waits up to `timeout` for events; returns those received (possibly none).
     std::vector<MptcpEvent> poll(std::chrono::milliseconds timeout);
-    int fd() const { return fd_; }
+    int fd() const { return fd_.get(); }
 
 private:
-    int fd_ = -1;
+    net::Fd fd_;
 };
 
 // ---- traffic -------------------------------------------------------------------------------
 
-// What one side of a transfer saw. The checksum is FNV-1a 64 over the bytes in order, so a
-// sender's and a sink's checksums match only if every byte arrived intact and in order.
+// What one side of a transfer saw. The checksum is a 64-bit hash of the bytes in order
+// (traffic.cpp, StreamHash), so a sender's and a sink's checksums match only if every byte
+// arrived intact and in order.
 struct TrafficStats {
     uint64_t bytes = 0;
     uint64_t checksum = 0;
@@ -329,7 +330,7 @@ public:
 
 private:
     void serve();
-    int listen_fd_ = -1;
+    net::Fd listen_fd_;
     std::atomic<uint64_t> bytes_{0};
     std::atomic<bool> done_{false};
     std::atomic<bool> stop_{false};
@@ -377,7 +378,7 @@ public:
     Source& operator=(const Source&) = delete;
     TrafficStats wait(std::chrono::milliseconds timeout);  // the sender's side
 private:
-    int listen_fd_ = -1;
+    net::Fd listen_fd_;
     std::atomic<bool> done_{false};
     std::atomic<bool> stop_{false};
     std::string error_;
@@ -405,7 +406,7 @@ public:
 
 private:
     void serve();
-    int listen_fd_ = -1;
+    net::Fd listen_fd_;
     std::atomic<unsigned> accepted_{0};
     std::atomic<bool> stop_{false};
     std::thread thread_;
@@ -416,7 +417,6 @@ class ConnectionSet {
 public:
     ConnectionSet(const std::string& netns, const std::string& addr, uint16_t port,
                   unsigned count);  // throws Error when a connect fails
-    ~ConnectionSet();
     ConnectionSet(const ConnectionSet&) = delete;
     ConnectionSet& operator=(const ConnectionSet&) = delete;
 
@@ -432,7 +432,7 @@ public:
     std::vector<State> states();
 
 private:
-    std::vector<int> fds_;
+    std::vector<net::Fd> fds_;
     std::vector<int> errors_;
 };
 

@@ -82,8 +82,8 @@ void LoadBalancerLab::build() {
     must({"ip", "-n", cli, "-6", "route", "add", "default", "via", "fd00:0:1::2"});
     for (const char* v : {"-4", "-6"}) {
         const bool six = v[1] == '6';
-        must({"ip", "-n", cli, v, "rule", "add", "from", client_addr(2, six ? 6 : 4), "table",
-              "2"});
+        must(
+            {"ip", "-n", cli, v, "rule", "add", "from", client_addr(2, six ? 6 : 4), "table", "2"});
         must({"ip", "-n", cli, v, "route", "add", "default", "via",
               six ? "fd00:0:2::2" : "10.0.2.2", "dev", c2, "table", "2"});
     }

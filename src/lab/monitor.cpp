@@ -14,6 +14,7 @@
 
 #include "lab/lab.h"
 #include "net/address.h"
+#include "net/fd.h"
 
 namespace mpsteer::lab {
 
@@ -115,31 +116,22 @@ std::string to_string(const MptcpEvent& e) {
 
 MptcpMonitor::MptcpMonitor(const std::string& netns) {
     NetnsGuard in(netns);  // the socket belongs to this namespace for its whole life
-    fd_ = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_GENERIC);
-    if (fd_ < 0) throw Error(std::string("mptcp monitor: socket: ") + std::strerror(errno));
-    try {
-        uint32_t group = resolve_group(fd_);
-        if (setsockopt(fd_, SOL_NETLINK, NETLINK_ADD_MEMBERSHIP, &group, sizeof group) != 0)
-            throw Error(std::string("mptcp monitor: join group: ") + std::strerror(errno));
-        int big = 1 << 20;  // bursts of events from many subflows
-        setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &big, sizeof big);
-    } catch (...) {
-        close(fd_);
-        throw;
-    }
-}
-
-MptcpMonitor::~MptcpMonitor() {
-    close(fd_);
+    fd_.reset(socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_GENERIC));
+    if (!fd_) throw Error(std::string("mptcp monitor: socket: ") + std::strerror(errno));
+    uint32_t group = resolve_group(fd_.get());
+    if (setsockopt(fd_.get(), SOL_NETLINK, NETLINK_ADD_MEMBERSHIP, &group, sizeof group) != 0)
+        throw Error(std::string("mptcp monitor: join group: ") + std::strerror(errno));
+    int big = 1 << 20;  // bursts of events from many subflows
+    setsockopt(fd_.get(), SOL_SOCKET, SO_RCVBUF, &big, sizeof big);
 }
 
 std::vector<MptcpEvent> MptcpMonitor::poll(std::chrono::milliseconds timeout) {
     std::vector<MptcpEvent> out;
-    pollfd p{fd_, POLLIN, 0};
+    pollfd p{fd_.get(), POLLIN, 0};
     int wait_ms = static_cast<int>(timeout.count());
     while (::poll(&p, 1, wait_ms) > 0) {
         alignas(nlmsghdr) char buf[16384];
-        ssize_t n = recv(fd_, buf, sizeof buf, MSG_DONTWAIT);
+        ssize_t n = recv(fd_.get(), buf, sizeof buf, MSG_DONTWAIT);
         if (n < 0) {
             if (errno == EAGAIN || errno == EINTR) break;
             if (errno == ENOBUFS) continue;  // overrun: some events lost, read on

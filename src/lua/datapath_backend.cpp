@@ -16,6 +16,8 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "net/fd.h"
+
 namespace mpsteer::lua {
 namespace {
 
@@ -41,7 +43,8 @@ std::string canonical_pair(const mps_flow_key& k) {
 
 std::map<std::string, TcpInfo> tcp_sockets() {
     std::map<std::string, TcpInfo> out;
-    int fd = socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
+    const net::Fd sock(socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG));
+    const int fd = sock.get();
     if (fd < 0) throw std::runtime_error(std::string("sock_diag: ") + std::strerror(errno));
     for (int family : {AF_INET, AF_INET6}) {
         struct {
@@ -55,10 +58,8 @@ std::map<std::string, TcpInfo> tcp_sockets() {
         req.r.sdiag_protocol = IPPROTO_TCP;
         req.r.idiag_ext = 1u << (INET_DIAG_INFO - 1);
         req.r.idiag_states = 1u << 1 /* TCP_ESTABLISHED */;
-        if (send(fd, &req, sizeof req, 0) < 0) {
-            close(fd);
+        if (send(fd, &req, sizeof req, 0) < 0)
             throw std::runtime_error(std::string("sock_diag: ") + std::strerror(errno));
-        }
         alignas(nlmsghdr) char buf[32768];
         bool done = false;
         while (!done) {
@@ -100,7 +101,6 @@ std::map<std::string, TcpInfo> tcp_sockets() {
             }
         }
     }
-    close(fd);
     return out;
 }
 

@@ -97,59 +97,6 @@ nlohmann::json EventThreadStats::to_json() const {
             {"latency_after_wakeup_us", lat(latency_after_wakeup)}};
 }
 
-// ---- HookWatchdog --------------------------------------------------------------------------
-
-HookWatchdog::HookWatchdog(CallWatch& watch, std::chrono::milliseconds hang_after,
-                           std::chrono::milliseconds exit_after,
-                           std::function<void(const RunningCall&)> on_stuck)
-    : watch_(watch),
-      hang_after_(hang_after),
-      exit_after_(exit_after),
-      on_stuck_(std::move(on_stuck)) {
-    thread_ = std::thread([this] { run(); });
-}
-
-HookWatchdog::~HookWatchdog() {
-    {
-        std::lock_guard lock(mu_);
-        stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-}
-
-std::optional<RunningCall> HookWatchdog::hung() const {
-    auto c = watch_.current();
-    if (c && Clock::now() - c->since > hang_after_) return c;
-    return std::nullopt;
-}
-
-void HookWatchdog::run() {
-    pthread_setname_np(pthread_self(), "mps-watchdog");
-    const auto period = std::clamp<std::chrono::milliseconds>(
-        hang_after_ / 4, std::chrono::milliseconds(10), std::chrono::milliseconds(250));
-    std::optional<Clock::time_point> reported, stuck;  // the call's `since`, once handled
-    std::unique_lock lock(mu_);
-    while (!cv_.wait_for(lock, period, [this] { return stop_; })) {
-        auto c = watch_.current();
-        if (!c) continue;
-        const auto ran = Clock::now() - c->since;
-        const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(ran).count();
-        if (ran > hang_after_ && reported != c->since) {
-            reported = c->since;
-            spdlog::error("lua {} ({}): {} has run for {} ms; interrupting it", c->policy,
-                          c->script, c->hook, ms);
-            watch_.interrupt();
-        }
-        if (ran > exit_after_ && stuck != c->since) {
-            stuck = c->since;
-            spdlog::critical("lua {} ({}): {} still runs after {} ms and cannot be stopped",
-                             c->policy, c->script, c->hook, ms);
-            if (on_stuck_) on_stuck_(*c);
-        }
-    }
-}
-
 // ---- EventThread ---------------------------------------------------------------------------
 
 namespace {
@@ -178,47 +125,38 @@ void drain(int fd) {
 }
 }  // namespace
 
-EventThread::EventThread(const datapath::StateMaps& state, HookDispatcher& dispatcher,
-                         HookSet& hooks, EventThreadOptions opts)
+EventThread::EventThread(const datapath::StateMaps& state, HookDispatcher& dispatcher, Hooks& hooks,
+                         EventThreadOptions opts)
     : state_(state), dispatcher_(dispatcher), hooks_(hooks), opts_(std::move(opts)) {
     stats_.mode = to_string(opts_.mode);
     stats_.rt_priority = opts_.rt_priority;
     stats_.cpu = opts_.cpu;
     reader_ = std::make_unique<datapath::EventReader>(
         state_, [this](const datapath::Event& ev) { on_event(ev); });
-    epoll_ = epoll_create1(EPOLL_CLOEXEC);
-    wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    notify_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (epoll_ < 0 || wake_fd_ < 0 || notify_fd_ < 0) {
-        int err = errno;
-        for (int fd : {epoll_, wake_fd_, notify_fd_})
-            if (fd >= 0) close(fd);
-        throw datapath::Error(std::string("event thread: ") + std::strerror(err));
-    }
+    epoll_.reset(epoll_create1(EPOLL_CLOEXEC));
+    wake_fd_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    notify_fd_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (!epoll_ || !wake_fd_ || !notify_fd_)
+        throw datapath::Error(std::string("event thread: ") + std::strerror(errno));
     // The ring buffer map itself is pollable (readable while records wait): no nested epoll.
     epoll_event ev{EPOLLIN, {.fd = state_.events()}};
-    epoll_ctl(epoll_, EPOLL_CTL_ADD, state_.events(), &ev);
-    ev.data.fd = wake_fd_;
-    epoll_ctl(epoll_, EPOLL_CTL_ADD, wake_fd_, &ev);
+    epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, state_.events(), &ev);
+    ev.data.fd = wake_fd_.get();
+    epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, wake_fd_.get(), &ev);
     running_ = true;
-    watchdog_ = std::make_unique<HookWatchdog>(hooks_.watch(), opts_.hang_after, opts_.exit_after,
-                                               opts_.on_stuck);
     thread_ = std::thread([this] { run(); });
 }
 
 EventThread::~EventThread() {
     stop();
     reader_.reset();
-    for (int fd : {epoll_, wake_fd_, notify_fd_})
-        if (fd >= 0) close(fd);
 }
 
 void EventThread::stop() {
     if (!thread_.joinable()) return;
     stop_ = true;
-    bump(wake_fd_);
+    bump(wake_fd_.get());
     thread_.join();
-    watchdog_.reset();
     // Tasks posted between the thread's last look and now run here; later ones run inline.
     std::vector<std::function<void()>> left;
     {
@@ -237,7 +175,7 @@ bool EventThread::post(std::function<void()> task) {
         tasks_.push_back(std::move(task));
         tasks_pending_.store(true, std::memory_order_release);
     }
-    bump(wake_fd_);
+    bump(wake_fd_.get());
     return true;
 }
 
@@ -259,7 +197,7 @@ EventThreadStats EventThread::stats() {
 }
 
 std::vector<datapath::Event> EventThread::take_events() {
-    drain(notify_fd_);  // first: an event added after the swap below notifies again
+    drain(notify_fd_.get());  // first: an event added after the swap below notifies again
     std::vector<datapath::Event> out;
     std::lock_guard lock(handoff_mu_);
     out.swap(handoff_);
@@ -267,7 +205,7 @@ std::vector<datapath::Event> EventThread::take_events() {
 }
 
 void EventThread::notify_owner() {
-    bump(notify_fd_);
+    bump(notify_fd_.get());
 }
 
 void EventThread::on_event(const datapath::Event& ev) {
@@ -279,7 +217,7 @@ void EventThread::on_event(const datapath::Event& ev) {
         dispatcher_.dispatch(hooks_, ev);
     } catch (const std::exception& e) {
         // A map or socket error outside a script (the scripts' own errors are contained in
-        // HookSet): this event's hooks are lost, the next ones run.
+        // Hooks): this event's hooks are lost, the next ones run.
         if (stats_.dispatch_errors++ < 10) spdlog::warn("lua hooks: event: {}", e.what());
     }
     if (hooks_.calls() != calls) {
@@ -307,9 +245,9 @@ void EventThread::sleep_until(Clock::time_point t) {
         timeout = int(std::clamp<int64_t>(left, 0, 60'000));
     }
     epoll_event evs[4];
-    int n = epoll_wait(epoll_, evs, 4, timeout);
+    int n = epoll_wait(epoll_.get(), evs, 4, timeout);
     for (int i = 0; i < n; ++i)
-        if (evs[i].data.fd == wake_fd_) drain(wake_fd_);
+        if (evs[i].data.fd == wake_fd_.get()) drain(wake_fd_.get());
     if (n > 0) ++stats_.wakeups;
     after_sleep_ = true;
 }

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
-// The hooks' event thread: takes datapath events off the ring buffer, runs the Lua hooks on
-// them (HookDispatcher::dispatch) and owns the scripts' Lua states. Everything that touches a
-// HookSet, its DatapathBackend or the HookDispatcher runs on this thread: events, on_tick, and
+// The hooks' event thread: takes datapath events off the ring buffer and has the Lua hooks run
+// on them (HookDispatcher::dispatch; the agent's scripts run in the hook process, whose Backend
+// calls this thread serves). Everything that touches the Hooks, their DatapathBackend or the
+// HookDispatcher runs on this thread: events, on_tick, and
 // whatever the owner hands over with call() (configure after an apply, the status, the running
 // generation). The owner gets each event afterwards through take_events() (the agent counts and
 // logs them off the event path). The hooks never write a generation: their step writes go to
@@ -38,6 +39,7 @@
 #include <nlohmann/json.hpp>
 
 #include "datapath/datapath.h"
+#include "net/fd.h"
 #include "lua/hook_dispatcher.h"
 #include "lua/hooks.h"
 
@@ -56,37 +58,6 @@ struct EventThreadOptions {
     // Called on the event thread with each event just before the hooks run (a probe for
     // benchmarks; the agent sets none).
     std::function<void(const datapath::Event&)> before_hooks;
-    // The watchdog (HookWatchdog): a hook call running longer than hang_after is reported
-    // and asked to stop; one still running after exit_after calls on_stuck (the
-    // agent's default: log and exit non-zero, for the service manager to restart it).
-    std::chrono::milliseconds hang_after{3000};
-    std::chrono::milliseconds exit_after{10000};
-    std::function<void(const RunningCall&)> on_stuck;
-};
-
-// Watches a HookSet's call in progress from its own thread. A call stuck in Lua code stops at
-// its next count hook (the interrupt); one stuck inside a C function cannot be stopped, which
-// is what exit_after is for.
-class HookWatchdog {
-public:
-    HookWatchdog(CallWatch& watch, std::chrono::milliseconds hang_after,
-                 std::chrono::milliseconds exit_after,
-                 std::function<void(const RunningCall&)> on_stuck);
-    ~HookWatchdog();
-    HookWatchdog(const HookWatchdog&) = delete;
-    HookWatchdog& operator=(const HookWatchdog&) = delete;
-    // The call running for longer than hang_after, if any.
-    std::optional<RunningCall> hung() const;
-
-private:
-    void run();
-    CallWatch& watch_;
-    std::chrono::milliseconds hang_after_, exit_after_;
-    std::function<void(const RunningCall&)> on_stuck_;
-    std::mutex mu_;
-    std::condition_variable cv_;
-    bool stop_ = false;
-    std::thread thread_;
 };
 
 // Event latency: from the datapath's timestamp (bpf_ktime_get_ns, CLOCK_MONOTONIC) to the end
@@ -117,7 +88,7 @@ struct EventThreadStats {
     uint64_t events_while_polling = 0;  // events found by polling (no wake-up paid)
     uint64_t dispatch_errors = 0;       // dispatch threw (logged; the thread carries on)
     uint64_t handoff_dropped = 0;       // events the owner did not take in time
-    uint64_t ticks = 0;                 // HookSet::tick runs
+    uint64_t ticks = 0;                 // Hooks::tick runs
     LatencyHistogram latency;           // event -> hooks done, events that reached a script
     LatencyHistogram latency_after_wakeup;  // the same, events found right after a sleep
     nlohmann::json to_json() const;
@@ -129,7 +100,7 @@ public:
     // set and its backend must outlive this object and must not be touched elsewhere until it
     // is destroyed, except through call(). Throws datapath::Error when the ring buffer cannot
     // be opened.
-    EventThread(const datapath::StateMaps& state, HookDispatcher& dispatcher, HookSet& hooks,
+    EventThread(const datapath::StateMaps& state, HookDispatcher& dispatcher, Hooks& hooks,
                 EventThreadOptions opts = {});
     ~EventThread();  // stop()
     EventThread(const EventThread&) = delete;
@@ -170,7 +141,7 @@ public:
     // Events the hooks have seen since the last call, oldest first. notify_fd() (an eventfd)
     // becomes readable when the list goes from empty to non-empty; take_events() resets it.
     std::vector<datapath::Event> take_events();
-    int notify_fd() const { return notify_fd_; }
+    int notify_fd() const { return notify_fd_.get(); }
 
     EventThreadStats stats();  // a copy, taken on the event thread (call())
     const EventThreadOptions& options() const { return opts_; }
@@ -186,10 +157,10 @@ private:
 
     const datapath::StateMaps& state_;
     HookDispatcher& dispatcher_;
-    HookSet& hooks_;
+    Hooks& hooks_;
     EventThreadOptions opts_;
     std::unique_ptr<datapath::EventReader> reader_;
-    int epoll_ = -1, wake_fd_ = -1, notify_fd_ = -1;
+    net::Fd epoll_, wake_fd_, notify_fd_;
     std::atomic<bool> stop_{false}, running_{false}, tasks_pending_{false};
     bool closed_ = false;  // under tasks_mu_: no more tasks accepted
     std::atomic<pid_t> tid_{0};
@@ -200,7 +171,6 @@ private:
     EventThreadStats stats_;    // the event thread's
     bool after_sleep_ = false;  // the events in hand were found right after a sleep
     std::chrono::steady_clock::time_point next_tick_ = std::chrono::steady_clock::time_point::max();
-    std::unique_ptr<HookWatchdog> watchdog_;
     std::thread thread_;
 };
 

@@ -8,7 +8,7 @@
 
 namespace mpsteer::lua {
 
-void HookDispatcher::dispatch(HookSet& hooks, const datapath::Event& ev) {
+void HookDispatcher::dispatch(Hooks& hooks, const datapath::Event& ev) {
     if (hooks.size() == 0) return;
     const auto& r = ev.raw;
     const mps_flow& f = ev.flow;  // the event reader's lookup, with its own writes applied
@@ -59,10 +59,11 @@ void HookDispatcher::dispatch(HookSet& hooks, const datapath::Event& ev) {
         break;
     }
     case MPS_EV_ADD_ADDR_BLOCKED: {
+        const auto fields = datapath::decode(r);
         AddAddr a;
         a.token = have ? f.conn_token : 0;
-        a.address = net::address_text(r.flags == 6 ? 6 : 4, r.key);
-        a.port = uint16_t(r.nonce);
+        a.address = fields.address;
+        a.port = fields.port;
         a.addr_id = r.addr_id;
         a.subflow = datapath::to_string(r.flow);
         hooks.on_add_addr_blocked(a);

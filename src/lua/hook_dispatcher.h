@@ -19,7 +19,7 @@ namespace mpsteer::lua {
 class HookDispatcher {
 public:
     explicit HookDispatcher(FlowIds& ids) : ids_(ids) {}
-    void dispatch(HookSet& hooks, const datapath::Event& ev);
+    void dispatch(Hooks& hooks, const datapath::Event& ev);
     size_t connections_tracked() const { return connected_.size(); }
 
 private:

@@ -66,26 +66,21 @@ bool run_recorded(Impl& im, ScriptStatus& st, lua_CFunction fn, const char* what
 }
 }  // namespace
 
-void CallWatch::begin(RunningCall c, std::atomic<bool>* interrupt) {
+void CallWatch::begin(RunningCall c) {
+    if (observer_) observer_(&c);
     std::lock_guard lock(mu_);
     current_ = std::move(c);
-    interrupt_ = interrupt;
 }
 
 void CallWatch::end() {
+    if (observer_) observer_(nullptr);
     std::lock_guard lock(mu_);
     current_.reset();
-    interrupt_ = nullptr;
 }
 
 std::optional<RunningCall> CallWatch::current() const {
     std::lock_guard lock(mu_);
     return current_;
-}
-
-void CallWatch::interrupt() {
-    std::lock_guard lock(mu_);
-    if (interrupt_) interrupt_->store(true);
 }
 
 Script::Script(ScriptSpec spec, Backend& backend, Limits limits, CallWatch* watch)
@@ -115,8 +110,7 @@ Script::Script(ScriptSpec spec, Backend& backend, Limits limits, CallWatch* watc
 Script::~Script() = default;
 
 bool Script::run(lua_CFunction fn, const char* what) {
-    if (watch_) watch_->begin({spec_.policy, spec_.name, what, Clock::now()}, &impl_->interrupt);
-    impl_->interrupt = false;
+    if (watch_) watch_->begin({spec_.policy, spec_.name, what, Clock::now()});
     bool ok = run_recorded(*impl_, status_, fn, what);
     if (watch_) watch_->end();
     return ok;
@@ -135,6 +129,12 @@ size_t Script::memory_bytes() const {
     return impl_->used;
 }
 
+void Script::disable(const std::string& why) {
+    status_.disabled = true;
+    status_.last_error = why;
+    spdlog::error("lua {} ({}): disabled: {}", spec_.policy, spec_.name, why);
+}
+
 void Script::schedule_from(Clock::time_point now) {
     next_tick_ =
         spec_.every_ms ? now + std::chrono::milliseconds(spec_.every_ms) : Clock::time_point::max();
@@ -150,7 +150,7 @@ std::function<void(lua_State*)> settings_return(const char* hook, uint64_t id) {
                        luaL_typename(L, -1));
         SubflowSettings s = check_settings(L, -1, hook);
         if (id == 0) luaL_error(L, "%s returned settings but the subflow is unknown", hook);
-        apply_settings(L, id, s);
+        apply_returned_settings(L, id, s);
     };
 }
 }  // namespace
@@ -320,16 +320,23 @@ uint64_t HookSet::calls() const {
     return n;
 }
 
-std::vector<ScriptStatus> HookSet::status() const {
+std::vector<ScriptStatus> HookSet::status() {
     std::vector<ScriptStatus> out;
     for (const auto& [name, s] : scripts_) out.push_back(s->status());
     return out;
 }
 
-nlohmann::json HookSet::status_json() const {
+nlohmann::json Hooks::status_json() {
     nlohmann::json a = nlohmann::json::array();
-    for (const auto& [name, s] : scripts_) a.push_back(s->status().to_json());
+    for (const auto& s : status()) a.push_back(s.to_json());
     return a;
+}
+
+bool HookSet::disable(const std::string& policy, const std::string& why) {
+    auto* s = find(policy);
+    if (!s) return false;
+    s->disable(why);
+    return true;
 }
 
 Script* HookSet::find(const std::string& policy) {

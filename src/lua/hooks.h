@@ -36,30 +36,32 @@ struct Limits {
     size_t memory_bytes = 16u << 20;    // per state, everything the state allocates
     int max_failures = 3;               // consecutive failed calls before the script is disabled
     // Wall-clock time per call: checked by the count hook, so it stops Lua code; a call stuck
-    // inside a C function is the event thread's watchdog's (event_thread.h).
+    // inside a C function is stopped by the hook process's kill (hook_process.h).
     std::chrono::milliseconds call_time{1000};
     uint32_t api_calls = 10'000;    // mpsteer.* calls per hook call
     size_t message_bytes = 4096;    // an error, log line or print, beyond: truncated
     uint32_t log_lines_per_s = 50;  // log/print lines per script and second, beyond: dropped
 };
 
-// The hook call in progress, for the watchdog on another thread (thread-safe).
+// The hook call in progress, readable from any thread (thread-safe): the hook process tells
+// the agent which script runs (hook_process.h, through its RunningSlot), the agent shows it
+// while a call takes long.
 struct RunningCall {
     std::string policy, script, hook;
     std::chrono::steady_clock::time_point since;
 };
 class CallWatch {
 public:
-    void begin(RunningCall c, std::atomic<bool>* interrupt);
+    void begin(RunningCall c);
     void end();
     std::optional<RunningCall> current() const;
-    // Asks the call in progress to stop at its next count hook (Lua code only).
-    void interrupt();
+    // Called (on the calling thread) with every call as it begins, and with nullptr as it ends.
+    void observe(std::function<void(const RunningCall*)> f) { observer_ = std::move(f); }
 
 private:
     mutable std::mutex mu_;
     std::optional<RunningCall> current_;
-    std::atomic<bool>* interrupt_ = nullptr;
+    std::function<void(const RunningCall*)> observer_;
 };
 
 // What a script sees of one subflow. Fields the host cannot know are 0.
@@ -113,6 +115,12 @@ public:
     virtual std::optional<Subflow> subflow(uint64_t id) = 0;
     // For `policy`'s script. False: no such subflow (any more).
     virtual bool set_subflow(const std::string& policy, uint64_t id, const SubflowSettings& s) = 0;
+    // The settings a hook returned for its subflow: nothing waits for the answer, so a backend
+    // in another process may carry them with the call's end instead of a round trip each.
+    virtual void set_subflow_returned(const std::string& policy, uint64_t id,
+                                      const SubflowSettings& s) {
+        set_subflow(policy, id, s);
+    }
     // Re-inject a hidden announcement (add_subflow); false when already released or unknown.
     virtual bool add_subflow(const std::string& policy, uint32_t token, uint8_t addr_id) = 0;
     // Hide it again (blk_subflow keeps hiding its retransmissions).
@@ -162,6 +170,8 @@ public:
     const ScriptSpec& spec() const { return spec_; }
     const ScriptStatus& status() const { return status_; }
     bool disabled() const { return status_.disabled; }
+    // Disabled by a verdict from outside its calls (why becomes its last error).
+    void disable(const std::string& why);
     // The chunk defined the hook: hooks are the global functions found when the chunk has run
     // (kept as references, so later changes to the globals do not matter).
     bool has(const char* hook) const;
@@ -203,38 +213,63 @@ private:
     bool idle_tick_ = false;
 };
 
-// Every script of the running revision, keyed by policy. The agent's one hook-in.
-class HookSet {
+// What runs the scripts of the running revision, as the event thread drives it: the scripts
+// in this process (HookSet) or in the unprivileged hook process (HookProcess, hook_process.h).
+class Hooks {
 public:
-    explicit HookSet(Backend& backend, Limits limits = {}) : backend_(backend), limits_(limits) {}
+    virtual ~Hooks() = default;
     // Makes the set equal to `specs` (after an apply): unchanged scripts keep their state,
     // changed ones are reloaded, removed ones dropped; then on_apply runs on every script
     // with {revision, generation, reloaded}. Returns the policies whose script was (re)loaded.
-    std::vector<std::string> configure(const std::vector<ScriptSpec>& specs,
-                                       const std::string& revision, uint32_t generation);
-
-    void on_connection(const Connection& c);
-    void on_subflow(const Subflow& s);
-    void on_subflow_closed(const Subflow& s);
-    void on_add_addr_blocked(const AddAddr& a);
+    virtual std::vector<std::string> configure(const std::vector<ScriptSpec>& specs,
+                                               const std::string& revision,
+                                               uint32_t generation) = 0;
+    virtual void on_connection(const Connection& c) = 0;
+    virtual void on_subflow(const Subflow& s) = 0;
+    virtual void on_subflow_closed(const Subflow& s) = 0;
+    virtual void on_add_addr_blocked(const AddAddr& a) = 0;
     // Runs every due on_tick; returns when the next one is due (max(): none). A script with
     // idle_every waits that long instead of every while the backend knows of no connection.
-    std::chrono::steady_clock::time_point tick(std::chrono::steady_clock::time_point now);
+    virtual std::chrono::steady_clock::time_point tick(
+        std::chrono::steady_clock::time_point now) = 0;
     // After events: once a connection exists, scripts waiting out idle_every tick at once.
     // Returns when the next tick is due.
-    std::chrono::steady_clock::time_point wake(std::chrono::steady_clock::time_point now);
-
+    virtual std::chrono::steady_clock::time_point wake(
+        std::chrono::steady_clock::time_point now) = 0;
     // Garbage collection between events: one step on a script that needs it; true while some
     // script still has a cycle to finish.
-    bool collect_step();
-    uint64_t calls() const;  // hook calls so far, every script
-
-    std::vector<ScriptStatus> status() const;
-    nlohmann::json status_json() const;
-    size_t size() const { return scripts_.size(); }
-    Script* find(const std::string& policy);
+    virtual bool collect_step() = 0;
+    virtual uint64_t calls() const = 0;              // hook calls so far, every script
+    virtual size_t size() const = 0;                 // scripts that may run
+    virtual std::vector<ScriptStatus> status() = 0;  // may ask the process
+    nlohmann::json status_json();
     // The call in progress; usable from any thread.
+    virtual std::optional<RunningCall> running() const = 0;
+};
+
+// The scripts themselves, keyed by policy: one sandboxed Lua state each, in this process.
+class HookSet : public Hooks {
+public:
+    explicit HookSet(Backend& backend, Limits limits = {}) : backend_(backend), limits_(limits) {}
+    std::vector<std::string> configure(const std::vector<ScriptSpec>& specs,
+                                       const std::string& revision, uint32_t generation) override;
+    void on_connection(const Connection& c) override;
+    void on_subflow(const Subflow& s) override;
+    void on_subflow_closed(const Subflow& s) override;
+    void on_add_addr_blocked(const AddAddr& a) override;
+    std::chrono::steady_clock::time_point tick(std::chrono::steady_clock::time_point now) override;
+    std::chrono::steady_clock::time_point wake(std::chrono::steady_clock::time_point now) override;
+    bool collect_step() override;
+    uint64_t calls() const override;
+    std::vector<ScriptStatus> status() override;
+    std::optional<RunningCall> running() const override { return watch_.current(); }
     CallWatch& watch() { return watch_; }
+
+    size_t size() const override { return scripts_.size(); }
+    Script* find(const std::string& policy);
+    // Disables a policy's script (the agent's verdict: it flooded the writes); false: no such
+    // script.
+    bool disable(const std::string& policy, const std::string& why);
 
 private:
     template <typename F>

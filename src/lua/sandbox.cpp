@@ -54,12 +54,11 @@ void* capped_alloc(void* ud, void* ptr, size_t osize, size_t nsize) {
     std::abort();  // luaL_error does not return
 }
 
-// Every 1000 instructions: the budget, the call's wall-clock deadline and the watchdog's
-// interrupt. Set on the main thread only: the sandbox has no coroutines.
+// Every 1000 instructions: the budget and the call's wall-clock deadline. Set on the main
+// thread only: the sandbox has no coroutines.
 void count_hook(lua_State* L, lua_Debug*) {
     Script::Impl* im = impl_of(L);
-    if (im->interrupt.load(std::memory_order_relaxed) || Clock::now() > im->deadline)
-        raise_over_budget(L, im, true);
+    if (Clock::now() > im->deadline) raise_over_budget(L, im, true);
     if (im->budget_left > 0 && --im->budget_left > 0) return;
     raise_over_budget(L, im, false);
 }
@@ -221,13 +220,40 @@ int sb_pattern(lua_State* L) {
     return lua_gettop(L);
 }
 
+// tostring without addresses: Lua writes "table: 0x55d0..." for tables, functions, threads
+// and userdata, the layout of the hook process's heap; scripts get the type name instead (a
+// __tostring metamethod still speaks for its value).
+const char* tostring_no_address(lua_State* L, int idx) {
+    idx = lua_absindex(L, idx);
+    switch (lua_type(L, idx)) {
+    case LUA_TTABLE:
+    case LUA_TFUNCTION:
+    case LUA_TTHREAD:
+    case LUA_TUSERDATA:
+    case LUA_TLIGHTUSERDATA:
+        if (luaL_getmetafield(L, idx, "__tostring") != LUA_TNIL) {
+            lua_pop(L, 1);
+            break;
+        }
+        return lua_pushstring(L, luaL_typename(L, idx));
+    default: break;
+    }
+    return luaL_tolstring(L, idx, nullptr);
+}
+
+int sb_tostring(lua_State* L) {
+    luaL_checkany(L, 1);
+    tostring_no_address(L, 1);
+    return 1;
+}
+
 int sb_print(lua_State* L) {
     Script::Impl* im = impl_of(L);
+    const int n = lua_gettop(L);  // before the buffer, which may take a stack slot of its own
     luaL_Buffer b;
     luaL_buffinit(L, &b);
-    int n = lua_gettop(L);
     for (int i = 1; i <= n; ++i) {
-        luaL_tolstring(L, i, nullptr);
+        tostring_no_address(L, i);
         luaL_addvalue(&b);
         if (i < n) luaL_addchar(&b, '\t');
         if (luaL_bufflen(&b) > im->limits.message_bytes) break;  // cut by log_line anyway
@@ -270,6 +296,8 @@ void open_sandboxed_libraries(lua_State* L) {
     lua_setfield(L, -2, "xpcall");
     lua_pushcfunction(L, sb_print);
     lua_setfield(L, -2, "print");
+    lua_pushcfunction(L, sb_tostring);
+    lua_setfield(L, -2, "tostring");
     lua_getfield(L, -1, "setmetatable");
     lua_pushcclosure(L, sb_setmetatable, 1);
     lua_setfield(L, -2, "setmetatable");
@@ -354,8 +382,7 @@ void charge(lua_State* L, uint64_t units, bool api) {
     if (api && ++im->api_calls > im->limits.api_calls)
         luaL_error(L, "too many mpsteer calls in one hook call (limit %I)",
                    static_cast<lua_Integer>(im->limits.api_calls));
-    if (im->interrupt.load(std::memory_order_relaxed) || Clock::now() > im->deadline)
-        raise_over_budget(L, im, true);
+    if (Clock::now() > im->deadline) raise_over_budget(L, im, true);
     if (units >= im->budget_left) raise_over_budget(L, im, false);
     im->budget_left -= units;
 }

@@ -42,8 +42,7 @@ struct Script::Impl {
     bool over_budget = false;  // the instruction budget or the call's time ran out
     uint64_t budget_left = 0;  // in units of 1000 instructions
     std::chrono::steady_clock::time_point deadline;  // of the call in progress
-    std::atomic<bool> interrupt{false};  // set by the watchdog: stop at the next count hook
-    uint32_t api_calls = 0;              // mpsteer.* calls during this call
+    uint32_t api_calls = 0;                          // mpsteer.* calls during this call
     // Logging's rate limit: lines in the current second, and the ones dropped.
     std::chrono::steady_clock::time_point log_second;
     uint32_t log_lines = 0, log_dropped = 0;

@@ -177,6 +177,12 @@ SubflowSettings check_settings(lua_State* L, int idx, const char* what) {
     return s;
 }
 
+void apply_returned_settings(lua_State* L, uint64_t id, const SubflowSettings& s) {
+    Impl* im = impl_of(L);
+    guarded(L, [&] { im->backend->set_subflow_returned(im->owner->spec().policy, id, s); });
+    count_writes(L, 1);
+}
+
 int apply_settings(lua_State* L, uint64_t id, const SubflowSettings& s) {
     Impl* im = impl_of(L);
     bool ok = false;

@@ -27,6 +27,8 @@ SubflowSettings check_settings(lua_State* L, int idx, const char* what);
 // Sends the settings to the Backend for the script's policy, counts the write, pushes whether
 // the subflow was there.
 int apply_settings(lua_State* L, uint64_t id, const SubflowSettings& s);
+// A hook's returned settings (Backend::set_subflow_returned): counted as one write.
+void apply_returned_settings(lua_State* L, uint64_t id, const SubflowSettings& s);
 
 // Sets the globals `mpsteer` (the API, with the script's policy and every_ms) and `params`.
 void open_script_api(lua_State* L);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "datapath/chain.h"
+#include "net/fd.h"
 
 namespace mpsteer::lua {
 
@@ -25,19 +26,20 @@ struct StepWrite {
 class StepWriteQueue {
 public:
     StepWriteQueue();  // throws std::runtime_error when the eventfd cannot be made
-    ~StepWriteQueue();
+    ~StepWriteQueue() = default;
     StepWriteQueue(const StepWriteQueue&) = delete;
     StepWriteQueue& operator=(const StepWriteQueue&) = delete;
 
-    void push(std::vector<StepWrite> writes);  // any thread
+    // Any thread. A write to a step already queued replaces that one (in its place).
+    void push(std::vector<StepWrite> writes);
     // Everything queued so far, oldest first; resets fd().
     std::vector<StepWrite> take();
-    int fd() const { return fd_; }  // readable while writes wait
+    int fd() const { return fd_.get(); }  // readable while writes wait
 
 private:
     std::mutex mu_;
     std::vector<StepWrite> queue_;
-    int fd_ = -1;
+    net::Fd fd_;
 };
 
 // The running generation as the hooks see it: its number and chain set (a copy; the datapath's

@@ -59,8 +59,6 @@ struct Checker {
     bool interfaces_loaded = false;
     const std::optional<std::set<std::string>>& known_interfaces();
     void check_interface(const Doc& d, const std::string& ptr, const std::string& name);
-    // Finds `script` next to the manifest or in a parent directory, up to the repository root.
-    std::optional<std::string> find_script(const Doc& d, const std::string& script);
 
     // One policy (policy.cpp).
     std::optional<Policy> policy(const Doc& d);

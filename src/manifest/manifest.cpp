@@ -7,6 +7,9 @@
 #include <filesystem>
 #include <map>
 
+#include <lua5.4/lauxlib.h>
+#include <lua5.4/lua.h>
+
 #include "manifest/internal.h"
 #include "manifest/policy_files.h"
 #include "net/address.h"
@@ -74,15 +77,6 @@ void sort_diagnostics(std::vector<Diagnostic>& d) {
 bool Result::ok() const {
     return std::none_of(diagnostics.begin(), diagnostics.end(),
                         [](const Diagnostic& d) { return d.severity == Severity::error; });
-}
-
-std::string_view to_string(HookPoint h) {
-    switch (h) {
-    case HookPoint::xdp: return "xdp";
-    case HookPoint::tc_egress: return "tc_egress";
-    case HookPoint::tc_ingress: return "tc_ingress";
-    }
-    return "?";
 }
 
 std::string to_string(const IpAddr& a) {
@@ -186,21 +180,24 @@ std::optional<uint64_t> parse_rate_bytes_per_sec(std::string_view s) {
 
 std::string_view to_string(Action::Kind k) {
     switch (k) {
-    case Action::Kind::pass: return "pass";
-    case Action::Kind::drop: return "drop";
-    case Action::Kind::record: return "record";
-    case Action::Kind::get_connect: return "get_connect";
-    case Action::Kind::get_subflow: return "get_subflow";
-    case Action::Kind::rate_limit: return "rate_limit";
-    case Action::Kind::blk_subflow: return "blk_subflow";
-    case Action::Kind::add_subflow: return "add_subflow";
-    case Action::Kind::set_backup: return "set_backup";
-    case Action::Kind::no_subflows: return "no_subflows";
-    case Action::Kind::redirect: return "redirect";
-    case Action::Kind::reject: return "reject";
+#define MPS_ACTION_NAME(k) \
+    case Action::Kind::k: return #k;
+        MPS_ACTION_KINDS(MPS_ACTION_NAME)
+#undef MPS_ACTION_NAME
     case Action::Kind::ref: return "action_chain";
     }
     return "?";
+}
+
+std::optional<Action::Kind> action_kind(std::string_view key) {
+    constexpr Action::Kind kinds[] = {
+#define MPS_ACTION_ENUM(k) Action::Kind::k,
+        MPS_ACTION_KINDS(MPS_ACTION_ENUM)
+#undef MPS_ACTION_ENUM
+            Action::Kind::ref};
+    for (auto k : kinds)
+        if (to_string(k) == key) return k;
+    return std::nullopt;
 }
 
 // Where each actor makes sense (documented in schemas/README.md):
@@ -215,8 +212,8 @@ std::string_view to_string(Action::Kind k) {
 // - reject answers a SYN with a reset sent back through the same interface with bpf_redirect
 //   (tc_egress: into this host's stack; tc_ingress: out to the sender): TC only.
 // - the rest observe, count, drop or rewrite the window and run anywhere.
-std::vector<HookPoint> allowed_hooks(Action::Kind k) {
-    using enum HookPoint;
+std::vector<Hook> allowed_hooks(Action::Kind k) {
+    using enum Hook;
     switch (k) {
     case Action::Kind::set_backup: return {xdp, tc_egress};
     case Action::Kind::no_subflows: return {tc_egress};
@@ -232,7 +229,7 @@ bool ends_chain(Action::Kind k) {
     return k == Action::Kind::pass || k == Action::Kind::drop || k == Action::Kind::reject;
 }
 
-bool applicable(Action::Kind k, HookPoint h) {
+bool applicable(Action::Kind k, Hook h) {
     auto hooks = allowed_hooks(k);
     return std::find(hooks.begin(), hooks.end(), h) != hooks.end();
 }
@@ -341,46 +338,98 @@ fs::path script_root(const Options& opts, const std::string& manifest, const fs:
     return fs::absolute(given, ec).lexically_normal();
 }
 
-// Scripts are read here, with the manifests and through the same rule (policy_files.h): the
-// Lua host runs exactly the bytes validated, never a path that may have changed since. One
-// reader per repository root, so every script counts against the same revision byte cap.
-void read_scripts(Result& r, const Options& opts,
-                  const std::map<std::string, fs::path>& given_for_file) {
-    std::map<std::string, std::unique_ptr<PolicyTree>> trees;
-    for (auto& p : r.model.policies) {
-        if (!p.lua || p.lua->path.empty()) continue;
-        auto given = given_for_file.find(p.pos.file);
-        fs::path root = script_root(
-            opts, p.pos.file,
-            given == given_for_file.end() ? fs::path(p.pos.file).parent_path() : given->second);
-        std::error_code ec;
-        fs::path rel = fs::absolute(p.lua->path, ec).lexically_normal().lexically_relative(root);
-        std::string why = "is outside the repository " + root.string();
-        if (!rel.empty() && *rel.begin() != "..") {
-            try {
-                auto& tree = trees[root.string()];
-                if (!tree) tree = std::make_unique<PolicyTree>(root.string());
-                std::vector<Diagnostic> read_diags;
-                if (auto text = tree->read(rel.string(), read_diags)) {
-                    p.lua->source = std::move(*text);
-                    why.clear();
-                } else {
-                    why = read_diags.empty() ? "cannot be read" : read_diags.front().message;
-                }
-            } catch (const std::exception& e) {
-                why = "cannot be read: " + std::string(e.what());
-            }
+// Why a script's text does not compile as the sandbox loads it (Lua 5.4, text only), or
+// nullopt. Compiling runs none of it; the parser bounds its own recursion, and its memory is
+// capped here.
+std::optional<std::string> compile_error(const std::string& script, const std::string& source) {
+    constexpr size_t kMaxCompileBytes = 64 << 20;
+    size_t used = 0;
+    lua_Alloc capped = [](void* ud, void* ptr, size_t osize, size_t nsize) -> void* {
+        size_t& in_use = *static_cast<size_t*>(ud);
+        const size_t old = ptr ? osize : 0;  // without ptr, osize is the kind of object
+        if (nsize == 0) {
+            in_use -= old;
+            free(ptr);
+            return nullptr;
         }
-        if (!why.empty())
-            r.diagnostics.push_back({Severity::error, p.pos, "/spec/hooks/script",
-                                     "script '" + p.lua->script + "' " + why});
+        if (nsize > old && in_use + (nsize - old) > kMaxCompileBytes) return nullptr;
+        void* p = realloc(ptr, nsize);
+        if (p) in_use = in_use - old + nsize;
+        return p;
+    };
+    lua_State* L = lua_newstate(capped, &used);
+    if (!L) return "cannot be compiled: out of memory";
+    std::optional<std::string> error;
+    const std::string chunkname = "@" + script;  // messages say "lua/x.lua:LINE:"
+    if (luaL_loadbufferx(L, source.data(), source.size(), chunkname.c_str(), "t") != LUA_OK) {
+        const char* message = lua_tostring(L, -1);
+        error = message ? message : "unknown error";
     }
+    lua_close(L);
+    return error;
 }
 
-}  // namespace
+// Scripts are found and read here, with the manifests and through the same rule
+// (policy_files.h): the Lua host runs exactly the bytes validated, never a path that may have
+// changed since. One reader per repository root, every one counting against the revision's
+// byte cap. Only what lies beneath the root is looked at: a path that leads out of it gives
+// the same answer whether or not its target exists.
+class ScriptFiles {
+public:
+    ScriptFiles(const Options& opts, const std::map<std::string, fs::path>& given_for_file,
+                size_t& revision_bytes)
+        : opts_(opts), given_for_file_(given_for_file), revision_bytes_(revision_bytes) {}
 
-Result load_sources(const std::vector<std::pair<std::string, std::string>>& sources,
-                    const Options& opts) {
+    std::optional<detail::ScriptFile> read(const std::string& manifest, const std::string& script,
+                                           std::string& why) {
+        auto given = given_for_file_.find(manifest);
+        fs::path root = script_root(
+            opts_, manifest,
+            given == given_for_file_.end() ? fs::path(manifest).parent_path() : given->second);
+        std::error_code ec;
+        fs::path dir = fs::absolute(manifest, ec).parent_path().lexically_normal();
+        dir = dir.lexically_relative(root);
+        if (dir.empty() || *dir.begin() == "..") {
+            why = "is not looked up: the manifest is outside the repository " + root.string();
+            return std::nullopt;
+        }
+        try {
+            auto& tree = trees_[root.string()];
+            if (!tree) tree = std::make_unique<PolicyTree>(root.string(), "", &revision_bytes_);
+            // Next to the manifest, then each directory above it up to the root.
+            for (dir = dir == "." ? fs::path() : dir;; dir = dir.parent_path()) {
+                const std::string rel = (dir / script).lexically_normal().string();
+                if (tree->present(rel)) {
+                    std::vector<Diagnostic> read_diags;
+                    if (auto text = tree->read(rel, read_diags)) {
+                        if (auto error = compile_error(script, *text)) {
+                            why = "does not compile: " + *error;
+                            return std::nullopt;
+                        }
+                        return detail::ScriptFile{(root / rel).string(), std::move(*text)};
+                    }
+                    why = read_diags.empty() ? "cannot be read" : read_diags.front().message;
+                    return std::nullopt;
+                }
+                if (dir.empty()) break;
+            }
+        } catch (const std::exception& e) {
+            why = "cannot be read: " + std::string(e.what());
+            return std::nullopt;
+        }
+        why = "not found next to the manifest or in a parent directory up to the repository root";
+        return std::nullopt;
+    }
+
+private:
+    const Options& opts_;
+    const std::map<std::string, fs::path>& given_for_file_;
+    size_t& revision_bytes_;
+    std::map<std::string, std::unique_ptr<PolicyTree>> trees_;
+};
+
+Result load(const std::vector<std::pair<std::string, std::string>>& sources, const Options& opts,
+            ScriptFiles& scripts) {
     std::vector<Diagnostic> diags;
     std::vector<detail::Doc> docs;
     std::vector<std::string> files;
@@ -390,11 +439,11 @@ Result load_sources(const std::vector<std::pair<std::string, std::string>>& sour
     std::stable_sort(sorted.begin(), sorted.end(),
                      [](const auto& a, const auto& b) { return a.first < b.first; });
     size_t documents = 0;
-    size_t node_budget = detail::kMaxRevisionNodes;
+    detail::ExpansionBudget budget;
     for (const auto& [name, text] : sorted) {
         files.push_back(name);
         // Each document is bounded (alias expansion included); so are their number and, across
-        // files, the nodes they expand to.
+        // files, the nodes and bytes they expand to.
         const size_t n = count_documents(text);
         if (n > kMaxDocumentsPerFile || documents + n > kMaxDocuments) {
             diags.push_back({Severity::error,
@@ -408,16 +457,31 @@ Result load_sources(const std::vector<std::pair<std::string, std::string>>& sour
             continue;
         }
         documents += n;
-        auto d = detail::parse_yaml(name, text, diags, node_budget);
+        auto d = detail::parse_yaml(name, text, diags, budget);
         for (auto& x : d) docs.push_back(std::move(x));
     }
-    return detail::load_docs(std::move(docs), std::move(diags), std::move(files), opts);
+    detail::ScriptReader reader;
+    if (opts.check_scripts)
+        reader = [&scripts](const std::string& manifest, const std::string& script,
+                            std::string& why) { return scripts.read(manifest, script, why); };
+    return detail::load_docs(std::move(docs), std::move(diags), std::move(files), opts, reader);
+}
+
+}  // namespace
+
+Result load_sources(const std::vector<std::pair<std::string, std::string>>& sources,
+                    const Options& opts) {
+    size_t revision_bytes = 0;
+    const std::map<std::string, fs::path> given_for_file;
+    ScriptFiles scripts(opts, given_for_file, revision_bytes);
+    return load(sources, opts, scripts);
 }
 
 Result load_paths(const std::vector<std::string>& paths, const Options& opts) {
     std::vector<Diagnostic> diags;
     std::vector<std::pair<std::string, std::string>> sources;
     std::map<std::string, fs::path> given_for_file;
+    size_t revision_bytes = 0;  // manifests and scripts together: one revision
     for (const auto& p : paths) {
         // Everything is read through a PolicyTree: a directory's, or a file's parent's.
         std::error_code ec;
@@ -429,7 +493,7 @@ Result load_paths(const std::vector<std::string>& paths, const Options& opts) {
         }
         fs::path base = dir ? arg : arg.parent_path().empty() ? fs::path(".") : arg.parent_path();
         try {
-            PolicyTree tree(base.string(), dir ? p : arg.parent_path().string());
+            PolicyTree tree(base.string(), dir ? p : arg.parent_path().string(), &revision_bytes);
             std::vector<std::string> rels;
             if (dir) {
                 rels = tree.list(manifest_name, diags);
@@ -448,8 +512,8 @@ Result load_paths(const std::vector<std::string>& paths, const Options& opts) {
                 {Severity::error, {p, 0, 0}, "", std::string("cannot read: ") + e.what()});
         }
     }
-    Result r = load_sources(sources, opts);
-    read_scripts(r, opts, given_for_file);
+    ScriptFiles scripts(opts, given_for_file, revision_bytes);
+    Result r = load(sources, opts, scripts);
     r.diagnostics.insert(r.diagnostics.end(), diags.begin(), diags.end());
     sort_diagnostics(r.diagnostics);
     cap_diagnostics(r.diagnostics);

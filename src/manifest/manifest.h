@@ -7,6 +7,8 @@
 // schemas/README.md.
 #pragma once
 
+#include "net/hook.h"
+
 #include <array>
 #include <cstdint>
 #include <optional>
@@ -39,9 +41,6 @@ struct Diagnostic {
 };
 // Sorts by file, line, column, severity, message; removes exact duplicates.
 void sort_diagnostics(std::vector<Diagnostic>& d);
-
-enum class HookPoint : uint8_t { xdp, tc_egress, tc_ingress };
-std::string_view to_string(HookPoint h);
 
 struct IpAddr {
     uint8_t family = 0;               // 4 or 6
@@ -91,21 +90,27 @@ struct Selector {
     std::string describe() const;  // "dst 10.0.1.0/24", "any(port dst 80, port dst 443)"
 };
 
+// The actions, by their manifest key; each one's program is act_<key> in MPS_PROGRAMS (abi.h).
+#define MPS_ACTION_KINDS(X) \
+    X(pass)                 \
+    X(drop)                 \
+    X(record)               \
+    X(get_connect)          \
+    X(get_subflow)          \
+    X(rate_limit)           \
+    X(blk_subflow)          \
+    X(add_subflow)          \
+    X(set_backup)           \
+    X(no_subflows)          \
+    X(redirect)             \
+    X(reject)
+
 struct Action {
     enum class Kind : uint8_t {
-        pass,
-        drop,
-        record,
-        get_connect,
-        get_subflow,
-        rate_limit,
-        blk_subflow,
-        add_subflow,
-        set_backup,
-        no_subflows,
-        redirect,
-        reject,
-        ref,  // `action_chain: NAME` before inlining; never in a Model
+#define MPS_ACTION_ENUM(k) k,
+        MPS_ACTION_KINDS(MPS_ACTION_ENUM)
+#undef MPS_ACTION_ENUM
+            ref,  // `action_chain: NAME` before inlining; never in a Model
     };
     Kind kind = Kind::pass;
     Position pos;                     // of the action's key, in the file that defines it
@@ -127,11 +132,12 @@ struct Action {
     std::string via_chain;
     std::string describe() const;
 };
-std::string_view to_string(Action::Kind k);
+std::string_view to_string(Action::Kind k);  // its manifest key
+std::optional<Action::Kind> action_kind(std::string_view key);
 // Where an actor may run (documented in schemas/README.md): the one table of the hooks each
 // action accepts, read by the check and by its hint. Sorted; every hook when unrestricted.
-std::vector<HookPoint> allowed_hooks(Action::Kind k);
-bool applicable(Action::Kind k, HookPoint h);  // h is in allowed_hooks(k)
+std::vector<Hook> allowed_hooks(Action::Kind k);
+bool applicable(Action::Kind k, Hook h);  // h is in allowed_hooks(k)
 // pass, drop and reject: nothing after them runs.
 bool ends_chain(Action::Kind k);
 
@@ -151,7 +157,7 @@ struct Policy {
     Position pos;                         // the document
     Position attach_pos, priority_pos;    // of `attach` and `priority` (the datapath's limits)
     std::vector<std::string> interfaces;  // sorted; empty: every managed interface
-    std::vector<HookPoint> hooks;         // sorted
+    std::vector<Hook> hooks;              // sorted
     uint32_t priority = 0;
     FailureMode failure_mode = FailureMode::pass;
     bool cont = false;             // `continue: true`
@@ -172,8 +178,9 @@ struct Model {
 struct Options {
     // Interfaces that exist; names outside it give a warning. nullopt: read /sys/class/net.
     std::optional<std::set<std::string>> known_interfaces;
-    // Where the search for Lua scripts stops going up; empty: the nearest directory with a
-    // .git entry, else the filesystem root.
+    // The repository root: scripts are looked up and read beneath it, from the manifest's
+    // directory up. Empty: the nearest directory above the manifest with a .git entry, else
+    // the directory given to load_paths (the manifest's own for load_sources).
     std::string repo_root;
     // Skip the script-exists check (fuzzing, or validating a manifest away from its repo).
     bool check_scripts = true;

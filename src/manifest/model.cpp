@@ -3,6 +3,7 @@
 // checked once where they are defined, policies built and inlined, then the checks that need
 // several documents (unique names, priorities per hook, chain length, unused blocks).
 #include <algorithm>
+#include <filesystem>
 #include <map>
 #include <set>
 
@@ -12,6 +13,7 @@
 namespace mpsteer::manifest::detail {
 
 using nlohmann::json;
+namespace fs = std::filesystem;
 
 std::string fmt_pos(const Position& p) {
     return p.file + ":" + std::to_string(p.line) + ":" + std::to_string(p.col);
@@ -32,10 +34,11 @@ void context_error(Checker& ck, const Action& a, std::string msg) {
 
 // The semantic checks of the parts of a schema-invalid document that the schema accepted:
 // each selector, action and interface name with no schema error at or below it.
-void check_accepted_parts(Checker& ck, const Doc& d, const std::vector<std::string>& bad) {
+void check_accepted_parts(Checker& ck, const Doc& d, const std::set<std::string>& bad) {
     auto clean = [&](const std::string& p) {
-        return std::none_of(bad.begin(), bad.end(),
-                            [&](const std::string& b) { return b == p || b.starts_with(p + "/"); });
+        if (bad.count(p)) return false;
+        auto below = bad.lower_bound(p + "/");  // sorted: anything under p comes next
+        return below == bad.end() || !below->starts_with(p + "/");
     };
     auto each = [&](const std::string& list, auto&& check) {
         const json* l = nullptr;
@@ -90,6 +93,20 @@ json canonical(const Policy& p) {
     return j;
 }
 
+const std::string kScriptPointer = "/spec/hooks/script";
+
+// A Policy's `spec.hooks.script` when it is a string.
+const json* script_of(const Doc& d) {
+    const json& j = d.json;
+    if (!j.is_object() || j.value("kind", json()) != "Policy") return nullptr;
+    auto spec = j.find("spec");
+    if (spec == j.end() || !spec->is_object()) return nullptr;
+    auto hooks = spec->find("hooks");
+    if (hooks == spec->end() || !hooks->is_object()) return nullptr;
+    auto script = hooks->find("script");
+    return script != hooks->end() && script->is_string() ? &*script : nullptr;
+}
+
 bool overlap(const std::vector<std::string>& a, const std::vector<std::string>& b) {
     if (a.empty() || b.empty()) return true;  // empty: every interface
     return std::any_of(a.begin(), a.end(), [&](const std::string& x) {
@@ -100,21 +117,24 @@ bool overlap(const std::vector<std::string>& a, const std::vector<std::string>& 
 }  // namespace
 
 Result load_docs(std::vector<Doc> docs, std::vector<Diagnostic> diags,
-                 std::vector<std::string> files, const Options& opts) {
+                 std::vector<std::string> files, const Options& opts, const ScriptReader& scripts) {
     Result result;
     Checker ck{opts, diags, std::nullopt, false};
 
     // Schema first; a document that fails it still reserves its name so that references to
     // it do not produce a second, misleading error.
     std::map<std::string, Named> policy_names, set_names, chain_names;
+    std::set<const Doc*> script_refused;  // by the schema
     for (const auto& d : docs) {
         size_t before = diags.size();
         bool valid = schema_validate(d, diags);
+        for (size_t i = before; i < diags.size(); ++i)
+            if (diags[i].pointer == kScriptPointer) script_refused.insert(&d);
         const json& j = d.json;
         if (!valid && j.is_object() && j.contains("kind") &&
             (j["kind"] == "Policy" || j["kind"] == "SelectorSet" || j["kind"] == "ActionChain")) {
-            std::vector<std::string> bad;
-            for (size_t i = before; i < diags.size(); ++i) bad.push_back(diags[i].pointer);
+            std::set<std::string> bad;
+            for (size_t i = before; i < diags.size(); ++i) bad.insert(diags[i].pointer);
             check_accepted_parts(ck, d, bad);
         }
         if (!j.is_object() || !j.contains("kind") || !j["kind"].is_string() ||
@@ -137,6 +157,26 @@ Result load_docs(std::vector<Doc> docs, std::vector<Diagnostic> diags,
                 d, "/metadata/name",
                 what + " '" + name + "' is already defined at " + fmt_pos(it->second.doc->root));
         }
+    }
+
+    // Every policy's script, whatever else is wrong with it or with other documents.
+    std::map<const Doc*, ScriptFile> found_scripts;
+    for (const auto& d : docs) {
+        const json* script = script_of(d);
+        if (!script || script_refused.count(&d)) continue;
+        const std::string& name = script->get_ref<const std::string&>();
+        fs::path sp(name);
+        if (std::any_of(sp.begin(), sp.end(), [](const fs::path& c) { return c == ".."; })) {
+            ck.error(d, kScriptPointer,
+                     "script path must stay inside the repository (no '..' components)");
+            continue;
+        }
+        if (!scripts) continue;
+        std::string why;
+        if (auto f = scripts(d.file, name, why))
+            found_scripts.emplace(&d, std::move(*f));
+        else
+            ck.error(d, kScriptPointer, "script '" + name + "' " + why);
     }
 
     // Bodies of the shared building blocks, each checked once where it is defined.
@@ -165,11 +205,18 @@ Result load_docs(std::vector<Doc> docs, std::vector<Diagnostic> diags,
 
     // Policies, in name order.
     std::vector<std::pair<Policy, const Doc*>> policies;
+    size_t hook_scripts = 0;
     for (auto& [name, n] : policy_names) {
         if (!n.valid) continue;
         const Doc& d = *n.doc;
         auto p = ck.policy(d);
         if (!p) continue;
+        if (p->lua) {
+            if (auto f = found_scripts.find(&d); f != found_scripts.end()) {
+                p->lua->path = f->second.path;
+                p->lua->source = std::move(f->second.source);
+            }
+        }
         bool ok = true;
         std::vector<std::string> stack;
         for (auto& s : p->select) ok = rs.selector(s, stack) && ok;
@@ -218,6 +265,13 @@ Result load_docs(std::vector<Doc> docs, std::vector<Diagnostic> diags,
                          " steps; a packet may run through at most " + std::to_string(kMaxChain));
             ok = false;
         }
+        if (p->lua && ++hook_scripts > kMaxHookScripts) {
+            ck.error(d, "/spec/hooks",
+                     "policy '" + p->name + "' has the revision's hook script number " +
+                         std::to_string(hook_scripts) + "; a revision may have at most " +
+                         std::to_string(kMaxHookScripts) + " (they share one process)");
+            ok = false;
+        }
         if (!ok) continue;
         p->canonical = canonical(*p).dump();
         policies.emplace_back(std::move(*p), &d);
@@ -249,7 +303,7 @@ Result load_docs(std::vector<Doc> docs, std::vector<Diagnostic> diags,
     std::sort(policies.begin(), policies.end(), [](const auto& a, const auto& b) {
         return std::tie(a.first.priority, a.first.name) < std::tie(b.first.priority, b.first.name);
     });
-    for (auto h : {HookPoint::xdp, HookPoint::tc_egress, HookPoint::tc_ingress}) {
+    for (auto h : kHooks) {
         std::set<std::string> ifnames{""};
         for (const auto& [p, _] : policies)
             if (std::binary_search(p.hooks.begin(), p.hooks.end(), h))

@@ -24,16 +24,7 @@ namespace mpsteer::manifest {
 
 namespace {
 
-struct Fd {
-    int fd;
-    explicit Fd(int f) : fd(f) {}
-    Fd(Fd&& o) noexcept : fd(o.fd) { o.fd = -1; }
-    Fd(const Fd&) = delete;
-    Fd& operator=(const Fd&) = delete;
-    ~Fd() {
-        if (fd >= 0) close(fd);
-    }
-};
+using net::Fd;
 
 int fail(int err) {
     errno = err;
@@ -58,7 +49,7 @@ int open_beneath_walk(int dirfd, const std::string& rel, uint64_t flags, bool fo
     };
     push_path(rel);
     std::vector<Fd> dirs;  // the directories walked through; empty means dirfd itself
-    auto here = [&] { return dirs.empty() ? dirfd : dirs.back().fd; };
+    auto here = [&] { return dirs.empty() ? dirfd : dirs.back().get(); };
     int links = 0;
     while (!todo.empty()) {
         std::string name = std::move(todo.back());
@@ -70,13 +61,13 @@ int open_beneath_walk(int dirfd, const std::string& rel, uint64_t flags, bool fo
             continue;
         }
         Fd f{openat(here(), name.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC)};
-        if (f.fd < 0) return -1;
+        if (!f) return -1;
         struct stat st;
-        if (fstat(f.fd, &st) != 0) return -1;
+        if (fstat(f.get(), &st) != 0) return -1;
         if (S_ISLNK(st.st_mode)) {
             if (!follow || ++links > 40) return fail(ELOOP);
             char target[4096];
-            ssize_t n = readlinkat(f.fd, "", target, sizeof target);
+            ssize_t n = readlinkat(f.get(), "", target, sizeof target);
             if (n < 0) return -1;
             if (n == 0 || target[0] == '/') return fail(EXDEV);
             push_path(std::string(target, size_t(n)));
@@ -142,19 +133,16 @@ bool read_capped(int fd, size_t max, std::string& out) {
 
 }  // namespace
 
-PolicyTree::PolicyTree(const std::string& dir, std::string display)
+PolicyTree::PolicyTree(const std::string& dir, std::string display, size_t* revision_bytes)
     : display_(display.empty() ? dir : std::move(display)) {
+    if (revision_bytes) bytes_read_ = revision_bytes;
     // The root itself may be a symlink (git-sync flips one to each commit's worktree):
     // followed here, once; the path recorded is the directory this fd holds.
-    fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd_ < 0) throw std::runtime_error(dir + ": " + std::strerror(errno));
+    fd_.reset(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (!fd_) throw std::runtime_error(dir + ": " + std::strerror(errno));
     std::error_code ec;
-    root_ = fs::read_symlink("/proc/self/fd/" + std::to_string(fd_), ec).string();
+    root_ = fs::read_symlink("/proc/self/fd/" + std::to_string(fd_.get()), ec).string();
     if (ec) root_ = fs::canonical(dir, ec).string();
-}
-
-PolicyTree::~PolicyTree() {
-    if (fd_ >= 0) close(fd_);
 }
 
 std::string PolicyTree::display(const std::string& rel) const {
@@ -175,19 +163,19 @@ std::vector<std::string> PolicyTree::list(bool (*want)(const std::string&),
         std::string dir = std::move(dirs.back());
         dirs.pop_back();
         // Real directories only: the walk never goes through a symlink.
-        int dfd = dir.empty() ? ::dup(fd_)
-                              : open_beneath(fd_, dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW,
-                                             RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS);
-        if (dfd < 0) {
+        Fd dfd(dir.empty() ? ::dup(fd_.get())
+                           : open_beneath(fd_.get(), dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW,
+                                          RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS));
+        if (!dfd) {
             error(dir, "directory " + open_error(errno));
             continue;
         }
-        DIR* d = fdopendir(dfd);
+        DIR* d = fdopendir(dfd.get());
         if (!d) {
-            close(dfd);
             error(dir, std::string("cannot list: ") + std::strerror(errno));
             continue;
         }
+        dfd.release();  // the DIR's now: closedir() closes it
         while (dirent* e = readdir(d)) {
             std::string name = e->d_name;
             if (name.empty() || name[0] == '.') continue;  // ".", "..", hidden (.git)
@@ -200,12 +188,12 @@ std::vector<std::string> PolicyTree::list(bool (*want)(const std::string&),
             }
             if (!want(name)) continue;
             if (S_ISLNK(st.st_mode)) {
-                Fd t{open_beneath(fd_, rel, O_PATH, kBeneath)};
-                if (t.fd < 0) {
+                Fd t{open_beneath(fd_.get(), rel, O_PATH, kBeneath)};
+                if (!t) {
                     error(rel, "symlink " + open_error(errno));
                     continue;
                 }
-                if (fstat(t.fd, &st) == 0 && S_ISDIR(st.st_mode)) continue;  // not descended
+                if (fstat(t.get(), &st) == 0 && S_ISDIR(st.st_mode)) continue;  // not descended
             }
             if (files.size() == kMaxPolicyFiles) {
                 error("", "more than " + std::to_string(kMaxPolicyFiles) +
@@ -223,12 +211,17 @@ std::vector<std::string> PolicyTree::list(bool (*want)(const std::string&),
 }
 
 std::string PolicyTree::check(const std::string& rel) const {
-    Fd f{open_beneath(fd_, rel, O_PATH, kBeneath)};
-    if (f.fd < 0) return open_error(errno);
+    Fd f{open_beneath(fd_.get(), rel, O_PATH, kBeneath)};
+    if (!f) return open_error(errno);
     struct stat st;
-    if (fstat(f.fd, &st) != 0) return std::string("cannot be read: ") + std::strerror(errno);
+    if (fstat(f.get(), &st) != 0) return std::string("cannot be read: ") + std::strerror(errno);
     if (!S_ISREG(st.st_mode)) return "is " + file_type(st.st_mode) + ", not a regular file";
     return "";
+}
+
+bool PolicyTree::present(const std::string& rel) const {
+    Fd f{open_beneath(fd_.get(), rel, O_PATH, kBeneath)};
+    return f || (errno != ENOENT && errno != ENOTDIR);
 }
 
 std::optional<std::string> PolicyTree::read(const std::string& rel,
@@ -238,23 +231,24 @@ std::optional<std::string> PolicyTree::read(const std::string& rel,
         return std::nullopt;
     };
     // O_NONBLOCK: opening a FIFO must not wait for a writer.
-    Fd f{open_beneath(fd_, rel, O_RDONLY | O_NONBLOCK | O_NOCTTY, kBeneath)};
-    if (f.fd < 0) return error(open_error(errno));
+    Fd f{open_beneath(fd_.get(), rel, O_RDONLY | O_NONBLOCK | O_NOCTTY, kBeneath)};
+    if (!f) return error(open_error(errno));
     struct stat st;
-    if (fstat(f.fd, &st) != 0) return error(std::string("cannot be read: ") + std::strerror(errno));
+    if (fstat(f.get(), &st) != 0)
+        return error(std::string("cannot be read: ") + std::strerror(errno));
     if (!S_ISREG(st.st_mode))
         return error("is " + file_type(st.st_mode) + ", not a regular file; not read");
     const std::string too_big =
         "larger than " + std::to_string(kMaxPolicyFileBytes) + " bytes; not read";
     if (size_t(st.st_size) > kMaxPolicyFileBytes) return error(too_big);
-    const size_t budget = kMaxRevisionBytes - std::min(bytes_read_, kMaxRevisionBytes);
+    const size_t budget = kMaxRevisionBytes - std::min(*bytes_read_, kMaxRevisionBytes);
     const std::string over_budget = "the policy directory holds more than " +
                                     std::to_string(kMaxRevisionBytes) + " bytes in total; not read";
     if (size_t(st.st_size) > budget) return error(over_budget);
     std::string text;
-    if (!read_capped(f.fd, std::min(kMaxPolicyFileBytes, budget), text))
+    if (!read_capped(f.get(), std::min(kMaxPolicyFileBytes, budget), text))
         return error(std::string("cannot be read: ") + std::strerror(errno));
-    bytes_read_ += text.size();
+    *bytes_read_ += text.size();
     if (text.size() > kMaxPolicyFileBytes) return error(too_big);  // grew while read
     if (text.size() > budget) return error(over_budget);
     return text;
@@ -306,9 +300,9 @@ void cap_diagnostics(std::vector<Diagnostic>& diags) {
 std::optional<std::string> read_small_file(const std::string& path, size_t max) {
     Fd f{::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC)};
     struct stat st;
-    if (f.fd < 0 || fstat(f.fd, &st) != 0 || !S_ISREG(st.st_mode)) return std::nullopt;
+    if (!f || fstat(f.get(), &st) != 0 || !S_ISREG(st.st_mode)) return std::nullopt;
     std::string text;
-    if (!read_capped(f.fd, max, text) || text.size() > max) return std::nullopt;
+    if (!read_capped(f.get(), max, text) || text.size() > max) return std::nullopt;
     return text;
 }
 

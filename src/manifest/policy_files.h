@@ -2,7 +2,7 @@
 // The one reader of a policy directory. Whoever can commit to the policy repository controls
 // every name, symlink and file type in it, and the agent reads it as root: nothing is read
 // through a symlink that leads out of the directory, only regular files are read, and every
-// read is capped (README.md, "Security"; schemas/README.md, "Limits").
+// read is capped (docs/security.md, "Reading the policy directory"; schemas/README.md, "Limits").
 #pragma once
 
 #include <cstddef>
@@ -11,11 +11,12 @@
 #include <vector>
 
 #include "manifest/manifest.h"
+#include "net/fd.h"
 
 namespace mpsteer::manifest {
 
 inline constexpr size_t kMaxPolicyFileBytes = 4 << 20;  // one file
-inline constexpr size_t kMaxRevisionBytes = 64 << 20;   // every file read from one revision
+inline constexpr size_t kMaxRevisionBytes = 16 << 20;   // every file read from one revision
 inline constexpr size_t kMaxPolicyFiles = 4096;         // files listed in one revision
 inline constexpr size_t kMaxDocumentsPerFile = 64;      // YAML documents in one file
 inline constexpr size_t kMaxDocuments = 1024;           // YAML documents in one revision
@@ -27,11 +28,14 @@ inline constexpr size_t kMaxDiagnostics = 1000;         // diagnostics reported 
 class PolicyTree {
 public:
     // `display` prefixes the relative names in diagnostics (the path as the user gave it).
+    // `revision_bytes` counts what is read against kMaxRevisionBytes, shared by every tree of
+    // one load (its manifests and its scripts); nullptr: this tree's own count.
     // Throws std::runtime_error when `dir` cannot be opened as a directory.
-    explicit PolicyTree(const std::string& dir, std::string display = "");
+    explicit PolicyTree(const std::string& dir, std::string display = "",
+                        size_t* revision_bytes = nullptr);
     PolicyTree(const PolicyTree&) = delete;
     PolicyTree& operator=(const PolicyTree&) = delete;
-    ~PolicyTree();
+    ~PolicyTree() = default;
 
     const std::string& root() const { return root_; }  // absolute, symlinks resolved
     std::string display(const std::string& rel) const;
@@ -48,15 +52,20 @@ public:
     std::optional<std::string> read(const std::string& rel, std::vector<Diagnostic>& diags);
     // "" when `rel` resolves beneath the root to a regular file, else why not.
     std::string check(const std::string& rel) const;
+    // Whether `rel` names something: a file, or a path that leads out of the tree (which is
+    // present whatever lies outside, so that nothing outside shows through). False when it
+    // does not exist beneath the root.
+    bool present(const std::string& rel) const;
     // Warnings when the directory or a parent can be changed by someone other than root
     // (owned by another user, or group/world writable without the sticky bit). Only when
     // running as root: for anyone else their own directories are the norm.
     void ownership_warnings(std::vector<Diagnostic>& diags) const;
 
 private:
-    int fd_ = -1;
+    net::Fd fd_;
     std::string root_, display_;
-    size_t bytes_read_ = 0;
+    size_t own_bytes_read_ = 0;
+    size_t* bytes_read_ = &own_bytes_read_;
 };
 
 // Upper bound of the YAML documents in `text` (document markers at the start of a line), so

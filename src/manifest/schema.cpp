@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <regex>
+#include <unordered_map>
 
 #include <valijson/adapters/nlohmann_json_adapter.hpp>
 #include <valijson/schema.hpp>
@@ -45,20 +46,33 @@ std::string closest(const std::string& word, const std::vector<std::string>& can
 
 namespace {
 
+// valijson compares every pair of items for `uniqueItems` and reports every equal pair: a
+// long list takes quadratic time, and one value repeated quadratic memory. It gets the
+// schemas without it; unique_items() checks it in linear time.
+void drop_unique_items(json& schema) {
+    if (schema.is_object()) schema.erase("uniqueItems");
+    if (schema.is_structured())
+        for (auto& child : schema) drop_unique_items(child);
+}
+
 struct Schemas {
     std::map<std::string, json> docs;  // by file name
+    std::map<std::string, json> for_valijson;
     std::map<std::string, std::unique_ptr<valijson::Schema>> compiled;
 
     Schemas() {
-        for (const auto& [name, text] : embedded_schemas()) docs[name] = json::parse(text);
+        for (const auto& [name, text] : embedded_schemas()) {
+            docs[name] = json::parse(text);
+            drop_unique_items(for_valijson[name] = docs[name]);
+        }
         for (const char* root : {"manifest.schema.json", "policy.schema.json",
                                  "selector-set.schema.json", "action-chain.schema.json"}) {
             auto s = std::make_unique<valijson::Schema>();
             valijson::SchemaParser parser(valijson::SchemaParser::kDraft7);
-            valijson::adapters::NlohmannJsonAdapter adapter(docs.at(root));
+            valijson::adapters::NlohmannJsonAdapter adapter(for_valijson.at(root));
             auto fetch = [this](const std::string& uri) -> const json* {
-                auto it = docs.find(uri);
-                return it == docs.end() ? nullptr : &it->second;
+                auto it = for_valijson.find(uri);
+                return it == for_valijson.end() ? nullptr : &it->second;
             };
             auto release = [](const json*) {};  // the documents belong to this object
             parser.populateSchema(adapter, *s, fetch, release);
@@ -169,6 +183,42 @@ bool starts(const std::string& s, const char* prefix) {
     return s.rfind(prefix, 0) == 0;
 }
 
+// `uniqueItems` of every list in the document, one error per repeated item (at the item, with
+// the first one like it): linear in the document.
+bool unique_items(const Schemas& S, const std::string& root, const Doc& doc, const json& value,
+                  std::vector<std::string>& path, const std::string& ptr,
+                  std::vector<Diagnostic>& diags) {
+    bool ok = true;
+    if (value.is_array()) {
+        const json* sch = S.walk(root, path, doc.json);
+        if (sch && sch->value("uniqueItems", false)) {
+            std::unordered_map<std::string, size_t> first;
+            for (size_t i = 0; i < value.size(); ++i) {
+                auto [it, fresh] = first.emplace(value[i].dump(), i);
+                if (fresh) continue;
+                std::string item = pointer_join(ptr, i);
+                diags.push_back(
+                    {Severity::error, doc.at(item), item,
+                     "duplicate item (same as item " + std::to_string(it->second) + ")"});
+                ok = false;
+            }
+        }
+        for (size_t i = 0; i < value.size(); ++i) {
+            path.push_back(std::to_string(i));
+            ok = unique_items(S, root, doc, value[i], path, pointer_join(ptr, i), diags) && ok;
+            path.pop_back();
+        }
+    } else if (value.is_object()) {
+        for (auto it = value.begin(); it != value.end(); ++it) {
+            path.push_back(it.key());
+            ok = unique_items(S, root, doc, it.value(), path, pointer_join(ptr, it.key()), diags) &&
+                 ok;
+            path.pop_back();
+        }
+    }
+    return ok;
+}
+
 }  // namespace
 
 bool schema_validate(const Doc& doc, std::vector<Diagnostic>& diags) {
@@ -183,11 +233,13 @@ bool schema_validate(const Doc& doc, std::vector<Diagnostic>& diags) {
         else if (k == "ActionChain")
             root = "action-chain.schema.json";
     }
+    std::vector<std::string> path;
+    const bool unique = unique_items(S, root, doc, doc.json, path, "", diags);
     valijson::Validator validator;
     valijson::ValidationResults results;
     valijson::adapters::NlohmannJsonAdapter target(doc.json);
     validator.validate(*S.compiled.at(root), target, &results);
-    if (results.numErrors() == 0) return true;
+    if (results.numErrors() == 0) return unique;
 
     struct Raw {
         std::string pointer;
@@ -229,14 +281,18 @@ bool schema_validate(const Doc& doc, std::vector<Diagnostic>& diags) {
                starts(d, "Failed to validate against additional items") ||
                starts(d, "Cannot validate item #");
     };
-    bool ok = true;
+    // Per pointer, whether something more precise than a wrapper was said there; sorted, so
+    // that the pointers below one follow it.
+    std::map<std::string, bool> precise_at;
+    for (const auto& r : raws) precise_at[r.pointer] |= !wrapper(r.desc);
+    bool ok = unique;
     for (const auto& r : raws) {
         if (wrapper(r.desc)) {
             // Kept only when nothing more precise was said at or below this place.
-            bool covered = std::any_of(raws.begin(), raws.end(), [&](const Raw& o) {
-                return o.pointer.rfind(r.pointer, 0) == 0 &&
-                       (!wrapper(o.desc) || o.pointer.size() > r.pointer.size());
-            });
+            auto at = precise_at.find(r.pointer);
+            auto next = std::next(at);
+            bool covered = at->second || (next != precise_at.end() &&
+                                          next->first.compare(0, r.pointer.size(), r.pointer) == 0);
             if (covered) continue;
             // valijson says nothing of its own when `propertyNames` fails: find the names.
             if (starts(r.desc, "Failed to validate against schema associated with property name")) {
@@ -348,18 +404,6 @@ bool schema_validate(const Doc& doc, std::vector<Diagnostic>& diags) {
                   std::to_string(sch && sch->contains("minItems") ? (*sch)["minItems"].get<int>()
                                                                   : 1) +
                   " item(s)";
-        } else if (starts(d, "Elements at indexes #")) {
-            // "Elements at indexes #i and #j violate uniqueness constraint."
-            auto hash2 = d.find('#', d.find('#') + 1);
-            std::string j = hash2 == std::string::npos ? "" : d.substr(hash2 + 1);
-            j = j.substr(0, j.find(' '));
-            std::string i = d.substr(d.find('#') + 1);
-            i = i.substr(0, i.find(' '));
-            if (!j.empty()) {
-                ptr = pointer_join(r.pointer, j);
-                pos = doc.at(ptr);
-            }
-            msg = "duplicate item (same as item " + i + ")";
         } else if (starts(d, "String should be no more than")) {
             msg = "too long (at most " +
                   (sch && sch->contains("maxLength") ? (*sch)["maxLength"].dump() : "?") +

@@ -14,8 +14,8 @@ using nlohmann::json;
 namespace {
 // 1kbit .. 400Gbit in B/s: the range the datapath clamps hooks' rates to as well.
 constexpr uint64_t kMinRate = MPS_RATE_MIN, kMaxRate = MPS_RATE_MAX;
-constexpr uint64_t kMaxRtt = 10'000'000;                       // 10 s
-constexpr uint64_t kMaxWindow = 1u << 30;                      // TCP's largest window
+constexpr uint64_t kMaxRtt = 10'000'000;   // 10 s
+constexpr uint64_t kMaxWindow = 1u << 30;  // TCP's largest window
 }  // namespace
 
 std::optional<IpAddr> Checker::address(const Doc& d, const std::string& ptr, const std::string& s) {
@@ -246,27 +246,12 @@ std::optional<Action> Checker::action(const Doc& d, const std::string& ptr, cons
     Action a;
     a.pos = d.key_at(vp);
     a.pointer = vp;
-    static const std::map<std::string, Action::Kind> kinds = {
-        {"pass", Action::Kind::pass},
-        {"drop", Action::Kind::drop},
-        {"record", Action::Kind::record},
-        {"get_connect", Action::Kind::get_connect},
-        {"get_subflow", Action::Kind::get_subflow},
-        {"rate_limit", Action::Kind::rate_limit},
-        {"blk_subflow", Action::Kind::blk_subflow},
-        {"add_subflow", Action::Kind::add_subflow},
-        {"set_backup", Action::Kind::set_backup},
-        {"no_subflows", Action::Kind::no_subflows},
-        {"redirect", Action::Kind::redirect},
-        {"reject", Action::Kind::reject},
-        {"action_chain", Action::Kind::ref},
-    };
-    auto kind = kinds.find(key);
-    if (kind == kinds.end()) {  // the schema admits none: only a document it refused gets here
+    auto kind = action_kind(key);
+    if (!kind) {  // the schema admits none: only a document it refused gets here
         error(d, vp, "unknown action '" + key + "'");
         return std::nullopt;
     }
-    a.kind = kind->second;
+    a.kind = *kind;
     switch (a.kind) {
     case Action::Kind::record:
         if (v.is_object() && v.contains("metrics"))

@@ -188,6 +188,7 @@ struct Builder : YAML::EventHandler {
         YAML::Mark mark;
         YAML::anchor_t anchor = 0;
         size_t nodes_at_start = 0;
+        size_t content_at_start = 0;
         size_t items = 0;       // sequence: index of the next item
         bool have_key = false;  // map: a key is waiting for its value
         std::string key;
@@ -197,6 +198,7 @@ struct Builder : YAML::EventHandler {
     struct Anchored {
         nlohmann::json value;
         size_t nodes = 0;
+        size_t bytes = 0;
         size_t depth = 0;
     };
 
@@ -205,13 +207,15 @@ struct Builder : YAML::EventHandler {
     std::map<YAML::anchor_t, Anchored> anchors;  // complete anchored nodes of this document
     size_t skipping = 0;  // > 0: inside a collection that is being dropped (a complex key)
     size_t nodes = 0;
+    size_t content = 0;  // bytes of keys and scalars, aliases expanded
+    size_t bytes = 0;    // the same, and the paths positions are kept by
     bool failed = false, depth_reported = false;
     std::optional<nlohmann::json> root;
 
-    size_t& node_budget;  // left for the whole load
+    ExpansionBudget& budget;  // left for the whole load
 
-    Builder(const std::string& f, const Lines& l, std::vector<Diagnostic>& d, size_t& budget)
-        : file(f), lines(l), diags(d), node_budget(budget) {}
+    Builder(const std::string& f, const Lines& l, std::vector<Diagnostic>& d, ExpansionBudget& b)
+        : file(f), lines(l), diags(d), budget(b) {}
 
     Position pos(const YAML::Mark& m) const {
         if (m.is_null()) return {file, 1, 1};
@@ -376,12 +380,37 @@ struct Builder : YAML::EventHandler {
             return false;
         }
         f.key = name;
+        charge(s, child, 0, child.size());
         doc.key_pos.emplace(child, s.pos);
         return true;
     }
 
-    // Counts the node and checks depth; false when over a limit.
-    bool admit(const Slot& s, size_t count, size_t depth) {
+    // Counts the bytes of keys and scalars a node brings (all of an aliased node's), before
+    // they are copied: an alias of a long scalar costs one node but its bytes every time. The
+    // JSON pointer a position is kept by counts too: long keys nested deep make every path
+    // below them long.
+    void charge(const Slot& s, const std::string& ptr, size_t content_bytes, size_t path_bytes) {
+        content += content_bytes;
+        const size_t n = content_bytes + path_bytes;
+        bytes += n;
+        if (bytes > kMaxDocumentBytes) {
+            error(s.pos, ptr,
+                  "document too large (more than " + std::to_string(kMaxDocumentBytes) +
+                      " bytes of keys, scalars and their paths after alias expansion)");
+            throw Stop{};
+        }
+        if (n > budget.bytes) {
+            error(s.pos, ptr,
+                  "the policy documents together expand to more than " +
+                      std::to_string(kMaxRevisionExpandedBytes) +
+                      " bytes of keys, scalars and their paths (aliases included); not used");
+            throw Stop{};
+        }
+        budget.bytes -= n;
+    }
+
+    // Counts the node and its bytes and checks depth; false when over a limit.
+    bool admit(const Slot& s, size_t count, size_t depth, size_t node_bytes) {
         nodes += count;
         if (nodes > kMaxNodes) {
             error(s.pos, s.ptr,
@@ -389,13 +418,14 @@ struct Builder : YAML::EventHandler {
                       " nodes after alias expansion)");
             throw Stop{};
         }
-        if (count > node_budget) {
+        if (count > budget.nodes) {
             error(s.pos, s.ptr,
                   "the policy documents together expand to more than " +
                       std::to_string(kMaxRevisionNodes) + " nodes (aliases included); not used");
             throw Stop{};
         }
-        node_budget -= count;
+        budget.nodes -= count;
+        charge(s, s.ptr, node_bytes, s.drop ? 0 : s.ptr.size());
         if (stack.size() + depth > kMaxDepth) {
             if (!std::exchange(depth_reported, true))
                 error(s.pos, s.ptr, "nesting deeper than " + std::to_string(kMaxDepth) + " levels");
@@ -420,7 +450,7 @@ struct Builder : YAML::EventHandler {
             f.value.push_back(std::move(v));
     }
 
-    void remember(YAML::anchor_t a, const nlohmann::json& v, size_t count) {
+    void remember(YAML::anchor_t a, const nlohmann::json& v, size_t count, size_t node_bytes) {
         if (!a) return;
         size_t depth = 0;
         std::function<void(const nlohmann::json&, size_t)> walk = [&](const nlohmann::json& j,
@@ -430,7 +460,7 @@ struct Builder : YAML::EventHandler {
                 for (const auto& c : j) walk(c, d + 1);
         };
         walk(v, 0);
-        anchors[a] = {v, count, depth};
+        anchors[a] = {v, count, node_bytes, depth};
     }
 
     // ---- events -------------------------------------------------------------------------
@@ -443,8 +473,8 @@ struct Builder : YAML::EventHandler {
         if (skipping) return;
         Slot s = slot(m, true);
         if (s.is_key) return void(key(s, nullptr));
-        if (!admit(s, 1, 0)) return;
-        remember(a, nullptr, 1);
+        if (!admit(s, 1, 0, 0)) return;
+        remember(a, nullptr, 1, 0);
         put(s, nullptr);
     }
 
@@ -459,8 +489,11 @@ struct Builder : YAML::EventHandler {
                 error(s.pos, s.ptr, "alias refers to a node that contains it (recursive alias)");
             return;
         }
-        if (s.is_key) return void(key(s, &it->second.value));
-        if (!admit(s, it->second.nodes, it->second.depth)) return;
+        if (s.is_key) {
+            if (it->second.value.is_string()) charge(s, stack.back().ptr, it->second.bytes, 0);
+            return void(key(s, &it->second.value));
+        }
+        if (!admit(s, it->second.nodes, it->second.depth, it->second.bytes)) return;
         // Nothing inside gets a position of its own: problems there are shown at the alias.
         put(s, it->second.value);
     }
@@ -477,13 +510,14 @@ struct Builder : YAML::EventHandler {
                 stack.back().skip_value = true;
                 return;
             }
+            charge(s, stack.back().ptr, value.size(), 0);
             nlohmann::json k = value;
-            remember(a, k, 0);
+            remember(a, k, 0, value.size());
             return void(key(s, &k));
         }
+        if (!admit(s, 1, 0, value.size())) return;
         nlohmann::json v = scalar(value, tag, s.pos, s.ptr);
-        if (!admit(s, 1, 0)) return;
-        remember(a, v, 1);
+        remember(a, v, 1, value.size());
         put(s, std::move(v));
     }
 
@@ -495,7 +529,7 @@ struct Builder : YAML::EventHandler {
             skipping = 1;
             return;
         }
-        if (!admit(s, 1, 0)) {
+        if (!admit(s, 1, 0, 0)) {
             skipping = 1;
             return;
         }
@@ -512,6 +546,7 @@ struct Builder : YAML::EventHandler {
         f.mark = m;
         f.anchor = a;
         f.nodes_at_start = nodes - 1;
+        f.content_at_start = content;
         stack.push_back(std::move(f));
     }
 
@@ -519,7 +554,7 @@ struct Builder : YAML::EventHandler {
         if (skipping) return void(--skipping);
         Frame f = std::move(stack.back());
         stack.pop_back();
-        remember(f.anchor, f.value, nodes - f.nodes_at_start);
+        remember(f.anchor, f.value, nodes - f.nodes_at_start, content - f.content_at_start);
         if (stack.empty()) {
             root = std::move(f.value);
             return;
@@ -556,7 +591,7 @@ struct Builder : YAML::EventHandler {
 }  // namespace
 
 std::vector<Doc> parse_yaml(const std::string& file, const std::string& text,
-                            std::vector<Diagnostic>& diags, size_t& node_budget) {
+                            std::vector<Diagnostic>& diags, ExpansionBudget& budget) {
     std::vector<Doc> out;
     if (text.size() > kMaxFileSize) {
         diags.push_back({Severity::error,
@@ -579,7 +614,7 @@ std::vector<Doc> parse_yaml(const std::string& file, const std::string& text,
         out.clear();  // a file with a syntax error gives no documents
     };
     for (;;) {
-        Builder b(file, lines, diags, node_budget);
+        Builder b(file, lines, diags, budget);
         try {
             if (!parser.HandleNextDocument(b)) break;
         } catch (const YAML::Exception& e) {

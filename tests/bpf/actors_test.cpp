@@ -37,7 +37,7 @@ void expect_untouched(const Run& r, const Bytes& in, Hook h) {
 
 TEST_CASE("actor drop and pass", "[bpf][actor]") {
     for (bool v6 : {false, true}) {
-        for (Hook h : {Hook::xdp, Hook::tc_egress, Hook::tc_ingress}) {
+        for (Hook h : mpsteer::kHooks) {
             INFO((v6 ? "v6 " : "v4 ") << name_of(h));
             Bytes in = cli(v6).payload(5).build();
             {
@@ -74,7 +74,7 @@ TEST_CASE("actor drop and pass", "[bpf][actor]") {
 
 TEST_CASE("actor record: packets and payload bytes per direction, mid-flow", "[bpf][actor]") {
     for (bool v6 : {false, true}) {
-        for (Hook h : kHooks) {
+        for (Hook h : kCaseHooks) {
             INFO((v6 ? "v6 " : "v4 ") << name_of(h));
             Env env(chain_of({step(MPS_ACT_RECORD)}));
             std::vector<std::pair<Packet, bool>> seq = {
@@ -172,7 +172,7 @@ TEST_CASE("actor record: a TSval received and echoed by this host is no RTT samp
 // Was B1 in NOTES-bpf-tests.md: the SYN/ACK used to reset the flow.
 TEST_CASE("actor record: handshake packets count too, the SYN/ACK keeps the SYN's state",
           "[bpf][actor]") {
-    for (Hook h : kHooks) {
+    for (Hook h : kCaseHooks) {
         INFO(name_of(h));
         Env env(chain_of({step(MPS_ACT_RECORD)}));
         env.run(h, cli(false).flags(tcpf::SYN).seq(100));
@@ -195,7 +195,7 @@ TEST_CASE("actor record: handshake packets count too, the SYN/ACK keeps the SYN'
 TEST_CASE("actor get_connect: MP_CAPABLE keys into the flow and the ring buffer", "[bpf][actor]") {
     const uint64_t ka = 0x0123456789abcdef, kb = 0xfedcba9876543210;
     for (bool v6 : {false, true}) {
-        for (Hook h : kHooks) {
+        for (Hook h : kCaseHooks) {
             INFO((v6 ? "v6 " : "v4 ") << name_of(h));
             Env env(chain_of({step(MPS_ACT_GET_CONNECT)}));
             bool client_is_a = false;
@@ -282,7 +282,7 @@ TEST_CASE("actor get_connect: MP_CAPABLE keys into the flow and the ring buffer"
 }
 
 TEST_CASE("actor get_connect: MPTCP v0 SYN carries the key", "[bpf][actor]") {
-    for (Hook h : kHooks) {
+    for (Hook h : kCaseHooks) {
         INFO(name_of(h));
         Env env(chain_of({step(MPS_ACT_GET_CONNECT)}));
         Bytes syn =
@@ -301,7 +301,7 @@ TEST_CASE("actor get_connect: MPTCP v0 SYN carries the key", "[bpf][actor]") {
 }
 
 TEST_CASE("actor get_connect: a full ring buffer loses the event, not the keys", "[bpf][actor]") {
-    for (Hook h : kHooks) {
+    for (Hook h : kCaseHooks) {
         INFO(name_of(h));
         Env env(chain_of({step(MPS_ACT_GET_CONNECT)}));
         // 256 KiB of ring buffer holds fewer than 3000 events of this size: 3000 connections,
@@ -325,7 +325,7 @@ TEST_CASE("actor get_connect: a full ring buffer loses the event, not the keys",
 
 TEST_CASE("entry program: an MP_JOIN SYN stores the receiver's token in the flow", "[bpf][actor]") {
     for (bool v6 : {false, true}) {
-        for (Hook h : kHooks) {
+        for (Hook h : kCaseHooks) {
             INFO((v6 ? "v6 " : "v4 ") << name_of(h));
             Env env(chain_of({step(MPS_ACT_PASS)}));
             Bytes syn = cli(v6, 41000)
@@ -350,7 +350,7 @@ TEST_CASE("entry program: an MP_JOIN SYN stores the receiver's token in the flow
 }
 
 TEST_CASE("entry program: MP_JOIN token of a known connection maps to its entry", "[bpf][actor]") {
-    for (Hook h : kHooks) {
+    for (Hook h : kCaseHooks) {
         INFO(name_of(h));
         Env env(chain_of({step(MPS_ACT_GET_CONNECT)}));
         const uint64_t ka = 0x1111, kb = 0x2222;
@@ -368,7 +368,7 @@ TEST_CASE("entry program: MP_JOIN token of a known connection maps to its entry"
 
 TEST_CASE("actor get_subflow: MP_JOIN SYN reported", "[bpf][actor]") {
     for (bool v6 : {false, true}) {
-        for (Hook h : kHooks) {
+        for (Hook h : kCaseHooks) {
             INFO((v6 ? "v6 " : "v4 ") << name_of(h));
             Env env(chain_of({step(MPS_ACT_GET_SUBFLOW)}));
             Bytes syn = cli(v6, 41000)
@@ -393,7 +393,7 @@ TEST_CASE("actor get_subflow: MP_JOIN SYN reported", "[bpf][actor]") {
 }
 
 TEST_CASE("actor get_subflow: nothing to report outside an MP_JOIN SYN", "[bpf][actor]") {
-    for (Hook h : kHooks) {
+    for (Hook h : kCaseHooks) {
         INFO(name_of(h));
         Env env(chain_of({step(MPS_ACT_GET_SUBFLOW)}));
         std::vector<Packet> ps = {
@@ -532,7 +532,7 @@ std::vector<RateChain> rate_chains() {
 
 void run_rate_cases(bool modifying, const RateChain& chain) {
     // One generation per hook; each case rewrites the actor's parameters and uses its own flow.
-    for (Hook h : kHooks) {
+    for (Hook h : kCaseHooks) {
         Env env(chain_of(chain.steps));
         uint16_t port = 30000;
         for (RateCase c : rate_cases()) {
@@ -583,12 +583,13 @@ TEST_CASE("actor rate_limit: leaves the window alone when it should", "[bpf][act
     for (const auto& chain : rate_chains()) run_rate_cases(false, chain);
 }
 
-TEST_CASE("actor rate_limit: only time moves the edge, a lower rate cuts the credit, a subflow at the edge gets a zero window",
-          "[bpf][actor]") {
+TEST_CASE(
+    "actor rate_limit: only time moves the edge, a lower rate cuts the credit, a subflow at the edge gets a zero window",
+    "[bpf][actor]") {
     // 1000 bytes/s with scale 7 (128-byte units): a unit of window is 128 ms of time, far more
     // than passes between two runs, so the windows before the sleep are exact.
     RateCase c{"", 1000, 1000, 0, 7, 7, true, 60000, false};
-    for (Hook h : kHooks) {
+    for (Hook h : kCaseHooks) {
         INFO(name_of(h));
         Env env(chain_of({act_rate(c.rate, c.rtt_us, c.min_window)}));
         c.port = 31000 + static_cast<uint16_t>(h);
@@ -628,28 +629,28 @@ TEST_CASE("actor rate_limit: only time moves the edge, a lower rate cuts the cre
 
 TEST_CASE("actor rate_limit: never touches SYN, RST, non-ACK or unknown flows", "[bpf][actor]") {
     for (bool v6 : {false, true}) {
-        for (Hook h : kHooks) {
-          for (const auto& chain : rate_chains()) {
-            INFO((v6 ? "v6 " : "v4 ") << name_of(h) << ", " << chain.name);
-            Env env(chain_of(chain.steps));
-            env.set_step(chain.at, act_rate(1000, 1000, 0));
-            // a flow never seen: no scale known
-            Bytes unknown = cli(v6, 45000).window(60000).payload(4).build();
-            expect_untouched(env.run(h, unknown), unknown, h);
-            RateCase c{"", 1000, 1000, 0, 0, 0, true, 60000, v6};
-            handshake(env, h, c);
-            std::vector<Packet> ps = {
-                cli(v6).flags(tcpf::SYN).window(60000),
-                cli(v6).flags(tcpf::SYN | tcpf::ACK).window(60000),
-                cli(v6).flags(tcpf::RST | tcpf::ACK).window(60000),
-                cli(v6).flags(tcpf::RST).window(60000),
-                cli(v6).flags(tcpf::PSH).window(60000).payload(3),
-            };
-            for (auto& p : ps) {
-                Bytes in = p.build();
-                expect_untouched(env.run(h, in), in, h);
+        for (Hook h : kCaseHooks) {
+            for (const auto& chain : rate_chains()) {
+                INFO((v6 ? "v6 " : "v4 ") << name_of(h) << ", " << chain.name);
+                Env env(chain_of(chain.steps));
+                env.set_step(chain.at, act_rate(1000, 1000, 0));
+                // a flow never seen: no scale known
+                Bytes unknown = cli(v6, 45000).window(60000).payload(4).build();
+                expect_untouched(env.run(h, unknown), unknown, h);
+                RateCase c{"", 1000, 1000, 0, 0, 0, true, 60000, v6};
+                handshake(env, h, c);
+                std::vector<Packet> ps = {
+                    cli(v6).flags(tcpf::SYN).window(60000),
+                    cli(v6).flags(tcpf::SYN | tcpf::ACK).window(60000),
+                    cli(v6).flags(tcpf::RST | tcpf::ACK).window(60000),
+                    cli(v6).flags(tcpf::RST).window(60000),
+                    cli(v6).flags(tcpf::PSH).window(60000).payload(3),
+                };
+                for (auto& p : ps) {
+                    Bytes in = p.build();
+                    expect_untouched(env.run(h, in), in, h);
+                }
             }
-          }
         }
     }
 }
@@ -686,11 +687,9 @@ TEST_CASE("actor rate_limit: the other direction's SYN comes from an entry that 
 
             // Nothing but learning at TC ingress: data, and a SYN with malformed options
             // (dropped under a guarded chain, passed here), go through untouched.
-            for (Bytes b : {cli(v6).seq(5001).ack(9001).window(60000).payload(20, 1).build(),
-                            cli(v6, 41000)
-                                .flags(tcpf::SYN)
-                                .option(opt::raw(30, {0x00}, 1))
-                                .build()})
+            for (Bytes b :
+                 {cli(v6).seq(5001).ack(9001).window(60000).payload(20, 1).build(),
+                  cli(v6, 41000).flags(tcpf::SYN).option(opt::raw(30, {0x00}, 1)).build()})
                 expect_untouched(env.run(Hook::tc_ingress, b), b, Hook::tc_ingress);
 
             Bytes ack = rate_packet(c, 60000).build();
@@ -751,7 +750,7 @@ std::vector<dp::Event> of_type(const std::vector<dp::Event>& evs, uint8_t type) 
 TEST_CASE("flow learning: a spoofed SYN, SYN/ACK or MP_CAPABLE cannot rewrite a live flow",
           "[bpf][actor][state]") {
     for (bool v6 : {false, true}) {
-        for (Hook h : kHooks) {
+        for (Hook h : kCaseHooks) {
             INFO((v6 ? "v6 " : "v4 ") << name_of(h));
             Env env(chain_of({step(MPS_ACT_GET_CONNECT)}));
             handshake(env, h, v6);
@@ -795,7 +794,7 @@ TEST_CASE("flow learning: a spoofed SYN, SYN/ACK or MP_CAPABLE cannot rewrite a 
 
 TEST_CASE("flow learning: MP_CAPABLE keys without a handshake the datapath saw create nothing",
           "[bpf][actor][state]") {
-    for (Hook h : kHooks) {
+    for (Hook h : kCaseHooks) {
         INFO(name_of(h));
         Env env(chain_of({step(MPS_ACT_RECORD, 1, 1), step(MPS_ACT_GET_CONNECT)}));
         // mid-stream: the flow entry exists (record made it) but no SYN was seen
@@ -823,66 +822,67 @@ TEST_CASE("flow learning: MP_CAPABLE keys without a handshake the datapath saw c
 TEST_CASE("flow learning: a FIN from each side or a RST closes the flow, reported once",
           "[bpf][actor][state]") {
     for (bool v6 : {false, true}) {
-        for (Hook h : kHooks) {
-          for (bool by_rst : {false, true}) {
-            INFO((v6 ? "v6 " : "v4 ") << name_of(h) << (by_rst ? " RST" : " FIN"));
-            Env env(chain_of({step(MPS_ACT_GET_CONNECT)}));
-            handshake(env, h, v6);
-            env.events();
-            auto key = flow_key_of(cli(v6));
+        for (Hook h : kCaseHooks) {
+            for (bool by_rst : {false, true}) {
+                INFO((v6 ? "v6 " : "v4 ") << name_of(h) << (by_rst ? " RST" : " FIN"));
+                Env env(chain_of({step(MPS_ACT_GET_CONNECT)}));
+                handshake(env, h, v6);
+                env.events();
+                auto key = flow_key_of(cli(v6));
 
-            if (!by_rst) {
-                Bytes fin_c = cli(v6).flags(tcpf::FIN | tcpf::ACK).seq(200).build();
-                expect_untouched(env.run(h, fin_c), fin_c, h);
-                expect_untouched(env.run(h, fin_c), fin_c, h);  // retransmitted
-                CHECK(env.events().empty());
-                CHECK_FALSE(env.flow(key)->ended & MPS_FLOW_CLOSED);
-                Bytes fin_s = srv(v6).flags(tcpf::FIN | tcpf::ACK).seq(950).build();
-                expect_untouched(env.run(h, fin_s), fin_s, h);
-                auto ev = env.events();
-                REQUIRE(ev.size() == 1);
-                CHECK(ev[0].raw.type == MPS_EV_FLOW_CLOSED);
-                CHECK(ev[0].raw.flags == 0);
-                CHECK(std::memcmp(&ev[0].raw.flow, &key, sizeof key) == 0);
-                expect_untouched(env.run(h, fin_s), fin_s, h);
-                env.run(h, cli(v6).flags(tcpf::RST).seq(201));
-                CHECK(env.events().empty());
-            } else {
-                Bytes rst = srv(v6).flags(tcpf::RST).seq(950).build();
-                expect_untouched(env.run(h, rst), rst, h);
-                auto ev = env.events();
-                REQUIRE(ev.size() == 1);
-                CHECK(ev[0].raw.type == MPS_EV_FLOW_CLOSED);
-                CHECK(ev[0].raw.flags == 1);
-                env.run(h, rst);
-                env.run(h, cli(v6).flags(tcpf::FIN | tcpf::ACK).seq(200));
-                CHECK(env.events().empty());
-                // a SYN/ACK alone does not revive a closed flow
-                env.run(h, srv(v6).flags(tcpf::SYN | tcpf::ACK).seq(7777).option(opt::wscale(0)));
+                if (!by_rst) {
+                    Bytes fin_c = cli(v6).flags(tcpf::FIN | tcpf::ACK).seq(200).build();
+                    expect_untouched(env.run(h, fin_c), fin_c, h);
+                    expect_untouched(env.run(h, fin_c), fin_c, h);  // retransmitted
+                    CHECK(env.events().empty());
+                    CHECK_FALSE(env.flow(key)->ended & MPS_FLOW_CLOSED);
+                    Bytes fin_s = srv(v6).flags(tcpf::FIN | tcpf::ACK).seq(950).build();
+                    expect_untouched(env.run(h, fin_s), fin_s, h);
+                    auto ev = env.events();
+                    REQUIRE(ev.size() == 1);
+                    CHECK(ev[0].raw.type == MPS_EV_FLOW_CLOSED);
+                    CHECK(ev[0].raw.flags == 0);
+                    CHECK(std::memcmp(&ev[0].raw.flow, &key, sizeof key) == 0);
+                    expect_untouched(env.run(h, fin_s), fin_s, h);
+                    env.run(h, cli(v6).flags(tcpf::RST).seq(201));
+                    CHECK(env.events().empty());
+                } else {
+                    Bytes rst = srv(v6).flags(tcpf::RST).seq(950).build();
+                    expect_untouched(env.run(h, rst), rst, h);
+                    auto ev = env.events();
+                    REQUIRE(ev.size() == 1);
+                    CHECK(ev[0].raw.type == MPS_EV_FLOW_CLOSED);
+                    CHECK(ev[0].raw.flags == 1);
+                    env.run(h, rst);
+                    env.run(h, cli(v6).flags(tcpf::FIN | tcpf::ACK).seq(200));
+                    CHECK(env.events().empty());
+                    // a SYN/ACK alone does not revive a closed flow
+                    env.run(h,
+                            srv(v6).flags(tcpf::SYN | tcpf::ACK).seq(7777).option(opt::wscale(0)));
+                    auto f = env.flow(key);
+                    REQUIRE(f);
+                    CHECK(MPS_FLOW_DIR(f, f->dir_ab.isn == 900 ? 0 : 1)->isn == 900);
+                    CHECK(f->ended & MPS_FLOW_CLOSED);
+                }
+                // a new connection on the same 4-tuple starts afresh and can be closed again
+                handshake(env, h, v6, 0x5555, 0x6666);
                 auto f = env.flow(key);
                 REQUIRE(f);
-                CHECK(MPS_FLOW_DIR(f, f->dir_ab.isn == 900 ? 0 : 1)->isn == 900);
-                CHECK(f->ended & MPS_FLOW_CLOSED);
+                CHECK(f->ended == 0);
+                bool client_is_a = false;
+                flow_key_of(cli(v6), &client_is_a);
+                CHECK(f->key[client_is_a ? 0 : 1] == wire64(0x5555));
+                CHECK(of_type(env.events(), MPS_EV_MP_CAPABLE).size() == 2);
+                env.run(h, cli(v6).flags(tcpf::RST).seq(300));
+                CHECK(of_type(env.events(), MPS_EV_FLOW_CLOSED).size() == 1);
             }
-            // a new connection on the same 4-tuple starts afresh and can be closed again
-            handshake(env, h, v6, 0x5555, 0x6666);
-            auto f = env.flow(key);
-            REQUIRE(f);
-            CHECK(f->ended == 0);
-            bool client_is_a = false;
-            flow_key_of(cli(v6), &client_is_a);
-            CHECK(f->key[client_is_a ? 0 : 1] == wire64(0x5555));
-            CHECK(of_type(env.events(), MPS_EV_MP_CAPABLE).size() == 2);
-            env.run(h, cli(v6).flags(tcpf::RST).seq(300));
-            CHECK(of_type(env.events(), MPS_EV_FLOW_CLOSED).size() == 1);
-          }
         }
     }
 }
 
 TEST_CASE("flow learning: FIN and RST of flows the datapath never saw are not reported",
           "[bpf][actor][state]") {
-    for (Hook h : kHooks) {
+    for (Hook h : kCaseHooks) {
         INFO(name_of(h));
         Env env(chain_of({step(MPS_ACT_PASS)}));
         for (uint16_t port = 30000; port < 30100; port++) {

@@ -8,8 +8,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <stdexcept>
 
 namespace mpsteer::test {
@@ -173,7 +176,7 @@ dp::ChainSet chain_of(std::vector<mps_step> steps) {
     dp::ChainSet cs;
     cs.steps = std::move(steps);
     cs.policies = {"test"};
-    for (Hook h : {Hook::xdp, Hook::tc_egress, Hook::tc_ingress}) cs.entries.push_back({h, "", 0});
+    for (Hook h : mpsteer::kHooks) cs.entries.push_back({h, "", 0});
     return cs;
 }
 
@@ -246,14 +249,55 @@ CpuPin::~CpuPin() {
     if (restored_) sched_setaffinity(0, old_.size(), reinterpret_cast<cpu_set_t*>(old_.data()));
 }
 
-Env::Env(const dp::ChainSet& chains, const dp::TableSizes& sizes)
-    : state_(dp::StateMaps::open(root_.path(), sizes)),
-      gen_(dp::Generation::build(chains, 1, state_)) {
+struct Loaded {
+    PinRoot root;
+    dp::StateMaps state;
+    std::shared_ptr<dp::Datapath> datapath;  // the shared load; null: a load per Env
+    explicit Loaded(const dp::TableSizes& sizes) : state(dp::StateMaps::open(root.path(), sizes)) {}
+};
+
+namespace {
+bool one_load() {
+    static const bool on = [] {
+        const char* v = std::getenv("MPS_BPF_ONE_LOAD");
+        return v && std::string_view(v) == "1";
+    }();
+    return on;
+}
+
+// The shared load for these table sizes, emptied of what earlier cases left.
+std::shared_ptr<Loaded> shared_load(const dp::TableSizes& sizes) {
+    static std::map<uint32_t, std::shared_ptr<Loaded>> loads;  // by sizes.flows
+    auto& l = loads[sizes.flows];
+    if (!l) {
+        l = std::make_shared<Loaded>(sizes);
+        l->datapath = dp::Datapath::load(l->state);
+    }
+    l->datapath->reset();
+    // Events earlier cases left in the ring buffer.
+    dp::EventReader drain(l->state, [](const dp::Event&) {});
+    while (drain.poll(std::chrono::milliseconds(0)) > 0) {}
+    return l;
+}
+}  // namespace
+
+Env::Env(const dp::ChainSet& chains, const dp::TableSizes& sizes) {
+    if (one_load()) {
+        loaded_ = shared_load(sizes);
+        gen_ = dp::Generation::build(loaded_->datapath, chains, 1);
+    } else {
+        loaded_ = std::make_shared<Loaded>(sizes);
+        gen_ = dp::Generation::build(chains, 1, loaded_->state);
+    }
     reader_ = std::make_unique<dp::EventReader>(
-        state_, [this](const dp::Event& e) { pending_.push_back(e); });
+        loaded_->state, [this](const dp::Event& e) { pending_.push_back(e); });
 }
 
 Env::~Env() = default;
+
+const dp::StateMaps& Env::state() const {
+    return loaded_->state;
+}
 
 void next_clock_tick() {
     usleep(25000);  // two and a half ticks at the slowest HZ (100)
@@ -292,18 +336,18 @@ void Env::set_step(uint32_t pc, const mps_step& s) {
 
 std::optional<mps_flow> Env::flow(const mps_flow_key& k) const {
     mps_flow f;
-    if (bpf_map_lookup_elem(state_.flows(), &k, &f) != 0) return std::nullopt;
+    if (bpf_map_lookup_elem(state().flows(), &k, &f) != 0) return std::nullopt;
     return f;
 }
 
 void Env::put_flow(const mps_flow_key& k, const mps_flow& f) {
-    if (bpf_map_update_elem(state_.flows(), &k, &f, BPF_ANY) != 0)
+    if (bpf_map_update_elem(state().flows(), &k, &f, BPF_ANY) != 0)
         throw std::runtime_error("writing the flow map failed");
 }
 
 std::optional<mps_conn> Env::conn(uint32_t token) const {
     mps_conn c;
-    if (bpf_map_lookup_elem(state_.conns(), &token, &c) != 0) return std::nullopt;
+    if (bpf_map_lookup_elem(state().conns(), &token, &c) != 0) return std::nullopt;
     return c;
 }
 

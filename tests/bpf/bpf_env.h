@@ -31,7 +31,7 @@ const char* name_of(Hook h);
 
 // The hooks every case runs through: XDP (ingress) and TC egress; TC ingress shares the TC
 // programs and is exercised by a few cases of its own.
-inline const std::vector<Hook> kHooks = {Hook::xdp, Hook::tc_egress};
+inline const std::vector<Hook> kCaseHooks = {Hook::xdp, Hook::tc_egress};
 
 // ---- steps ----------------------------------------------------------------------------------
 
@@ -102,6 +102,13 @@ struct Run {
 // BPF_PROG_TEST_RUN of one frame; the output is the frame only (XDP metadata stripped).
 Run raw_run(int prog_fd, const Bytes& frame, bool xdp, uint32_t repeat = 1);
 
+// One case's datapath: by default a load of its own (the programs its chains need) on state
+// maps of its own. With MPS_BPF_ONE_LOAD=1 every Env of the process with the same table sizes
+// shares one load of every program, emptied between cases (Datapath::reset): what makes
+// the label feasible where a load takes minutes (a kernel under software emulation,
+// tests/vm/run.sh).
+struct Loaded;
+
 class Env {
 public:
     explicit Env(const dp::ChainSet& chains, const dp::TableSizes& sizes = {});
@@ -121,19 +128,18 @@ public:
     // Events written so far (drained from the ring buffer, tokens derived by EventReader).
     std::vector<dp::Event> events();
     const dp::Generation& generation() const { return *gen_; }
-    const dp::StateMaps& state() const { return state_; }
+    const dp::StateMaps& state() const;
 
 private:
     CpuPin cpu_;
-    PinRoot root_;
-    dp::StateMaps state_;
+    std::shared_ptr<Loaded> loaded_;
     std::unique_ptr<dp::Generation> gen_;
     std::unique_ptr<dp::EventReader> reader_;
     std::vector<dp::Event> pending_;
 };
 
 // Sleeps until the kernel's clock tick (CONFIG_HZ >= 100) has turned, so the datapath's tick
-// clock (tick_ns() in bpf/datapath.bpf.c) reads a later time than before.
+// clock (tick_ns() in bpf/lib/flow.h) reads a later time than before.
 void next_clock_tick();
 
 // Counter deltas between two snapshots.

@@ -7,7 +7,10 @@
 #include <catch2/catch.hpp>
 
 #include <bpf/bpf.h>
+#include <sys/utsname.h>
 #include <unistd.h>
+
+#include <cstdio>
 
 #include "bpf_env.h"
 #include "datapath/entry_emitter.h"
@@ -273,13 +276,21 @@ TEST_CASE("compiled entries: the verifier's work stays small on the most tangled
     }
     s.push_back(step(MPS_ACT_RECORD));
     Env env(chain_of(s));
+    // The kernel's limit is 1,000,000. Measured: ~39k on 6.12 and 6.18; 669k on 6.1, whose
+    // verifier prunes few of the paths the chain doubles at each selector (tests/vm/run.sh
+    // amd64 6.1 bpf), so the bound there only keeps the entry clear of the limit.
+    utsname u{};
+    uname(&u);
+    int major = 0, minor = 0;
+    std::sscanf(u.release, "%d.%d", &major, &minor);
+    const uint32_t bound = major > 6 || (major == 6 && minor >= 12) ? 100000 : 800000;
     for (Hook h : kAllHooks) {
-        INFO(name_of(h));
+        INFO(name_of(h) << " on " << u.release);
         REQUIRE(env.generation().compiled(h));
         bpf_prog_info info{};
         uint32_t len = sizeof info;
         REQUIRE(bpf_obj_get_info_by_fd(env.generation().entry_fd(h), &info, &len) == 0);
         WARN("verified instructions: " << info.verified_insns);
-        CHECK(info.verified_insns < 100000);  // the kernel's limit is 1000000; ~47k on 6.18
+        CHECK(info.verified_insns < bound);
     }
 }

@@ -212,7 +212,7 @@ TEST_CASE("malformed input passes untouched through every chain", "[bpf][malform
         Env env(chain_of(ch.steps));
         bool ends_in_drop = ch.steps.back().prog == MPS_ACT_DROP;
         for (bool v6 : {false, true}) {
-            for (Hook h : kHooks) {
+            for (Hook h : kCaseHooks) {
                 INFO("hook: " << name_of(h));
                 for (const Packet& p : handshake(v6)) env.run(h, p);
                 // Control: the chain is live, a well-formed packet is dropped where it ends
@@ -255,7 +255,7 @@ TEST_CASE("malformed input passes untouched through every chain", "[bpf][malform
 TEST_CASE("a SYN with malformed options teaches the flow nothing", "[bpf][malformed]") {
     Env env(chain_of({step(MPS_ACT_RECORD, 1), step(MPS_ACT_PASS)}));
     for (bool v6 : {false, true}) {
-        for (Hook h : kHooks) {
+        for (Hook h : kCaseHooks) {
             INFO((v6 ? "v6 " : "v4 ") << name_of(h));
             Packet syn = client(v6).flags(tcpf::SYN).option(opt::wscale(7)).option({8, 0, 1, 1});
             syn.tcp.sport = uint16_t(h == Hook::xdp ? 41000 : 42000);
@@ -287,7 +287,7 @@ TEST_CASE("unparseable packets are dropped where a drop-on-failure guard could d
     for (bool is_guarded : {true, false}) {
         Env env(chain_of(is_guarded ? guarded : open));
         for (bool v6 : {false, true}) {
-            for (Hook h : kHooks) {
+            for (Hook h : kCaseHooks) {
                 INFO((is_guarded ? "guarded " : "open ") << (v6 ? "v6 " : "v4 ") << name_of(h));
                 Packet syn = client(v6)
                                  .flags(tcpf::SYN)
@@ -374,7 +374,7 @@ TEST_CASE("a guard behind another policy's steps still covers unparseable packet
                                step(MPS_ACT_DROP)};
     s[2].flags |= MPS_STEPF_FAIL_DROP;
     Env env(chain_of(s));
-    for (Hook h : kHooks) {
+    for (Hook h : kCaseHooks) {
         INFO(name_of(h));
         Packet frag = good(false);
         frag.v4h().frag = 0x2000;  // MF

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
-// The option-rewriting actors (bpf/rewrite.bpf.h) on exact bytes: each case gives the input
-// frame and the frame expected out, built independently with the packet builder, runs through
-// XDP and TC, and checks verdicts, both checksums, counters and the actor's maps.
+// The option-rewriting actors (bpf/lib/rewrite.h and its actors) on exact bytes: each case gives
+// the input frame and the frame expected out, built independently with the packet builder, runs
+// through XDP and TC, and checks verdicts, both checksums, counters and the actor's maps.
 #include <catch2/catch.hpp>
 
 #include <bpf/bpf.h>
@@ -108,10 +108,9 @@ mps_step backup_step(bool b, bool every = false) {
 
 TEST_CASE("rewrite: every rewriting actor loads and verifies", "[bpf][rewrite]") {
     mps_step rd = step(MPS_ACT_REDIRECT, 5);
-    Env env(
-        chain_of({step(MPS_ACT_BLK_SUBFLOW, 1), step(MPS_ACT_ADD_SUBFLOW, 2),
-                  backup_step(true, false), step(MPS_ACT_NO_SUBFLOWS, 4), rd, step(MPS_ACT_PASS),
-                  step(MPS_ACT_REJECT)}));
+    Env env(chain_of({step(MPS_ACT_BLK_SUBFLOW, 1), step(MPS_ACT_ADD_SUBFLOW, 2),
+                      backup_step(true, false), step(MPS_ACT_NO_SUBFLOWS, 4), rd,
+                      step(MPS_ACT_PASS), step(MPS_ACT_REJECT)}));
     for (const char* p : {"act_blk_subflow", "act_add_subflow", "act_set_backup", "act_no_subflows",
                           "act_redirect", "act_reject"})
         for (const char* s : {"_xdp", "_tc"})
@@ -139,7 +138,7 @@ TEST_CASE("rewrite: blk_subflow invalidates the ADD_ADDR HMAC, stores it, hides 
     };
     uint16_t sport = 1000;
     for (const auto& c : cases) {
-        for (Hook h : kHooks) {
+        for (Hook h : kCaseHooks) {
             INFO(c.name << " via " << name_of(h));
             // A fresh flow per case: announcements are per flow and address id.
             Packet in = from_server(c.v6);
@@ -200,7 +199,7 @@ TEST_CASE("rewrite: blk_subflow invalidates the ADD_ADDR HMAC, stores it, hides 
             CHECK(e.raw.addr_id == 1);
             CHECK((e.raw.flags == 4 || e.raw.flags == 6));
         }
-    CHECK(n == std::size(cases) * kHooks.size());
+    CHECK(n == std::size(cases) * kCaseHooks.size());
 }
 
 TEST_CASE("rewrite: blk_subflow hides the ADD_ADDR the kernel keeps when a segment has several",
@@ -227,7 +226,7 @@ TEST_CASE("rewrite: blk_subflow hides the ADD_ADDR the kernel keeps when a segme
     };
     uint16_t sport = 2000;
     for (const auto& c : cases) {
-        for (Hook h : kHooks) {
+        for (Hook h : kCaseHooks) {
             INFO(c.name << " via " << name_of(h));
             Packet in = from_server(false);
             in.tcp.sport = sport++;
@@ -265,7 +264,7 @@ TEST_CASE("rewrite: blk_subflow leaves echoes, other options and released announ
     Env env(chain_of({step(MPS_ACT_BLK_SUBFLOW)}));
     auto maps = dp::ActorMaps::of(env.generation());
     for (bool v6 : {false, true}) {
-        for (Hook h : kHooks) {
+        for (Hook h : kCaseHooks) {
             INFO((v6 ? "IPv6" : "IPv4") << " via " << name_of(h));
             std::vector<std::pair<const char*, Packet>> untouched = {
                 {"echo", from_server(v6).option(ts_opt()).option(announce(v6, false, true))},
@@ -291,7 +290,7 @@ TEST_CASE("rewrite: blk_subflow leaves echoes, other options and released announ
     Packet bad = from_server(false).option(announce(false, false));
     bad.tcp.options[1] = 40;  // the ADD_ADDR claims to run past the header
     Bytes f = bad.build();
-    for (Hook h : kHooks) {
+    for (Hook h : kCaseHooks) {
         Snap s0 = Snap::of(env);
         Run r = env.run(h, f);
         CHECK(r.out == f);
@@ -335,7 +334,7 @@ TEST_CASE("rewrite: blk_subflow keeps every announcement when the event ring is 
 TEST_CASE("rewrite: set_backup appends MP_PRIO to pure ACKs, once per subflow and direction",
           "[bpf][rewrite][set_backup]") {
     for (bool v6 : {false, true}) {
-        for (Hook h : kHooks) {
+        for (Hook h : kCaseHooks) {
             INFO((v6 ? "IPv6" : "IPv4") << " via " << name_of(h));
             Env env(chain_of({backup_step(true)}));
             auto maps = dp::ActorMaps::of(env.generation());
@@ -400,7 +399,7 @@ TEST_CASE(
     "builds the pure ACK that carries MP_PRIO on an idle subflow",
     "[bpf][rewrite][set_backup]") {
     for (bool v6 : {false, true}) {
-        for (Hook h : kHooks) {
+        for (Hook h : kCaseHooks) {
             INFO((v6 ? "IPv6" : "IPv4") << " via " << name_of(h));
             Env env(chain_of({backup_step(true)}));
             auto maps = dp::ActorMaps::of(env.generation());
@@ -478,7 +477,7 @@ TEST_CASE(
 TEST_CASE("rewrite: set_backup signal_prio sends MP_PRIO from the templates once, and records it",
           "[bpf][rewrite][set_backup]") {
     in_private_netns([] {
-        for (Hook h : kHooks) {
+        for (Hook h : kCaseHooks) {
             INFO(name_of(h));
             Env env(chain_of({backup_step(true)}));
             auto maps = dp::ActorMaps::of(env.generation());
@@ -507,7 +506,7 @@ TEST_CASE("rewrite: no_subflows sets the MP_CAPABLE C flag on SYN and SYN/ACK on
           "[bpf][rewrite][no_subflows]") {
     Env env(chain_of({step(MPS_ACT_NO_SUBFLOWS)}));
     for (bool v6 : {false, true}) {
-        for (Hook h : kHooks) {
+        for (Hook h : kCaseHooks) {
             INFO((v6 ? "IPv6" : "IPv4") << " via " << name_of(h));
             auto synack = [&](bool nop, uint8_t flags) {
                 Packet p = from_server(v6).flags(tcpf::SYN | tcpf::ACK).option(opt::mss(1460));

@@ -47,7 +47,7 @@ public:
         Bytes in = c.pkt.build();
         INFO("case: " << c.name);
         REQUIRE(verify_checksums(in));
-        for (Hook h : kHooks) {
+        for (Hook h : kCaseHooks) {
             INFO("hook: " << name_of(h));
             Snap before = Snap::of(env_);
             Run r = env_.run(h, in);

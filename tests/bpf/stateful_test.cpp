@@ -48,7 +48,7 @@ void expect_match(Env& env, Hook h, const Packet& p, bool match, size_t sel_pc =
 TEST_CASE("selector token: learnt from an MP_JOIN SYN", "[bpf][selector][state]") {
     const uint32_t tok = 0xc0ffee01;
     for (bool v6 : {false, true}) {
-        for (Hook h : kHooks) {
+        for (Hook h : kCaseHooks) {
             INFO((v6 ? "v6 " : "v4 ") << name_of(h));
             Env env(probe(sel_token(tok)));
             // no flow yet
@@ -68,7 +68,7 @@ TEST_CASE("selector token: learnt from an MP_JOIN SYN", "[bpf][selector][state]"
 
 TEST_CASE("selector token: survives the MP_JOIN SYN/ACK", "[bpf][selector][state]") {
     const uint32_t tok = 0xc0ffee01;
-    for (Hook h : kHooks) {
+    for (Hook h : kCaseHooks) {
         INFO(name_of(h));
         Env env(probe(sel_token(tok)));
         env.run(h, cli(false).flags(tcpf::SYN).option(mptcp::join_syn(tok, 1)));
@@ -80,7 +80,7 @@ TEST_CASE("selector token: survives the MP_JOIN SYN/ACK", "[bpf][selector][state
 TEST_CASE("selector token: tokens derived from MP_CAPABLE keys", "[bpf][selector][state]") {
     const uint64_t ka = 0xaaaa000011112222, kb = 0xbbbb333344445555;
     for (bool v6 : {false, true}) {
-        for (Hook h : kHooks) {
+        for (Hook h : kCaseHooks) {
             INFO((v6 ? "v6 " : "v4 ") << name_of(h));
             // get_connect -> token -> drop
             Env env(chain_of({step(MPS_ACT_GET_CONNECT, 1), sel_token(token_of(ka), 2, END),
@@ -118,7 +118,7 @@ TEST_CASE("selector sequence(subflow): relative to the ISN from the SYN",
         {"the SYN itself is 0", 77, 77, 0, 1, true},
     };
     for (bool v6 : {false, true}) {
-        for (Hook h : kHooks) {
+        for (Hook h : kCaseHooks) {
             Env env(probe(sel_seq(MPS_SEQ_SUBFLOW, 0, 1)));
             uint16_t port = 20000;
             for (const C& c : t) {
@@ -147,7 +147,7 @@ TEST_CASE("selector sequence(subflow): relative to the ISN from the SYN",
 }
 
 TEST_CASE("selector sequence(subflow): client side after the SYN/ACK", "[bpf][selector][state]") {
-    for (Hook h : kHooks) {
+    for (Hook h : kCaseHooks) {
         INFO(name_of(h));
         Env env(probe(sel_seq(MPS_SEQ_SUBFLOW, 100, 101)));
         env.run(h, cli(false).flags(tcpf::SYN).seq(1000));
@@ -199,7 +199,7 @@ void seed_idsn(Env& env, Hook h, bool v6, uint16_t port, uint64_t idsn_c, uint64
 void run_dsn_cases(bool known_bugs) {
     const uint64_t idsn_c = 0xfffffffffffff000ull, idsn_s = 0x0000000100000010ull;
     for (bool v6 : {false, true}) {
-        for (Hook h : kHooks) {
+        for (Hook h : kCaseHooks) {
             Env env(probe(sel_seq(MPS_SEQ_DATA, 0, 1)));
             uint16_t port = 21000;
             for (DsnCase c : dsn_cases()) {
@@ -248,7 +248,7 @@ TEST_CASE("selector sequence(data): DSS options shorter than 20 bytes", "[bpf][s
 
 TEST_CASE("selector sequence(data): IDSN from the MP_CAPABLE keys", "[bpf][selector][state]") {
     const uint64_t ka = 0x0102030405060708, kb = 0x1112131415161718;
-    for (Hook h : kHooks) {
+    for (Hook h : kCaseHooks) {
         INFO(name_of(h));
         Env env(chain_of({step(MPS_ACT_GET_CONNECT, 1), sel_seq(MPS_SEQ_DATA, 1, 11, 2, END),
                           step(MPS_ACT_DROP)}));
@@ -283,7 +283,7 @@ TEST_CASE("selector sequence(data): IDSN from the MP_CAPABLE keys", "[bpf][selec
 TEST_CASE("selector flow_bytes(subflow): bytes seen before this packet, both directions",
           "[bpf][selector][state]") {
     for (bool v6 : {false, true}) {
-        for (Hook h : kHooks) {
+        for (Hook h : kCaseHooks) {
             INFO((v6 ? "v6 " : "v4 ") << name_of(h));
             Env env(probe(sel_bytes(MPS_BYTES_SUBFLOW, 200, 300)));
             expect_match(env, h, cli(v6).payload(100), false);  // 0 before
@@ -307,7 +307,7 @@ TEST_CASE(
     // The agent creates the connection entry after the first packets: the subflow has carried
     // 900 bytes, the fresh entry none. The flow hands over everything it counted.
     const uint32_t tok = 0x00c0ffee;
-    for (Hook h : kHooks) {
+    for (Hook h : kCaseHooks) {
         INFO(name_of(h));
         Env env(chain_of({step(MPS_ACT_RECORD, 1), sel_bytes(MPS_BYTES_CONN, 1000, 1100, 2, END),
                           step(MPS_ACT_DROP)}));
@@ -394,7 +394,7 @@ TEST_CASE("selector flow_bytes(connection): bytes of every subflow of the connec
           "[bpf][selector][state]") {
     const uint32_t tok = 0x00c0ffee;
     for (bool v6 : {false, true}) {
-        for (Hook h : kHooks) {
+        for (Hook h : kCaseHooks) {
             INFO((v6 ? "v6 " : "v4 ") << name_of(h));
             Env env(chain_of({step(MPS_ACT_RECORD, 1),
                               sel_bytes(MPS_BYTES_CONN, 1000, 1100, 2, END), step(MPS_ACT_DROP)}));

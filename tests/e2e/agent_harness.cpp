@@ -24,6 +24,20 @@ using Clock = std::chrono::steady_clock;
 
 namespace mpsteer::agent_e2e {
 
+std::string source(const std::string& rel) {
+    std::ifstream in(std::string(MPS_SOURCE_DIR) + "/" + rel);
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+}
+
+const nlohmann::json* hook_of(const nlohmann::json& status, const std::string& policy) {
+    if (!status.contains("lua_hooks")) return nullptr;
+    for (const auto& h : status.at("lua_hooks"))
+        if (h.value("policy", "") == policy) return &h;
+    return nullptr;
+}
+
 // The build's binary, or MPSTEER_BIN (the VM rig runs these tests against the installed one).
 std::string mpsteer_bin() {
     const char* bin = std::getenv("MPSTEER_BIN");
@@ -226,20 +240,13 @@ pid_t AgentHarness::start() {
     if (pid_ > 0) throw lab::Error("agent already running");
     ++starts_;
     std::string logf = dir_ + "/logs/agent-" + std::to_string(starts_) + ".log";
-    std::vector<std::string> args = {mpsteer_bin(),
-                                     "run",
-                                     "--policies",
-                                     dir_ + "/current",
-                                     "--state-dir",
-                                     state_,
-                                     "--pin-root",
-                                     pins_,
-                                     "--netns",
-                                     netns_,
-                                     "--metrics-port",
-                                     std::to_string(metrics_port),
-                                     "--debounce-ms",
-                                     std::to_string(debounce_ms_)};
+    std::vector<std::string> args = {mpsteer_bin(),    "run",
+                                     "--policies",     dir_ + "/current",
+                                     "--state-dir",    state_,
+                                     "--pin-root",     pins_,
+                                     "--netns",        netns_,
+                                     "--metrics-port", std::to_string(metrics_port),
+                                     "--debounce-ms",  std::to_string(debounce_ms_)};
     for (const auto& i : interfaces_) args.insert(args.end(), {"-i", i});
     args.insert(args.end(), extra_args.begin(), extra_args.end());
     std::vector<char*> argv;
@@ -248,7 +255,8 @@ pid_t AgentHarness::start() {
     pid_t p = fork();
     if (p < 0) throw lab::Error("fork failed");
     if (p == 0) {
-        int fd = open(logf.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        int fd =
+            output_fd >= 0 ? output_fd : open(logf.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
         if (fd >= 0) {
             dup2(fd, 1);
             dup2(fd, 2);

@@ -53,6 +53,10 @@ private:
 
 // The path of the built mpsteer binary (compile definition MPSTEER_BIN).
 std::string mpsteer_bin();
+// A file of the source tree (compile definition MPS_SOURCE_DIR), e.g. "lua/ecf.lua".
+std::string source(const std::string& rel);
+// The status's entry for the Lua hook of `policy` (status.json "lua_hooks"), or null.
+const nlohmann::json* hook_of(const nlohmann::json& status, const std::string& policy);
 
 class AgentHarness {
 public:
@@ -73,7 +77,8 @@ public:
     pid_t start();  // a new agent process; its output goes to logs/agent-<k>.log
     std::vector<std::string> extra_args;  // appended to `mpsteer run ...` by start()
     int metrics_port = 0;                 // start()'s --metrics-port (0: off)
-    void kill9();                         // SIGKILL and reap
+    int output_fd = -1;  // start(): the agent's stdout and stderr (-1: logs/agent-<k>.log)
+    void kill9();        // SIGKILL and reap
     // SIGTERM and reap (SIGKILL after 10 s); the wait status, -1 when no agent ran.
     int stop();
     pid_t pid() const { return pid_; }

@@ -78,7 +78,7 @@ std::string programs_on(const std::string& netns, const std::string& ifname) {
         for (auto hook :
              {datapath::Hook::xdp, datapath::Hook::tc_ingress, datapath::Hook::tc_egress})
             if (!datapath::attached_programs(ifname, hook).empty())
-                out += std::string(" ") + std::string(datapath::to_string(hook));
+                out += std::string(" ") + std::string(to_string(hook));
     }
     const std::string tc = must_in(netns, {"tc", "filter", "show", "dev", ifname, "ingress"}) +
                            must_in(netns, {"tc", "filter", "show", "dev", ifname, "egress"});
@@ -216,4 +216,84 @@ TEST_CASE("agent process: one agent per pin root, runtime files private", "[agen
     CHECK(r.out.find("another mpsteer agent uses the pin root") != std::string::npos);
     CHECK(h.alive());
     CHECK(h.wait_status([](const json& s) { return s.value("ready", false); }, 10s));
+}
+
+namespace {
+std::string hostile_script(const std::string& name) {
+    return source("tests/unit/lua_hostile/" + name);
+}
+
+std::string hook_policy(const std::string& name, int priority, const std::string& script) {
+    return "apiVersion: mpsteer.dev/v1\nkind: Policy\nmetadata:\n  name: " + name +
+           "\nspec:\n  attach: {hooks: [xdp]}\n  priority: " + std::to_string(priority) +
+           "\n  select:\n    - packet_type: [any_mptcp]\n    - packet_type: [ack]\n"
+           "  actions:\n    - set_backup: {backup: false}\n"
+           "  hooks:\n    script: lua/" +
+           script + "\n    every: 10ms\n";
+}
+
+}  // namespace
+
+TEST_CASE("agent process: hostile hook scripts leave the agent ready, applying and stopping",
+          "[agent][hooks][hostile]") {
+    Lab lab(config("hk"));
+    AgentHarness h(lab, "hostile-hooks");
+    // One script sorts 2^19 numbers in a loop, one writes the backup flag in a tight loop, one
+    // allocates all it can; one behaves.
+    Files files = {{"hooks.yaml", hook_policy("sorter", 100, "sort_numbers_loop.lua") + "---\n" +
+                                      hook_policy("flood", 200, "write_loop.lua") + "---\n" +
+                                      hook_policy("hoarder", 300, "alloc_all.lua") + "---\n" +
+                                      hook_policy("good", 400, "good.lua")},
+                   {"lua/sort_numbers_loop.lua", hostile_script("sort_numbers_loop.lua")},
+                   {"lua/write_loop.lua", hostile_script("write_loop.lua")},
+                   {"lua/alloc_all.lua", hostile_script("alloc_all.lua")},
+                   {"lua/good.lua", "n = 0\nfunction on_tick() n = n + 1 end\n"}};
+    h.publish(files);
+    const pid_t pid = h.start();
+    auto disabled = [](const json& s, const char* p) {
+        const json* st = hook_of(s, p);
+        return st && st->value("state", "") == "disabled";
+    };
+    REQUIRE(h.wait_status(
+        [&](const json& s) {
+            return s.value("ready", false) && disabled(s, "sorter") && disabled(s, "flood") &&
+                   disabled(s, "hoarder");
+        },
+        120s, 100ms));
+    json s = h.status();
+    INFO(s["lua_hooks"].dump(1));
+    INFO(s["hook_process"].dump(1));
+    CHECK_FALSE(hook_of(s, "sorter")->value("last_error", "").empty());
+    CHECK_FALSE(hook_of(s, "hoarder")->value("last_error", "").empty());
+    CHECK(hook_of(s, "flood")->value("last_error", "").find("went on writing past") !=
+          std::string::npos);
+    CHECK(hook_of(s, "good")->value("state", "") == "running");
+    CHECK(s["hook_process"].value("pid", 0) > 0);
+    CHECK(s["hook_process"].value("pid", 0) != pid);
+    CHECK(s["hook_process"].value("seccomp", false));
+    // `mpsteer status` names the process and its restarts.
+    auto text = run({mpsteer_bin(), "status", "--state-dir", h.state_dir()});
+    INFO(text.out);
+    CHECK(text.out.find("hook process: pid ") != std::string::npos);
+    // The good script keeps ticking, a new revision is applied.
+    const uint64_t calls = hook_of(s, "good")->value("calls", uint64_t(0));
+    REQUIRE(h.wait_status(
+        [&](const json& t) {
+            const json* g = hook_of(t, "good");
+            return g && g->value("calls", uint64_t(0)) > calls + 10;
+        },
+        20s, 100ms));
+    files["lua/good.lua"] = "n = 1\nfunction on_tick() n = n + 1 end\n";
+    const std::string rev = h.publish(files);
+    REQUIRE(h.wait_status(
+        [&](const json& t) {
+            return t.value("applied_revision", "") == rev && t.value("ready", false);
+        },
+        30s, 50ms));
+    // SIGTERM: exit 0 within 5 s.
+    const auto t0 = std::chrono::steady_clock::now();
+    const int st = h.stop();
+    CHECK(std::chrono::steady_clock::now() - t0 < 5s);
+    CHECK(WIFEXITED(st));
+    CHECK(WEXITSTATUS(st) == 0);
 }

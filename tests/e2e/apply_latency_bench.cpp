@@ -18,11 +18,11 @@
 
 #include "agent_harness.h"
 #include "lab/lab.h"
-#include "lab/stats.h"
+#include "net/stats.h"
 
 using namespace mpsteer;
 using namespace mpsteer::agent_e2e;
-using mpsteer::lab::quantile;
+using mpsteer::net::quantile;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 

@@ -274,14 +274,15 @@ TEST_CASE("datapath: rate_limit alone at TC egress, compiled from a manifest, ho
     manifest::Options o;
     o.known_interfaces = std::set<std::string>{lab.server_if(1), lab.server_if(2)};
     o.check_scripts = false;
-    const std::string yaml = "apiVersion: mpsteer.dev/v1\nkind: Policy\nmetadata: {name: limit}\n"
-                             "spec:\n  attach: {interfaces: [" +
-                             lab.server_if(2) +
-                             "], hooks: [tc_egress]}\n  priority: 10\n"
-                             "  select:\n    - dst: " +
-                             Lab::client_addr(2) +
-                             "/32\n"
-                             "  actions:\n    - rate_limit: {rate: 8Mbit, rtt: 20ms}\n";
+    const std::string yaml =
+        "apiVersion: mpsteer.dev/v1\nkind: Policy\nmetadata: {name: limit}\n"
+        "spec:\n  attach: {interfaces: [" +
+        lab.server_if(2) +
+        "], hooks: [tc_egress]}\n  priority: 10\n"
+        "  select:\n    - dst: " +
+        Lab::client_addr(2) +
+        "/32\n"
+        "  actions:\n    - rate_limit: {rate: 8Mbit, rtt: 20ms}\n";
     auto loaded = manifest::load_sources({{"limit.yaml", yaml}}, o);
     std::string diagnostics;
     for (const auto& d : loaded.diagnostics) diagnostics += d.format() + "\n";

@@ -15,9 +15,11 @@
 #include <thread>
 
 #include "lab/lab.h"
-#include "lab/stats.h"
+#include "net/stats.h"
 
 using namespace mpsteer::lab;
+using mpsteer::net::median;
+using mpsteer::net::quantile;
 using namespace std::chrono_literals;
 
 TEST_CASE("lab: two subflows over two paths, tokens as the kernel reports", "[e2e][lab]") {
@@ -126,8 +128,7 @@ TEST_CASE("lab: a root without the lab's commands is told which packages to inst
     CHECK_NOTHROW(mpsteer::lab::Lab::require_tools());
 }
 
-TEST_CASE("lab: offloads as a host has them, or none and every checksum verified",
-          "[e2e][lab]") {
+TEST_CASE("lab: offloads as a host has them, or none and every checksum verified", "[e2e][lab]") {
     for (Offloads mode : {Offloads::host, Offloads::strict}) {
         INFO("offloads: " << to_string(mode));
         Lab::cleanup_stale();
@@ -140,9 +141,9 @@ TEST_CASE("lab: offloads as a host has them, or none and every checksum verified
         for (const auto& [ns, dev] : {std::pair{lab.client_ns(), lab.client_if(1)},
                                       std::pair{lab.server_ns(), lab.server_if(2)}}) {
             const std::string k = must({"ip", "netns", "exec", ns, "ethtool", "-k", dev});
-            for (const char* f : {"tx-checksumming", "tcp-segmentation-offload",
-                                  "generic-segmentation-offload", "generic-receive-offload",
-                                  "rx-checksumming"})
+            for (const char* f :
+                 {"tx-checksumming", "tcp-segmentation-offload", "generic-segmentation-offload",
+                  "generic-receive-offload", "rx-checksumming"})
                 CHECK_THAT(k, Catch::Contains(std::string(f) + ": " + on));
         }
         // A segment with a wrong checksum from the client (a raw socket: the stack leaves the

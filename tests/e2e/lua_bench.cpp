@@ -2,6 +2,8 @@
 // Lua hooks benchmarks; prints figures, not a test. Root, network namespaces.
 //   lua_bench latency [N]   event -> hook -> map update, p50/p99 over N connections per round,
 //                           the agent's event thread (lua::EventThread) in each --events mode,
+//                           the scripts in the hook process (the agent's way) and, in
+//                           alternating rounds, in the event thread itself,
 //                           SCHED_OTHER and SCHED_FIFO, beside the kernel's netlink path for the
 //                           same kind of action (the in-kernel PM's MPTCP_PM_CMD_SET_FLAGS backup
 //                           on an endpoint, request -> ack; and `ip mptcp endpoint change ...
@@ -35,12 +37,14 @@
 #include "agent_harness.h"
 #include "datapath/datapath.h"
 #include "lab/lab.h"
-#include "lab/stats.h"
+#include "net/stats.h"
 #include "lua/datapath_backend.h"
 #include "lua/event_thread.h"
+#include "lua/hook_process.h"
 
 using namespace mpsteer;
 using namespace mpsteer::lab;
+using mpsteer::net::quantile;
 using namespace mpsteer::agent_e2e;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
@@ -52,13 +56,6 @@ uint64_t mono_ns() {
     timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return uint64_t(ts.tv_sec) * 1'000'000'000ull + uint64_t(ts.tv_nsec);
-}
-
-std::string source(const std::string& rel) {
-    std::ifstream in(std::string(MPS_SOURCE_DIR) + "/" + rel);
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
 }
 
 // The datapath backend, timing each write against the event being handled (the event thread's
@@ -218,10 +215,12 @@ void latency(int n) {
     // run --events=MODE [--events-rt-priority 10]` runs it), and a thread taking the events it
     // hands over, as the agent's main loop does.
     int port0 = 6000;
-    auto round = [&](lua::PollMode mode, int rt, int cpu) {
+    // `process`: the scripts in the hook process (the agent's way); else in this process (a
+    // HookSet on the event thread, as before the hook process existed).
+    auto round = [&](lua::PollMode mode, int rt, int cpu, bool process) {
         Round r;
         r.name =
-            std::string(lua::to_string(mode)) +
+            std::string(process ? "process " : "in-thread ") + lua::to_string(mode) +
             (mode == lua::PollMode::adaptive ? " " + std::to_string(spin.count()) + " us" : "") +
             (cpu >= 0 ? ", CPU " + std::to_string(cpu) : "") +
             (rt ? ", SCHED_FIFO " + std::to_string(rt) : ", SCHED_OTHER");
@@ -238,12 +237,20 @@ void latency(int n) {
             backend.event_ns = ev.raw.ts_ns;
             backend.delivery_us.push_back((backend.handler_start_ns - ev.raw.ts_ns) / 1e3);
         };
+        std::unique_ptr<lua::HookProcess> hook_process;
+        if (process) {
+            lua::HookProcessOptions ho;
+            ho.executable = mpsteer_bin();
+            ho.rt_priority = rt;  // as the agent does with --events-rt-priority
+            hook_process = std::make_unique<lua::HookProcess>(backend, ho);
+        }
+        lua::Hooks& hk = process ? static_cast<lua::Hooks&>(*hook_process) : hooks;
         std::unique_ptr<lua::EventThread> et;
         {
             NetnsGuard in(lab.server_ns());  // the thread inherits it (sock_diag, ifindexes)
-            et = std::make_unique<lua::EventThread>(steer.state(), dispatcher, hooks, o);
+            et = std::make_unique<lua::EventThread>(steer.state(), dispatcher, hk, o);
         }
-        et->call([&] { hooks.configure(specs, "bench", 1); });
+        et->call([&] { hk.configure(specs, "bench", 1); });
         std::atomic<bool> stop{false};
         std::thread owner([&] {
             pollfd p{et->notify_fd(), POLLIN, 0};
@@ -281,12 +288,15 @@ void latency(int n) {
         port0 += 1000;
         return r;
     };
+    // In-thread and process rounds alternate, so the two are measured side by side.
     std::vector<Round> rounds;
     for (int rt : {0, 10})
         for (auto mode : {lua::PollMode::wait, lua::PollMode::adaptive, lua::PollMode::spin})
-            rounds.push_back(round(mode, rt, -1));
+            for (bool process : {false, true}) rounds.push_back(round(mode, rt, -1, process));
     if (pin_cpu >= 0)
-        for (int rt : {0, 10}) rounds.push_back(round(lua::PollMode::spin, rt, pin_cpu));
+        for (int rt : {0, 10})
+            for (bool process : {false, true})
+                rounds.push_back(round(lua::PollMode::spin, rt, pin_cpu, process));
 
     // The kernel's own path for a comparable action, same run, while a connection uses the
     // endpoint (so the kernel sends MP_PRIO on it).

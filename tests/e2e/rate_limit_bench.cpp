@@ -125,21 +125,20 @@ int main(int argc, char** argv) {
                 auto chains = limit_chains(lab, rate, rtt);
                 const double got = goodput(lab, &chains, seconds);
                 cells.push_back({rtt, rate, path, got});
-                std::printf("rtt %.1f ms, rate %.0f Mbit/s: %.2f Mbit/s (%+.1f %%)%s\n", rtt,
-                            rate, got / 1e6, 100 * (got / (rate * 1e6) - 1),
+                std::printf("rtt %.1f ms, rate %.0f Mbit/s: %.2f Mbit/s (%+.1f %%)%s\n", rtt, rate,
+                            got / 1e6, 100 * (got / (rate * 1e6) - 1),
                             rate * 1e6 > 0.9 * path ? " (beyond the path)" : "");
                 std::fflush(stdout);
             }
         }
         std::printf("\n| RTT | configured | achieved | error |\n|---|---|---|---|\n");
         for (const auto& c : cells)
-            std::printf("| %.1f ms | %.0f Mbit/s | %.2f Mbit/s | %s |\n", c.rtt, c.rate,
-                        c.got / 1e6,
-                        c.rate * 1e6 > 0.9 * c.path
-                            ? "beyond the path"
-                            : (std::to_string(int(std::lround(100 * (c.got / (c.rate * 1e6) - 1)))) +
-                               " %")
-                                  .c_str());
+            std::printf(
+                "| %.1f ms | %.0f Mbit/s | %.2f Mbit/s | %s |\n", c.rtt, c.rate, c.got / 1e6,
+                c.rate * 1e6 > 0.9 * c.path
+                    ? "beyond the path"
+                    : (std::to_string(int(std::lround(100 * (c.got / (c.rate * 1e6) - 1)))) + " %")
+                          .c_str());
     } catch (const std::exception& e) {
         std::cerr << e.what() << "\n";
         return 1;

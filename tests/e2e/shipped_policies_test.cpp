@@ -78,7 +78,7 @@ TEST_CASE("shipped multi-tenant policy: one tenant's subflows leave by distinct 
     REQUIRE(agent.wait_status([](const json& s) { return s.value("ready", false); }, 120s));
     const json before = agent.status();
     INFO("status: " << before.dump());
-    CHECK(before["warnings"].empty());  // eth1 and eth2 exist and are managed
+    CHECK(before["warnings"].empty());         // eth1 and eth2 exist and are managed
     CHECK(before["attachments"].size() == 3);  // mc, eth1, eth2 at tc_egress
 
     auto e1a = link_counters(mid, "eth1"), e2a = link_counters(mid, "eth2");
@@ -88,9 +88,10 @@ TEST_CASE("shipped multi-tenant policy: one tenant's subflows leave by distinct 
     TrafficStats got = sink.wait(30s);
     auto e1b = link_counters(mid, "eth1"), e2b = link_counters(mid, "eth2");
     const uint64_t via1 = e1b.tx_bytes - e1a.tx_bytes, via2 = e2b.tx_bytes - e2a.tx_bytes;
-    std::printf("multi-tenant: %llu bytes out of eth1 (tenant a's first subflow), %llu out of "
-                "eth2 (its second), sent %llu\n",
-                (unsigned long long)via1, (unsigned long long)via2, (unsigned long long)sent.bytes);
+    std::printf(
+        "multi-tenant: %llu bytes out of eth1 (tenant a's first subflow), %llu out of "
+        "eth2 (its second), sent %llu\n",
+        (unsigned long long)via1, (unsigned long long)via2, (unsigned long long)sent.bytes);
     INFO("agent log:\n" << agent.log_tail());
     CHECK(got.bytes == sent.bytes);
     CHECK(got.checksum == sent.checksum);
@@ -101,9 +102,11 @@ TEST_CASE("shipped multi-tenant policy: one tenant's subflows leave by distinct 
     CHECK(via1 > 1000000);
     CHECK(via2 > 200000);
     CHECK(via1 + via2 >= sent.bytes);
-    REQUIRE(agent.wait_status([](const json& s) {
-        return selected(s, "tenant-a-uplink-1") > 0 && selected(s, "tenant-a-uplink-2") > 0;
-    }, 10s));
+    REQUIRE(agent.wait_status(
+        [](const json& s) {
+            return selected(s, "tenant-a-uplink-1") > 0 && selected(s, "tenant-a-uplink-2") > 0;
+        },
+        10s));
     // Tenant b's policies leave tenant a's packets alone.
     const json after = agent.status();
     CHECK(selected(after, "tenant-b-uplink-1") == 0);
@@ -158,10 +161,10 @@ TEST_CASE("shipped disjoint-subflows policy: one subflow per client link under a
     const std::string cli = lab.client_ns();
     for (const auto& ns : {cli, lab.server_ns()})
         must({"ip", "-n", ns, "mptcp", "limits", "set", "subflow", "4", "add_addr_accepted", "2"});
-    must({"ip", "-n", cli, "mptcp", "endpoint", "add", Lab::client_addr(1), "dev",
-          lab.client_if(1), "fullmesh"});
-    must({"ip", "-n", cli, "mptcp", "endpoint", "add", Lab::client_addr(2), "dev",
-          lab.client_if(2), "subflow", "fullmesh"});
+    must({"ip", "-n", cli, "mptcp", "endpoint", "add", Lab::client_addr(1), "dev", lab.client_if(1),
+          "fullmesh"});
+    must({"ip", "-n", cli, "mptcp", "endpoint", "add", Lab::client_addr(2), "dev", lab.client_if(2),
+          "subflow", "fullmesh"});
     const std::multiset<std::string> disjoint{"10.0.1.1->10.0.1.2", "10.0.2.1->10.0.2.2"};
 
     // The kernel alone: a subflow from each client address to each server address.

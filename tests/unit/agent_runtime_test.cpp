@@ -7,6 +7,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -24,6 +25,8 @@
 #include "agent/lock_file.h"
 #include "agent/metrics.h"
 #include "agent/status.h"
+#include "agent/watch.h"
+#include "net/text.h"
 
 namespace fs = std::filesystem;
 using namespace mpsteer::agent;
@@ -234,9 +237,11 @@ TEST_CASE("the status carries its write time and dumps non-UTF-8 strings") {
     CHECK(s["updated_unix_ms"].get<int64_t>() >= unix_ms_now() - 10'000);
     std::string text;
     REQUIRE_NOTHROW(text = json_text(s, 1));
-    CHECK(text.find("\xef\xbf\xbd") != std::string::npos);  // U+FFFD
-    CHECK(nlohmann::json::parse(text)["errors"][0].get<std::string>().find("bad bytes") !=
-          std::string::npos);
+    // Escaped where the status is rendered (what they were stays readable); the dump's
+    // replacement remains for what bypasses it.
+    CHECK(nlohmann::json::parse(text)["errors"][0].get<std::string>() ==
+          "script failed: \\xff\\xfe bad bytes");
+    CHECK(text.find("\xff") == std::string::npos);
     REQUIRE_NOTHROW(to_prometheus(s));
 }
 
@@ -347,4 +352,82 @@ TEST_CASE("status and metrics say which hook runs without its compiled entry, an
         std::string::npos);
     CHECK(m.find("mpsteer_attachment_compiled{interface=\"eth0\",hook=\"tc_egress\",refused=\"1\"} "
                  "0\n") != std::string::npos);
+}
+
+namespace {
+// The inotify watches this process holds (every inotify descriptor's fdinfo lines).
+size_t inotify_watches() {
+    size_t n = 0;
+    for (const auto& e : fs::directory_iterator("/proc/self/fd")) {
+        std::error_code ec;
+        if (fs::read_symlink(e.path(), ec).string() != "anon_inode:inotify") continue;
+        std::istringstream info(slurp("/proc/self/fdinfo/" + e.path().filename().string()));
+        for (std::string line; std::getline(info, line);) n += line.rfind("inotify wd:", 0) == 0;
+    }
+    return n;
+}
+
+bool is_inotify(int fd) {
+    std::error_code ec;
+    return fs::read_symlink("/proc/self/fd/" + std::to_string(fd), ec).string() ==
+           "anon_inode:inotify";
+}
+
+// Whether the watch calls for a reconcile within 300 ms (inotify only: link events of the
+// host's interfaces are not this test's).
+bool watch_fires(int epoll, Watch& w) {
+    bool relevant = false;
+    epoll_event evs[8];
+    for (int n; (n = epoll_wait(epoll, evs, 8, 300)) > 0;)
+        for (int i = 0; i < n; ++i)
+            if (is_inotify(evs[i].data.fd))
+                relevant |= w.handle(evs[i].data.fd);
+            else
+                w.handle(evs[i].data.fd);
+    return relevant;
+}
+}  // namespace
+
+TEST_CASE("the policy watch never leaves the repository and watches at most 1024 directories",
+          "[agent]") {
+    TempDir t;
+    const std::string repo = t.path + "/repo", outside = t.path + "/outside",
+                      state = t.path + "/state";
+    for (const auto& d : {repo + "/policies", outside, state}) fs::create_directories(d);
+    fs::create_directory_symlink(outside, repo + "/escape");
+    const int epoll = epoll_create1(EPOLL_CLOEXEC);
+    {
+        Watch w(epoll, repo, state);
+        CHECK(w.follow(repo) == "");
+        watch_fires(epoll, w);
+        // Beyond a directory link: not the repository's business.
+        std::ofstream(outside + "/x.yaml") << "x";
+        CHECK_FALSE(watch_fires(epoll, w));
+        std::ofstream(repo + "/policies/y.yaml") << "y";
+        CHECK(watch_fires(epoll, w));
+    }
+    // Too many directories: refused as a whole, not watched in part.
+    const std::string big = t.path + "/big";
+    for (size_t i = 0; i < kMaxWatchedDirectories + 10; ++i)
+        fs::create_directories(big + "/d" + std::to_string(i % 40) + "/e" + std::to_string(i));
+    {
+        const size_t before = inotify_watches();
+        Watch w(epoll, big, state);
+        const std::string why = w.follow(big);
+        CHECK(inotify_watches() - before <= 2);  // the link's parent and the state directory
+        CHECK(why.find("more than 1024 directories") != std::string::npos);
+        CHECK(w.too_many_directories());
+    }
+    close(epoll);
+}
+
+TEST_CASE("text for logs and the status is escaped to one line without control characters",
+          "[agent]") {
+    using mpsteer::net::escape_control;
+    CHECK(escape_control("plain text, caf\xc3\xa9") == "plain text, caf\xc3\xa9");
+    CHECK(escape_control("a\nb\rc\td") == "a\\nb\\rc\\td");
+    CHECK(escape_control("\x1b[31m\x07\x7f") == "\\x1b[31m\\x07\\x7f");
+    CHECK(escape_control(std::string("nul\0x", 5)) == "nul\\x00x");
+    CHECK(escape_control("csi \xc2\x9b nbsp \xc2\xa0") == "csi \\u009b nbsp \xc2\xa0");
+    CHECK(escape_control("bad \xff\xc3") == "bad \\xff\\xc3");
 }

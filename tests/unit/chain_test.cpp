@@ -96,6 +96,15 @@ TEST_CASE("program names round-trip and inline steps have no program", "[chain]"
     CHECK_FALSE(has_program(MPS_ACT_DROP));
     CHECK(has_program(MPS_SEL_TOKEN));
     CHECK(has_program(MPS_ACT_RATE_LIMIT));
+    // The registry's names say what its values say: selectors below MPS_ACT_PASS, actors from it.
+    int rows = 0;
+#define MPS_PROG_ROW(e, value, name, inl, options)                                      \
+    ++rows;                                                                             \
+    CHECK(std::string_view(#name).starts_with(MPS_PROG_IS_ACTOR(e) ? "act_" : "sel_")); \
+    CHECK(prog_name(e) == #name);
+    MPS_PROGRAMS(MPS_PROG_ROW)
+#undef MPS_PROG_ROW
+    CHECK(rows == 21);
 }
 
 TEST_CASE(

@@ -301,3 +301,19 @@ TEST_CASE("plan model round-trips through JSON and diffs", "[compile][plan]") {
     CHECK_FALSE(compile::read_applied("/nonexistent/applied.json"));
     CHECK_THROWS_AS(compile::plan_model_from_json(nlohmann::json::object()), compile::Error);
 }
+
+TEST_CASE("every action's program is the registry's act_<its key>", "[compile]") {
+    for (const char* key :
+         {"pass", "drop", "record", "get_connect", "get_subflow", "rate_limit", "blk_subflow",
+          "add_subflow", "set_backup", "no_subflows", "redirect", "reject"}) {
+        INFO(key);
+        auto kind = mpsteer::manifest::action_kind(key);
+        REQUIRE(kind);
+        CHECK(mpsteer::manifest::to_string(*kind) == key);
+        auto prog = mpsteer::datapath::prog_from_name(std::string("act_") + key);
+        REQUIRE(prog);
+        CHECK(MPS_PROG_IS_ACTOR(*prog));
+    }
+    CHECK(mpsteer::manifest::action_kind("action_chain") == mpsteer::manifest::Action::Kind::ref);
+    CHECK_FALSE(mpsteer::manifest::action_kind("rate-limit"));
+}

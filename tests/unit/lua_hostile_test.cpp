@@ -10,8 +10,8 @@
 #include <sstream>
 #include <thread>
 
-#include "lua/event_thread.h"
 #include "lua/hooks.h"
+#include "lua/step_writes.h"
 
 using namespace mpsteer::lua;
 using Clock = std::chrono::steady_clock;
@@ -174,39 +174,31 @@ TEST_CASE("lua hostile: a loop is stopped by the wall-clock limit", "[lua][hosti
     CHECK(s.status().last_error.find("time limit exceeded (200 ms per call)") != std::string::npos);
 }
 
-TEST_CASE("lua hostile: the watchdog reports a call stuck in C and then gives up on it",
+TEST_CASE("lua hostile: a step written over and over queues one write, the latest",
           "[lua][hostile]") {
+    StepWriteQueue q;
+    for (int i = 0; i < 100000; ++i) q.push({{7, 3, i % 2 == 0}, {7, 4, true}});
+    q.push({{8, 3, false}});
+    auto w = q.take();
+    REQUIRE(w.size() == 3);
+    CHECK(w[0].generation == 7);
+    CHECK(w[0].pc == 3);
+    CHECK(w[0].backup == false);  // the last of the 100,000 (i = 99,999)
+    CHECK(w[1].pc == 4);
+    CHECK(w[2].generation == 8);
+    CHECK(q.take().empty());
+}
+
+TEST_CASE("lua hostile: tostring and print show no addresses", "[lua][hostile]") {
     FakeBackend be;
-    be.connections_delay = 1500ms;  // no count hook runs inside
-    Limits l = test_limits();
-    l.call_time = 100ms;
-    HookSet hs(be, l);
-    hs.configure({{"stuck", "stuck.lua", "function on_tick() mpsteer.connections() end", 1,
-                   nlohmann::json::object()}},
-                 "r1", 1);
-    std::atomic<int> stuck_calls{0};
-    std::string stuck_policy;
-    std::mutex mu;
-    HookWatchdog dog(hs.watch(), 200ms, 700ms, [&](const RunningCall& c) {
-        std::lock_guard lock(mu);
-        stuck_policy = c.policy + " " + c.hook;
-        ++stuck_calls;
-    });
-    std::thread events([&] { hs.tick(Clock::now() + 1h); });
-    std::this_thread::sleep_for(450ms);
-    auto h = dog.hung();
-    REQUIRE(h);
-    CHECK(h->policy == "stuck");
-    CHECK(h->hook == "on_tick");
-    events.join();
-    CHECK(stuck_calls == 1);
-    {
-        std::lock_guard lock(mu);
-        CHECK(stuck_policy == "stuck on_tick");
-    }
-    CHECK_FALSE(dog.hung());
-    // Back in Lua, the interrupt (or the time limit) ended the call.
-    const auto& st = hs.find("stuck")->status();
-    CHECK(st.failures == 1);
-    CHECK(st.last_error.find("time limit exceeded") != std::string::npos);
+    Script s({"p", "addr.lua",
+              "function on_tick() error(tostring({}) .. ' ' .. tostring(print) .. ' ' ..\n"
+              "  tostring(on_tick) .. ' ' .. tostring(setmetatable({}, {__tostring = function()\n"
+              "  return 'mine' end}))) end\n",
+              1, nlohmann::json::object()},
+             be, test_limits());
+    CHECK_FALSE(s.on_tick());
+    INFO(s.status().last_error);
+    CHECK(s.status().last_error.find("table function function mine") != std::string::npos);
+    CHECK(s.status().last_error.find("0x") == std::string::npos);
 }

@@ -3,8 +3,10 @@
 // FILE:LINE:COL lines in the file's header), the valid examples, the shipped policies, and
 // the YAML -> typed JSON details.
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <set>
 
 #include <catch2/catch.hpp>
@@ -257,6 +259,92 @@ TEST_CASE("hostile YAML stays cheap", "[manifest]") {
     REQUIRE_FALSE(escaped.ok());
 }
 
+TEST_CASE("a 1 MB manifest validates in linear time", "[manifest]") {
+    // Each shape fills about 1 MB with one long list; the ones the caps refuse must be refused
+    // as fast as the largest accepted manifest validates. Quadratic work (every pair of list
+    // items compared, or every error against every other) takes minutes at this size. Linear
+    // time is asserted as a ratio of the same shape at a quarter of the size (4 when linear, 16
+    // when quadratic), not as seconds: under qemu-user the same work takes ten times as long.
+    auto fill = [](std::string text, const std::function<std::string(size_t)>& item, size_t size) {
+        for (size_t i = 0; text.size() + 16 < size; ++i) text += item(i);
+        return text;
+    };
+    const std::string head =
+        "apiVersion: mpsteer.dev/v1\nkind: Policy\nmetadata: {name: p}\n"
+        "spec:\n  priority: 1\n  actions: [record: {}]\n";
+    struct Shape {
+        const char* name;
+        std::function<std::string(size_t)> text;
+        bool valid;
+    };
+    auto long_list = [&](std::string start, std::function<std::string(size_t)> item) {
+        return [=](size_t size) { return fill(start, item, size); };
+    };
+    const std::vector<Shape> shapes = {
+        {"distinct interfaces",
+         long_list(head + "  attach:\n    hooks: [xdp]\n    interfaces:\n",
+                   [](size_t i) { return "      - e" + std::to_string(i) + "\n"; }),
+         false},
+        {"one interface repeated",
+         long_list(head + "  attach:\n    hooks: [xdp]\n    interfaces:\n",
+                   [](size_t) { return std::string("      - eth0\n"); }),
+         false},
+        {"one packet type repeated",
+         long_list(head + "  attach: {hooks: [xdp]}\n  select:\n    - packet_type:\n",
+                   [](size_t) { return std::string("        - syn\n"); }),
+         false},
+        {"unknown selectors",
+         long_list(head + "  attach: {hooks: [xdp]}\n  select:\n",
+                   [](size_t) { return std::string("    - dsst: 10.0.0.0/24\n"); }),
+         false},
+        {"long parameter lists in 32 policies (the most with hook scripts)",
+         [&](size_t size) {
+             std::string text;
+             for (int doc = 0; doc < 32; ++doc) {
+                 std::string d = std::string(doc ? "---\n" : "") +
+                                 "apiVersion: mpsteer.dev/v1\nkind: Policy\nmetadata: {name: p" +
+                                 std::to_string(doc) +
+                                 "}\nspec:\n  priority: " + std::to_string(doc) +
+                                 "\n  attach: {hooks: [xdp]}\n  actions: [record: {}]\n"
+                                 "  hooks:\n    script: lua/probe.lua\n    params:\n      xs:\n";
+                 text += fill(
+                     d, [](size_t i) { return "        - " + std::to_string(i) + "\n"; },
+                     size / 32);
+             }
+             return text;
+         },
+         true},
+    };
+    auto seconds_to_validate = [](const std::string& text, const Shape& shape) {
+        const auto start = std::chrono::steady_clock::now();
+        auto r = load_text(text);
+        if (r.ok()) {
+            auto limits = mpsteer::compile::check_limits(r.model);
+            r.diagnostics.insert(r.diagnostics.end(), limits.begin(), limits.end());
+        }
+        const double seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        WARN(shape.name << ": " << text.size() << " bytes in " << seconds << " s, "
+                        << r.diagnostics.size() << " diagnostics");
+        CHECK(r.ok() == shape.valid);
+        return seconds;
+    };
+    constexpr size_t kSize = 1 << 20;
+    for (const auto& shape : shapes) {
+        INFO(shape.name);
+        const auto quarter = shape.text(kSize / 4), whole = shape.text(kSize);
+        REQUIRE(whole.size() >= kSize - 4096);
+        // The least of a few runs each: another process's burst makes a run slower, never
+        // faster. The 20 ms cover a clock's granularity and the fixed cost at the small size.
+        const double small =
+            std::min({seconds_to_validate(quarter, shape), seconds_to_validate(quarter, shape),
+                      seconds_to_validate(quarter, shape)});
+        const double large =
+            std::min(seconds_to_validate(whole, shape), seconds_to_validate(whole, shape));
+        CHECK(large < 10 * small + 0.02);
+    }
+}
+
 TEST_CASE("number parsers", "[manifest]") {
     CHECK(parse_rate_bytes_per_sec("20Mbit") == 2500000u);
     CHECK(parse_rate_bytes_per_sec("1.5Gbit") == 187500000u);
@@ -290,7 +378,7 @@ TEST_CASE("each action is accepted on exactly the hooks of its table, and the hi
         CHECK(std::is_sorted(allowed.begin(), allowed.end()));
         std::string hint;
         for (auto h : allowed) hint += (hint.empty() ? "" : " or ") + std::string(to_string(h));
-        for (auto hook : {HookPoint::xdp, HookPoint::tc_egress, HookPoint::tc_ingress}) {
+        for (auto hook : mpsteer::kHooks) {
             INFO(text << " on " << to_string(hook));
             bool in_table = std::find(allowed.begin(), allowed.end(), hook) != allowed.end();
             CHECK(applicable(kind, hook) == in_table);

@@ -2,11 +2,15 @@
 // Hostile policy directories: whoever commits to the policy repository controls names,
 // symlinks and file types. Nothing outside the directory may be read or shown, nothing may
 // block, every cap is an error naming the file.
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <set>
 
 #include <catch2/catch.hpp>
@@ -85,6 +89,47 @@ void require_refused(const Result& r, const std::string& file, const std::string
     }));
 }
 
+// What running fn in a child process cost: its peak resident set and the wall-clock time,
+// measured apart from this process's own. fn's return value is the child's exit status.
+struct Cost {
+    long max_rss_kib = 0;
+    double seconds = 0;
+    int exit_status = -1;
+};
+Cost cost_of(const std::function<int()>& fn) {
+    const auto start = std::chrono::steady_clock::now();
+    pid_t pid = fork();
+    if (pid == 0) {  // never back into the test framework, whatever fn does
+        int status = 2;
+        try {
+            status = fn();
+        } catch (...) {}
+        _exit(status);
+    }
+    int status = 0;
+    rusage ru{};
+    REQUIRE(wait4(pid, &status, 0, &ru) == pid);
+    Cost c;
+    c.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    c.max_rss_kib = ru.ru_maxrss;
+    c.exit_status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    return c;
+}
+
+// A document whose aliases repeat a 4000-byte scalar 81,111 times (about 320 MB expanded)
+// in some 4 KB of text, under the node caps.
+std::string long_scalar_alias_bomb() {
+    std::string doc = "a: &a \"" + std::string(4000, 'x') + "\"\n";
+    const char* names = "abcde";
+    for (int level = 1; level < 5; ++level) {
+        doc += std::string(1, names[level]) + ": &" + names[level] + " [";
+        for (int i = 0; i < 10; ++i) doc += std::string(i ? ", *" : "*") + names[level - 1];
+        doc += "]\n";
+    }
+    doc += "f: [*e, *e, *e, *e, *e, *e, *e]\n";
+    return doc;
+}
+
 }  // namespace
 
 TEST_CASE("a manifest symlinked to a file outside is not read") {
@@ -155,6 +200,16 @@ TEST_CASE("a revision over the total byte cap is refused") {
     require_refused(s.load(), ".yaml", "bytes in total");
 }
 
+TEST_CASE("files that are neither manifests nor scripts do not hide a manifest's change") {
+    Sandbox s;
+    // More than the revision's byte cap, sorted before the manifest.
+    for (size_t i = 0; i <= kMaxRevisionBytes / kMaxPolicyFileBytes; ++i)
+        write(s.root / ("a" + std::to_string(i) + ".bin"), std::string(kMaxPolicyFileBytes, '.'));
+    const auto before = mpsteer::agent::snapshot(s.root.string());
+    write(s.root / "ok.yaml", kPolicy + "  continue: true\n");
+    CHECK(mpsteer::agent::snapshot(s.root.string()).content != before.content);
+}
+
 TEST_CASE("more files than the count cap are refused") {
     Sandbox s;
     for (size_t i = 0; i <= kMaxPolicyFiles; ++i)
@@ -200,6 +255,80 @@ TEST_CASE("alias expansion is bounded across the documents and files of a revisi
     CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(20));
 }
 
+TEST_CASE("an alias bomb of long scalars is refused early and cheaply at its file and line") {
+    Sandbox s;
+    // Eleven such documents, 46 KB: by nodes alone each is accepted, together some 3.5 GB.
+    std::string text;
+    for (int i = 0; i < 11; ++i) text += "---\n" + long_scalar_alias_bomb();
+    write(s.root / "bomb.yaml", text);
+    Result r;
+    const Cost c = cost_of([&] {
+        r = s.load();
+        const std::string t = all_text(r);
+        // The first document goes over at the first alias on its line 6 (8.4 MB).
+        return !r.ok() && t.find("bomb.yaml:6:") != std::string::npos &&
+                       t.find("bytes of keys, scalars and their paths after alias expansion") !=
+                           std::string::npos
+                   ? 0
+                   : 1;
+    });
+    INFO("peak RSS " << c.max_rss_kib << " KiB, " << c.seconds << " s");
+    CHECK(c.exit_status == 0);
+    CHECK(c.max_rss_kib < 100 * 1024);
+    CHECK(c.seconds < 5);
+    // The same refusal, in this process, for the message.
+    require_refused(s.load(), "bomb.yaml", "after alias expansion");
+}
+
+TEST_CASE("long scalars repeated through aliases are bounded across the files of a revision") {
+    Sandbox s;
+    // Each document repeats a 4000-byte scalar 900 times: under the per-document byte cap;
+    // the files together go over the load's.
+    std::string doc = "a: &a \"" + std::string(4000, 'y') + "\"\nb: &b [";
+    for (int i = 0; i < 100; ++i) doc += std::string(i ? ", *a" : "*a");
+    doc += "]\nc: [*b, *b, *b, *b, *b, *b, *b, *b]\n";
+    for (int f = 0; f < 10; ++f)
+        write(s.root / ("rep" + std::to_string(f) + ".yaml"), "---\n" + doc);
+    // Each is 3.6 MB of scalars: the tenth goes over.
+    require_refused(s.load(), "rep9.yaml",
+                    "bytes of keys, scalars and their paths (aliases included)");
+}
+
+TEST_CASE("long keys nested deep are refused before their paths fill memory") {
+    Sandbox s;
+    // 60 levels of 1000-byte keys: every position below them is kept by a 60 KB path.
+    std::string text, indent;
+    for (int level = 0; level < 60; ++level) {
+        text += indent + "k" + std::to_string(level) + std::string(1000, 'x') + ":\n";
+        indent += ' ';
+    }
+    for (size_t i = 0; text.size() < 4000000; ++i)
+        text += indent + "l" + std::to_string(i) + ": 1\n";
+    write(s.root / "deep.yaml", text);
+    const Cost c = cost_of([&] {
+        Result r = s.load();
+        return !r.ok() && all_text(r).find("their paths") != std::string::npos ? 0 : 1;
+    });
+    INFO("peak RSS " << c.max_rss_kib << " KiB, " << c.seconds << " s");
+    CHECK(c.exit_status == 0);
+    CHECK(c.max_rss_kib < 100 * 1024);
+    CHECK(c.seconds < 5);
+    require_refused(s.load(), "deep.yaml", "their paths");
+}
+
+TEST_CASE("manifests and scripts share one byte cap per revision") {
+    Sandbox s;
+    // Files just under the cap each; manifests and scripts together go over it.
+    const size_t per_file = kMaxPolicyFileBytes - 1024;
+    const size_t manifests = kMaxRevisionBytes / per_file;
+    for (size_t i = 0; i < manifests; ++i)
+        write(s.root / ("f" + std::to_string(10 + i) + ".yaml"),
+              "# " + std::string(per_file - 3, '#') + "\n");
+    write(s.root / "lua/hook.lua", "-- " + std::string(per_file, '-') + "\n");
+    write(s.root / "scripted.yaml", lua_policy("lua/hook.lua"));
+    require_refused(s.load(), "scripted.yaml", "bytes in total");
+}
+
 TEST_CASE("diagnostics are capped") {
     Sandbox s;
     // Every document has at least two errors; the documents stay under their caps.
@@ -228,6 +357,112 @@ TEST_CASE("script paths with .., absolute or symlinked out stay inside the revis
     fs::create_symlink(s.base / "evil.lua", s.root / "lua/out.lua");
     write(s.root / "link.yaml", lua_policy("lua/out.lua"));
     require_refused(s.load(), "link.yaml", "outside the policy directory");
+}
+
+TEST_CASE("a script path out of the repository reads the same whether its target exists") {
+    Sandbox s;
+    write(s.base / "evil.lua", "-- " + kSecret + "\n");
+    fs::create_symlink(s.base, s.root / "escape");
+    fs::create_symlink("..", s.root / "up");
+    fs::create_directories(s.root / "lua");
+    fs::create_symlink(s.base / "evil.lua", s.root / "lua/out.lua");
+    fs::create_symlink(s.base / "absent.lua", s.root / "lua/gone.lua");
+    // The errors of a manifest naming `script`, with the path it wrote left out.
+    auto errors_for = [&](const std::string& script, const Options& o) {
+        write(s.root / "m.yaml", lua_policy(script));
+        auto r = load_paths({s.root.string()}, o);
+        std::string t = all_text(r);
+        CHECK(t.find(kSecret) == std::string::npos);
+        for (size_t at; (at = t.find(script)) != std::string::npos;)
+            t.replace(at, script.size(), "SCRIPT");
+        return t;
+    };
+    Options o;
+    o.known_interfaces = std::set<std::string>{"lo"};
+    o.repo_root = s.root.string();
+    const std::vector<std::pair<std::string, std::string>> pairs = {
+        {"escape/evil.lua", "escape/absent.lua"},  // a directory symlinked out, absolute
+        {"up/evil.lua", "up/absent.lua"},          // relative, through ..
+        {"lua/out.lua", "lua/gone.lua"},           // the script itself symlinked out
+        {"lua/../../evil.lua", "lua/../../absent.lua"},
+        {(s.base / "evil.lua").string(), (s.base / "absent.lua").string()},
+    };
+    for (const auto& [exists, absent] : pairs) {
+        INFO(exists << " / " << absent);
+        const std::string a = errors_for(exists, o), b = errors_for(absent, o);
+        CHECK(a.find("error") != std::string::npos);
+        CHECK(a == b);
+    }
+    // Without a repository root or .git, the search stops at the directory given: a path that
+    // only exists above it is not found, like one that exists nowhere.
+    fs::remove_all(s.root / ".git");
+    o.repo_root.clear();
+    const std::string above = s.base.filename().string();
+    INFO("above the root");
+    const std::string a = errors_for(above + "/evil.lua", o),
+                      b = errors_for(above + "/absent.lua", o);
+    CHECK(a.find("not found") != std::string::npos);
+    CHECK(a == b);
+}
+
+TEST_CASE("every policy's script problem is reported at its own file and line") {
+    Sandbox s;
+    auto policy = [](const std::string& name, const std::string& priority,
+                     const std::string& script) {
+        return "apiVersion: mpsteer.dev/v1\nkind: Policy\nmetadata: {name: " + name +
+               "}\nspec:\n  attach: {hooks: [xdp]}\n  priority: " + priority +
+               "\n  actions:\n    - record: {}\n  hooks: {script: " + script + "}\n";
+    };
+    fs::create_directories(s.root / "lua");
+    fs::create_symlink(s.base / "evil.lua", s.root / "lua/out.lua");
+    REQUIRE(mkfifo((s.root / "lua/fifo.lua").c_str(), 0600) == 0);
+    write(s.root / "a.yaml", policy("a", "1", "lua/missing.lua"));
+    write(s.root / "b.yaml", policy("b", "2", "lua/out.lua"));
+    write(s.root / "c.yaml", policy("c", "-1", "lua/fifo.lua"));  // and a schema error
+    write(s.root / "d.yaml", policy("a", "4", "lua/../x.lua"));   // and a duplicate name
+    write(s.root / "lua/syntax.lua", "function on_tick()\n  x = = 1\nend\n");
+    write(s.root / "e.yaml", policy("e", "5", "lua/syntax.lua"));
+    write(s.root / "lua/bytecode.lua", std::string("\x1bLua\x54\x00", 6));
+    write(s.root / "f.yaml", policy("f", "6", "lua/bytecode.lua"));
+    auto r = s.load();
+    INFO(all_text(r));
+    CHECK_FALSE(r.ok());
+    for (const auto& [file, words] : std::vector<std::pair<std::string, std::string>>{
+             {"a.yaml", "not found"},
+             {"b.yaml", "outside the policy directory"},
+             {"c.yaml", "a FIFO, not a regular file"},
+             {"d.yaml", "no '..' components"},
+             {"e.yaml", "does not compile: lua/syntax.lua:2: unexpected symbol near '='"},
+             {"f.yaml", "does not compile: attempt to load a binary chunk"}}) {
+        INFO(file);
+        CHECK(std::any_of(r.diagnostics.begin(), r.diagnostics.end(), [&](const Diagnostic& d) {
+            return d.pos.file.ends_with(file) && d.pos.line == 9 &&
+                   d.pointer == "/spec/hooks/script" && d.message.find(words) != std::string::npos;
+        }));
+    }
+}
+
+TEST_CASE("a revision has at most 32 hook scripts (they share one process)") {
+    Sandbox s;
+    write(s.root / "lua/hook.lua", "function on_tick() end\n");
+    std::string docs;
+    for (int i = 0; i < 33; ++i)
+        docs += std::string(i ? "---\n" : "") +
+                "apiVersion: mpsteer.dev/v1\nkind: Policy\nmetadata: {name: p" +
+                (i < 10 ? "0" : "") + std::to_string(i) +
+                "}\nspec:\n  attach: {hooks: [xdp]}\n  priority: " + std::to_string(i + 1) +
+                "\n  actions:\n    - record: {}\n  hooks: {script: lua/hook.lua}\n";
+    write(s.root / "many.yaml", docs);
+    auto r = s.load();
+    INFO(all_text(r));
+    CHECK_FALSE(r.ok());
+    int errors = 0;
+    for (const auto& d : r.diagnostics)
+        errors += d.pointer == "/spec/hooks" &&
+                  d.message.find(
+                      "policy 'p32' has the revision's hook script number 33; a "
+                      "revision may have at most 32") != std::string::npos;
+    CHECK(errors == 1);
 }
 
 TEST_CASE("a script's bytes are read with the manifests; a later swap is never run") {

@@ -44,35 +44,53 @@ enum mps_hook {
 	MPS_HOOK_MAX = 3,
 };
 
-/* What a step runs. Each value is one selector or actor program (XDP and TC variants). */
+/* Every step program, one row each:
+ *   X(ENUM, value, name, inline, options)
+ * value: the step's prog and its slot in the prog arrays (never renumber; selectors below
+ * MPS_ACT_PASS, actors from it); name: "sel_<x>" / "act_<x>", the manifest's key after the
+ * prefix, and its programs are name_xdp / name_tc; inline: 1 when the interpreter (and a
+ * compiled entry) runs it itself, 0 when it is a program of its own, reached by a
+ * constant-index tail call; options: 1 when its program reads the packet's TCP options (the
+ * build without kernel BTF walks them first). Generated from it: enum mps_prog, the
+ * interpreter's inline test and tail-call switch (bpf/lib/steps.h, interp.h), the names,
+ * has_program() and reads_options() (src/datapath), the compiler's actor map (src/compile). */
+#define MPS_PROGRAMS(X)                                                                            \
+	/* selectors */                                                                            \
+	X(MPS_SEL_SUBFLOW, 1, sel_subflow, 1, 0)                                                   \
+	X(MPS_SEL_IP_PAIR, 2, sel_ip_pair, 1, 0)                                                   \
+	X(MPS_SEL_SRC, 3, sel_src, 1, 0)                                                           \
+	X(MPS_SEL_DST, 4, sel_dst, 1, 0)                                                           \
+	X(MPS_SEL_PORT, 5, sel_port, 1, 0)                                                         \
+	X(MPS_SEL_PACKET_TYPE, 6, sel_packet_type, 1, 0)                                           \
+	X(MPS_SEL_TOKEN, 7, sel_token, 0, 0)                                                       \
+	X(MPS_SEL_SEQUENCE, 8, sel_sequence, 0, 1)                                                 \
+	X(MPS_SEL_FLOW_BYTES, 9, sel_flow_bytes, 0, 1)                                             \
+	/* actors */                                                                               \
+	X(MPS_ACT_PASS, 32, act_pass, 1, 0)                                                        \
+	X(MPS_ACT_DROP, 33, act_drop, 1, 0)                                                        \
+	X(MPS_ACT_RECORD, 34, act_record, 0, 1)                                                    \
+	X(MPS_ACT_GET_CONNECT, 35, act_get_connect, 0, 1)                                          \
+	X(MPS_ACT_GET_SUBFLOW, 36, act_get_subflow, 0, 1)                                          \
+	X(MPS_ACT_RATE_LIMIT, 37, act_rate_limit, 0, 1)                                            \
+	/* option-rewriting actors (bpf/lib/rewrite.h and its actors) */                           \
+	X(MPS_ACT_BLK_SUBFLOW, 38, act_blk_subflow, 0, 1) /* hide ADD_ADDR, store it */            \
+	X(MPS_ACT_ADD_SUBFLOW, 39, act_add_subflow, 0, 1) /* re-inject a stored ADD_ADDR */        \
+	X(MPS_ACT_SET_BACKUP, 40, act_set_backup, 0, 1)	  /* insert MP_PRIO B=1 / B=0 */           \
+	X(MPS_ACT_NO_SUBFLOWS, 41, act_no_subflows, 0, 1) /* MP_CAPABLE "C" on the SYN/ACK */      \
+	X(MPS_ACT_REDIRECT, 42, act_redirect, 0, 0)	  /* out of another interface */           \
+	X(MPS_ACT_REJECT, 43, act_reject, 0, 0)		  /* a reset for a SYN, the way it came */
+
+/* What a step runs: one selector or actor program (XDP and TC variants) each (not formatted:
+ * clang-format indents what follows a macro's expansion). */
+/* clang-format off */
 enum mps_prog {
 	MPS_PROG_NONE = 0,
-	/* selectors */
-	MPS_SEL_SUBFLOW = 1,
-	MPS_SEL_IP_PAIR = 2,
-	MPS_SEL_SRC = 3,
-	MPS_SEL_DST = 4,
-	MPS_SEL_PORT = 5,
-	MPS_SEL_PACKET_TYPE = 6,
-	MPS_SEL_TOKEN = 7,
-	MPS_SEL_SEQUENCE = 8,
-	MPS_SEL_FLOW_BYTES = 9,
-	/* actors */
-	MPS_ACT_PASS = 32,
-	MPS_ACT_DROP = 33,
-	MPS_ACT_RECORD = 34,
-	MPS_ACT_GET_CONNECT = 35,
-	MPS_ACT_GET_SUBFLOW = 36,
-	MPS_ACT_RATE_LIMIT = 37,
-	/* option-rewriting actors (bpf/rewrite.bpf.h) */
-	MPS_ACT_BLK_SUBFLOW = 38, /* hide ADD_ADDR, store it per connection */
-	MPS_ACT_ADD_SUBFLOW = 39, /* re-inject a stored ADD_ADDR on command */
-	MPS_ACT_SET_BACKUP = 40,  /* insert MP_PRIO B=1 / B=0 */
-	MPS_ACT_NO_SUBFLOWS = 41, /* set the MP_CAPABLE "C" flag on the SYN/ACK */
-	MPS_ACT_REDIRECT = 42,	  /* send the packet out of another interface */
-	MPS_ACT_REJECT = 43,	  /* answer a SYN with a reset, the way it came */
+#define MPS_PROG_ENUM(e, value, name, inl, options) e = value,
+	MPS_PROGRAMS(MPS_PROG_ENUM)
+#undef MPS_PROG_ENUM
 	MPS_PROG_MAX = 64,
 };
+/* clang-format on */
 #define MPS_PROG_IS_ACTOR(p) ((p) >= MPS_ACT_PASS)
 
 /* Where a compiled entry (a chain emitted as a program of its own, src/datapath/
@@ -248,7 +266,7 @@ struct mps_entry {
 #define MPS_ENTRYF_PER_IFACE 0x1
 /* Where no chain starts, the entry still learns SYNs (and FIN/RST) into the flow table: a
  * rate_limit on the other direction needs the window scale both sides announced. */
-#define MPS_ENTRYF_LEARN 0x2
+#define MPS_ENTRYF_LEARN     0x2
 struct mps_iface_key { /* iface_entries (HASH) -> __u16 pc */
 	__u32 ifindex;
 	__u16 hook;
@@ -297,8 +315,8 @@ enum mps_gen_counter {
 
 /* rate_limit rates in bytes/s, the manifest's range (1 kbit/s .. 400 Gbit/s): rates from
  * anywhere else (Lua, the control requests) are clamped to it. */
-#define MPS_RATE_MIN 125ull
-#define MPS_RATE_MAX 50000000000ull
+#define MPS_RATE_MIN	    125ull
+#define MPS_RATE_MAX	    50000000000ull
 /* rate_limit lets a subflow send up to a right edge that moves at the rate with time, at most
  * max(2 x rate x RTT, min_window, this long at the rate) ahead of what it acknowledged (the
  * credit an idle subflow keeps: a token bucket's depth), and never more than
@@ -312,7 +330,7 @@ enum mps_gen_counter {
 
 /* ---- shared state: flows and connections --------------------------------------------------
  * LRU_HASH maps shared across generations (pinned by the agent as "<name>_v<MPS_STATE_LAYOUT>",
- * defined once for both BPF objects in bpf/state_maps.bpf.h). */
+ * defined once for both BPF objects in bpf/lib/state_maps.h). */
 
 /* Entries the datapath added to a state table (PERCPU_ARRAY "table_inserts", __u64 per CPU),
  * and the flows the agent removed itself (its pre-flight packet's; written by the agent only).
@@ -405,16 +423,23 @@ struct mps_conn {
  * One RINGBUF shared across generations. State is stored in the maps before an event is
  * reserved, so a full ring loses a notification, never state. */
 enum mps_event_type {
-	MPS_EV_MP_CAPABLE = 1,	/* keys seen: agent derives tokens and fills flows/conns */
-	MPS_EV_MP_JOIN = 2,	/* MP_JOIN SYN: token of the receiver, nonce */
-	MPS_EV_FLOW_CLOSED = 3, /* FIN from both sides or a RST: flags = 1 for a RST */
+	MPS_EV_MP_CAPABLE = 1,	     /* keys seen: agent derives tokens and fills flows/conns */
+	MPS_EV_MP_JOIN = 2,	     /* MP_JOIN SYN: token of the receiver, nonce */
+	MPS_EV_FLOW_CLOSED = 3,	     /* FIN from both sides or a RST */
+	MPS_EV_ADD_ADDR_BLOCKED = 4, /* an ADD_ADDR hidden by blk_subflow (its first copy) */
+	MPS_EV_MAX = 5,
 };
-/* An ADD_ADDR was hidden by blk_subflow (first copy only; retransmissions just count).
- * addr_id and the announced address travel in the event: flags = address family (4 or 6),
- * nonce = port (0: none), key[0..1] = the 16 address bytes (IPv4 in the first 4). The full
- * option (with its HMAC) is in the announces map, which keeps it even when the ring is full. */
-#define MPS_EV_ADD_ADDR_BLOCKED 4
 
+/* Every event has type, gen, ts_ns, flow, from_a and hook; what the rest holds per type:
+ *   MP_CAPABLE        version, flags = the option's flags byte, key[0] = the sender's key,
+ *                     key[1] = the receiver's key (0 if absent)
+ *   MP_JOIN           flags bit 0 = the B flag, addr_id, token = the receiver's token, nonce
+ *   FLOW_CLOSED       flags = 1 for a RST
+ *   ADD_ADDR_BLOCKED  addr_id, flags = address family (4 or 6), nonce = port (0: none),
+ *                     key[0..1] = the 16 address bytes (IPv4 in the first 4); the whole option
+ *                     (with its HMAC) is in the announces map, which keeps it when the ring is
+ *                     full
+ * Userspace decodes them in one place (src/datapath/events.cpp, decode()). */
 struct mps_event {
 	__u32 type;
 	__u32 gen;
@@ -431,7 +456,7 @@ struct mps_event {
 	__u64 key[2]; /* MP_CAPABLE: sender's key, receiver's key (0 if absent) */
 };
 
-/* ---- the option-rewriting actors' state (bpf/rewrite.bpf.h; src/datapath/actors.h) --------
+/* ---- the option-rewriting actors' state (bpf/lib/rewrite.h; src/datapath/actors.h) --------
  * Memory the actors keep between packets and hand to userspace: announcements hidden,
  * add_subflow requests, what set_backup signalled, and its packet templates. */
 

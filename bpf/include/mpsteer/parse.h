@@ -316,11 +316,12 @@ static __always_inline int scan_options(void *data, void *end, __u32 l4_off, __u
 			if (len < 3 || (void *)(p + 3) > end) /* MP_PRIO is the shortest: 3 */
 				return PARSE_MALFORMED;
 			__u32 sub = p[2] >> 4;
-			/* sub up to MP_PRIO (5), or >= OPT_SLOTS (8) from MP_FAIL (6) on: arithmetic,
-			 * since a branch on sub would make it precise (a path per subtype). */
+			/* sub up to MP_PRIO (5), or >= OPT_SLOTS (8) from MP_FAIL (6) on:
+			 * arithmetic, since a branch on sub would make it precise (a path per
+			 * subtype). */
 			slot = sub | (((sub + 2) >> 3) << 3);
 			struct mptcp_lens mlens =
-				mptcp_lens_of(tcp->syn, tcp->ack, (kinds >> 17) & 1);
+			    mptcp_lens_of(tcp->syn, tcp->ack, (kinds >> 17) & 1);
 			if (!mptcp_well_formed(&mlens, sub, len)) {
 				off += len;
 				continue;
@@ -338,8 +339,8 @@ static __always_inline int scan_options(void *data, void *end, __u32 l4_off, __u
 		} else if (kind == TCPOPT_WSCALE && len == 3) {
 			slot = OPT_WSCALE;
 		}
-		/* clang would test the subtype before its shift, which leaves slot unbounded for the
-		 * verifier: the test is on slot itself. */
+		/* clang would test the subtype before its shift, which leaves slot unbounded for
+		 * the verifier: the test is on slot itself. */
 		barrier_var(slot);
 		if (slot < OPT_SLOTS && (!loc->off[slot] || latest)) {
 			loc->off[slot] = off;

@@ -1,0 +1,349 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+// The hook process (src/lua/hook_process.h) with the built mpsteer binary and a fake backend:
+// its confinement as the kernel reports it (/proc/PID/status), and the scripts that used to
+// crash-loop, wedge or exhaust the agent: each one ends disabled with its reason while a
+// well-behaved script beside it keeps running.
+#include <catch2/catch.hpp>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <spdlog/sinks/ringbuffer_sink.h>
+#include <spdlog/spdlog.h>
+
+#include "lua/hook_process.h"
+#include "lua/hook_wire.h"
+
+using namespace mpsteer::lua;
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+namespace {
+
+class FakeBackend : public Backend {
+public:
+    std::atomic<uint64_t> writes{0};
+    std::string last_policy;
+    std::vector<Connection> connections() override { return {Connection{7, 8, 100, 1, 0, {}}}; }
+    std::optional<Connection> connection(uint32_t) override { return std::nullopt; }
+    std::optional<Subflow> subflow(uint64_t) override { return std::nullopt; }
+    uint64_t last_rate = 0;
+    bool set_subflow(const std::string&, uint64_t, const SubflowSettings& s) override {
+        ++writes;
+        last_rate = s.rate.value_or(0);
+        return false;
+    }
+    bool add_subflow(const std::string&, uint32_t, uint8_t) override { return false; }
+    bool block_address(const std::string&, uint32_t, uint8_t) override { return false; }
+    int set_policy_backup(const std::string& policy, bool) override {
+        ++writes;
+        last_policy = policy;
+        return 1;
+    }
+};
+
+std::string hostile(const std::string& name) {
+    std::ifstream in(std::string(MPS_SOURCE_DIR) + "/tests/unit/lua_hostile/" + name);
+    REQUIRE(in);
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+}
+
+HookProcessOptions options() {
+    HookProcessOptions o;
+    o.executable = MPSTEER_BIN;
+    o.limits.call_time = 100ms;
+    o.limits.memory_bytes = 64u << 20;
+    o.grace = 200ms;
+    return o;
+}
+
+// Counts on_tick calls in the good script's own state, read back through status().
+const char* kGood = "n = 0\nfunction on_tick() n = n + 1; mpsteer.connections() end\n";
+
+ScriptSpec spec(const std::string& policy, const std::string& source) {
+    return {policy, policy + ".lua", source, 1, nlohmann::json::object(), 0};
+}
+
+const ScriptStatus* find(const std::vector<ScriptStatus>& all, const std::string& policy) {
+    for (const auto& s : all)
+        if (s.policy == policy) return &s;
+    return nullptr;
+}
+
+// Ticks (every due on_tick) until pred holds or `limit` passes.
+template <typename Pred>
+bool tick_until(HookProcess& hp, Pred pred, std::chrono::seconds limit) {
+    const auto end = Clock::now() + limit;
+    while (Clock::now() < end) {
+        hp.tick(Clock::now() + 1h);
+        if (pred()) return true;
+    }
+    return false;
+}
+
+std::string proc_status_field(pid_t pid, const std::string& field) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+    for (std::string line; std::getline(in, line);)
+        if (line.rfind(field + ":", 0) == 0) {
+            auto v = line.substr(field.size() + 1);
+            return v.substr(v.find_first_not_of(" \t"));
+        }
+    return "";
+}
+
+}  // namespace
+
+TEST_CASE("hook process: the scripts run confined, their calls served by the agent",
+          "[lua][hook_process]") {
+    FakeBackend be;
+    HookProcess hp(be, options());
+    hp.configure({spec("good", kGood),
+                  spec("writer", "function on_tick() mpsteer.set_policy_backup(true) end")},
+                 "r1", 1);
+    REQUIRE(tick_until(
+        hp, [&] { return be.writes > 0; }, 5s));
+    CHECK(be.last_policy == "writer");
+    auto info = hp.info();
+    REQUIRE(info.pid > 0);
+    CHECK(info.restarts == 0);
+    CHECK(info.no_new_privs);
+    CHECK(info.capabilities_dropped);
+    CHECK(proc_status_field(info.pid, "NoNewPrivs") == "1");
+    CHECK(proc_status_field(info.pid, "CapEff") == "0000000000000000");
+    CHECK(proc_status_field(info.pid, "CapPrm") == "0000000000000000");
+#ifndef MPS_EMULATED  // qemu-user takes no seccomp filter
+    CHECK(info.seccomp);
+    CHECK(proc_status_field(info.pid, "Seccomp") == "2");
+#endif
+    if (getuid() == 0) {
+        CHECK(info.uid != 0);
+        CHECK(proc_status_field(info.pid, "Uid").rfind("0\t", 0) != 0);
+    }
+    auto st = hp.status();
+    REQUIRE(find(st, "good"));
+    CHECK(find(st, "good")->calls > 0);
+    CHECK_FALSE(find(st, "good")->disabled);
+    // Settings a hook returns travel with the call's answer and are carried out by the agent.
+    hp.configure({spec("returner", "function on_subflow(s) return {rate = 1000 + s.id} end")}, "r2",
+                 2);
+    const auto before = be.writes.load();
+    Subflow sf;
+    sf.id = 5;
+    hp.on_subflow(sf);
+    CHECK(be.writes == before + 1);
+    CHECK(be.last_rate == 1005);
+}
+
+TEST_CASE(
+    "hook process: a call stuck in one library call is killed at its budget, the script "
+    "disabled, the others run on",
+    "[lua][hook_process][hostile]") {
+    FakeBackend be;
+    HookProcess hp(be, options());
+    hp.configure({spec("good", kGood), spec("sorter", hostile("sort_loop.lua"))}, "r1", 1);
+    const auto t0 = Clock::now();
+    REQUIRE(tick_until(
+        hp, [&] { return hp.info().restarts > 0; }, 30s));
+    auto st = hp.status();
+    REQUIRE(find(st, "sorter"));
+    CHECK(find(st, "sorter")->disabled);
+    INFO(find(st, "sorter")->last_error);
+    CHECK(find(st, "sorter")->last_error.find("ran past its 300 ms") != std::string::npos);
+    CHECK(hp.info().last_restart.find("sorter") != std::string::npos);
+    // The good script was loaded again in the new process and goes on.
+    const auto calls = find(st, "good")->calls;
+    REQUIRE(tick_until(
+        hp, [&] { return find(hp.status(), "good")->calls > calls + 3; }, 5s));
+    CHECK(hp.info().restarts == 1);
+    CHECK(Clock::now() - t0 < 25s);
+    // A new revision that changes the script gives it another chance; an unchanged one not.
+    hp.configure({spec("good", kGood), spec("sorter", hostile("sort_loop.lua"))}, "r2", 2);
+    CHECK(find(hp.status(), "sorter")->disabled);
+    hp.configure({spec("good", kGood), spec("sorter", "function on_tick() end")}, "r3", 3);
+    CHECK_FALSE(find(hp.status(), "sorter")->disabled);
+}
+
+TEST_CASE("hook process: each script call's budget runs from its own start",
+          "[lua][hook_process]") {
+    // Four scripts that each spend their whole Lua budget (100 ms) in one tick: the request
+    // takes four budgets, more than one call's 300 ms, and nothing is killed.
+    FakeBackend be;
+    auto o = options();
+    o.limits.instructions = 1ull << 40;  // only the time stops them
+    HookProcess hp(be, o);
+    std::vector<ScriptSpec> specs;
+    for (int i = 0; i < 4; ++i)
+        specs.push_back(spec("spinner" + std::to_string(i),
+                             "function on_tick() local i = 0 while true do i = i + 1 end end"));
+    hp.configure(specs, "r1", 1);
+    const auto t0 = Clock::now();
+    hp.tick(Clock::now() + 1h);
+    CHECK(Clock::now() - t0 >= 400ms);
+    CHECK(hp.info().restarts == 0);
+    auto st = hp.status();
+    for (int i = 0; i < 4; ++i) {
+        const auto* s = find(st, "spinner" + std::to_string(i));
+        REQUIRE(s);
+        INFO(s->policy << ": " << s->last_error);
+        CHECK(s->failures == 1);
+        CHECK(s->last_error.find("ran past") == std::string::npos);
+    }
+}
+
+TEST_CASE("hook process: a script that writes in a tight loop is refused, then disabled",
+          "[lua][hook_process][hostile]") {
+    FakeBackend be;
+    auto o = options();
+    o.writes_per_second = 200;
+    o.limits.call_time = 2s;  // only the write budget may stop it, however loaded the machine
+    HookProcess hp(be, o);
+    hp.configure({spec("good", kGood), spec("flood", hostile("write_loop.lua"))}, "r1", 1);
+    const auto t0 = Clock::now();
+    REQUIRE(tick_until(
+        hp, [&] { return find(hp.status(), "flood")->disabled; }, 10s));
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    auto st = hp.status();
+    INFO(find(st, "flood")->last_error);
+    CHECK(find(st, "flood")->last_error.find("went on writing past 200 writes a second") !=
+          std::string::npos);
+    // What reached the backend stayed within the budget (a second more for the edges).
+    CHECK(double(be.writes.load()) <= 200 * (seconds + 2));
+    CHECK(hp.info().writes_refused > 0);
+    CHECK_FALSE(find(st, "good")->disabled);
+    CHECK(hp.info().restarts == 0);
+}
+
+TEST_CASE("hook process: a script that allocates all it can is stopped by its cap",
+          "[lua][hook_process][hostile]") {
+    FakeBackend be;
+    HookProcess hp(be, options());
+    hp.configure({spec("good", kGood), spec("hoarder", hostile("alloc_all.lua"))}, "r1", 1);
+    REQUIRE(tick_until(
+        hp, [&] { return find(hp.status(), "hoarder")->disabled; }, 20s));
+    auto st = hp.status();
+    CHECK_FALSE(find(st, "good")->disabled);
+    const auto calls = find(st, "good")->calls;
+    REQUIRE(tick_until(
+        hp, [&] { return find(hp.status(), "good")->calls > calls + 3; }, 5s));
+}
+
+TEST_CASE("hook process: a process killed from outside is started again", "[lua][hook_process]") {
+    FakeBackend be;
+    HookProcess hp(be, options());
+    hp.configure({spec("good", kGood)}, "r1", 1);
+    REQUIRE(tick_until(
+        hp, [&] { return find(hp.status(), "good")->calls > 0; }, 5s));
+    const pid_t first = hp.info().pid;
+    REQUIRE(kill(first, SIGKILL) == 0);
+    REQUIRE(tick_until(
+        hp, [&] { return hp.info().restarts == 1 && hp.info().pid > 0; }, 5s));
+    CHECK(hp.info().pid != first);
+    CHECK(hp.info().last_restart.find("killed by") != std::string::npos);
+    REQUIRE(tick_until(
+        hp, [&] { return find(hp.status(), "good")->calls > 0; }, 5s));
+    CHECK_FALSE(find(hp.status(), "good")->disabled);
+}
+
+TEST_CASE("hook process: a process that breaks the protocol is refused", "[lua][hook_process]") {
+    // Stand-ins for the hook host: one that sends an oversized frame, one that answers its
+    // setup with a frame of another version.
+    const fs::path dir =
+        fs::temp_directory_path() / ("mpsteer-hook-fake-" + std::to_string(getpid()));
+    fs::create_directories(dir);
+    struct Cleanup {
+        fs::path d;
+        ~Cleanup() { fs::remove_all(d); }
+    } cleanup{dir};
+    for (const auto& [name, bytes] : std::vector<std::pair<std::string, std::string>>{
+             {"huge", "\\377\\377\\377\\177x"}, {"version", "\\003\\000\\000\\000\\002{}"}}) {
+        INFO(name);
+        const fs::path exe = dir / name;
+        {
+            std::ofstream out(exe);
+            out << "#!/bin/sh\nprintf '" << bytes << "' >&3\nsleep 30\n";
+        }
+        fs::permissions(exe, fs::perms::owner_all);
+        FakeBackend be;
+        auto o = options();
+        o.executable = exe.string();
+        const auto t0 = Clock::now();
+        HookProcess hp(be, o);
+        CHECK(hp.configure({spec("good", kGood)}, "r1", 1).empty());
+        CHECK(hp.size() == 0);
+        CHECK(hp.info().pid == 0);
+        CHECK(Clock::now() - t0 < 5s);
+    }
+}
+
+TEST_CASE("hook process: a script's log lines reach the agent's log escaped and capped",
+          "[lua][hook_process][hostile]") {
+    auto ring = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(4096);
+    auto before = spdlog::default_logger();
+    spdlog::set_default_logger(std::make_shared<spdlog::logger>("test", ring));
+    struct Restore {
+        std::shared_ptr<spdlog::logger> l;
+        ~Restore() { spdlog::set_default_logger(l); }
+    } restore{before};
+    FakeBackend be;
+    auto o = options();
+    o.log_lines_per_second = 20;
+    HookProcess hp(be, o);
+    hp.configure({spec("forger",
+                       "function on_tick()\n"
+                       "  mpsteer.log('warn', 'a\\n[error] forged line\\r\\27[31mred')\n"
+                       "  for i = 1, 40 do print('line', i, {}) end\n"
+                       "end\n")},
+                 "r1", 1);
+    hp.tick(Clock::now() + 1h);
+    bool escaped = false;
+    int lines = 0;
+    for (const auto& line : ring->last_formatted()) {
+        CHECK(line.find('\r') == std::string::npos);
+        CHECK(line.find('\x1b') == std::string::npos);
+        CHECK(line.find('\n') == line.size() - 1);  // one line: its own end only
+        CHECK(line.find("0x") == std::string::npos);
+        escaped |= line.find("a\\n[error] forged line\\r\\x1b[31mred") != std::string::npos;
+        lines += line.find("line\\t") != std::string::npos;
+        // print joins exactly its arguments (no trailing buffer slot)
+        if (line.find("line\\t1\\t") != std::string::npos)
+            CHECK(line.ends_with("line\\t1\\ttable\n"));
+    }
+    CHECK(escaped);
+    CHECK(lines > 0);
+    CHECK(lines <= 20);
+    CHECK(hp.info().log_lines_dropped > 0);
+}
+
+// Not part of the test run: `build/tests/unit/hook_process_tests "[.bench]"` prints the round
+// trip of one event through the hook process (a hook that returns a setting), back to back and
+// with 1 ms between events (each then pays the wake-ups of both sides).
+TEST_CASE("hook process: round trip of an event (benchmark)", "[.bench]") {
+    FakeBackend be;
+    HookProcess hp(be, options());
+    hp.configure({spec("r", "function on_subflow(s) return {rate = 1000 + s.id} end")}, "r1", 1);
+    for (auto gap : {0us, 1000us}) {
+        std::vector<double> us;
+        for (int i = 0; i < 2000; ++i) {
+            Subflow sf;
+            sf.id = uint64_t(i);
+            const auto t0 = Clock::now();
+            hp.on_subflow(sf);
+            us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+            if (gap.count()) std::this_thread::sleep_for(gap);
+        }
+        std::sort(us.begin(), us.end());
+        WARN(gap.count() << " us between events: round trip p50 " << us[us.size() / 2]
+                         << " us, p99 " << us[us.size() * 99 / 100] << " us");
+    }
+    CHECK(be.last_rate == 1000 + 1999);
+}
