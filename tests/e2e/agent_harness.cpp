@@ -24,11 +24,28 @@ using Clock = std::chrono::steady_clock;
 
 namespace mpsteer::agent_e2e {
 
-std::string source(const std::string& rel) {
-    std::ifstream in(std::string(MPS_SOURCE_DIR) + "/" + rel);
+std::string slurp(const std::string& path) {
+    std::ifstream in(path);
     std::ostringstream ss;
     ss << in.rdbuf();
     return ss.str();
+}
+
+std::string source(const std::string& rel) {
+    return slurp(std::string(MPS_SOURCE_DIR) + "/" + rel);
+}
+
+lab::LabConfig lab_config(const char* what) {
+    lab::Lab::cleanup_stale();
+    lab::LabConfig cfg;
+    cfg.tag = what + std::to_string(getpid() % 1000);
+    return cfg;
+}
+
+int64_t unix_ms_now() {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
 }
 
 const nlohmann::json* hook_of(const nlohmann::json& status, const std::string& policy) {

@@ -55,6 +55,13 @@ private:
 std::string mpsteer_bin();
 // A file of the source tree (compile definition MPS_SOURCE_DIR), e.g. "lua/ecf.lua".
 std::string source(const std::string& rel);
+// A whole file ("" when it cannot be read).
+std::string slurp(const std::string& path);
+// A lab tagged `what` (at most 4 characters) and this process, after removing the labs of
+// processes that are gone.
+lab::LabConfig lab_config(const char* what);
+// The wall clock in milliseconds since the epoch (the status document's timestamps).
+int64_t unix_ms_now();
 // The status's entry for the Lua hook of `policy` (status.json "lua_hooks"), or null.
 const nlohmann::json* hook_of(const nlohmann::json& status, const std::string& policy);
 

@@ -32,26 +32,6 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-LabConfig config(const char* what) {
-    Lab::cleanup_stale();
-    LabConfig cfg;
-    cfg.tag = what + std::to_string(getpid() % 1000);
-    return cfg;
-}
-
-std::string slurp(const std::string& path) {
-    std::ifstream in(path);
-    std::ostringstream s;
-    s << in.rdbuf();
-    return s.str();
-}
-
-int64_t unix_ms_now() {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(
-               std::chrono::system_clock::now().time_since_epoch())
-        .count();
-}
-
 bool ready(const json& s) {
     return s.value("ready", false);
 }
@@ -134,7 +114,7 @@ std::string control_bytes_in(const std::string& text) {
 
 TEST_CASE("agent hostile: SIGPIPE, SIGUSR1 and a closed log pipe leave the agent running",
           "[agent][signals]") {
-    Lab lab(config("hpip"));
+    Lab lab(lab_config("hpip"));
     AgentHarness h(lab, "hpipe");
     PolicyGen gen(lab, 11);
     h.publish(gen.valid(1).files);
@@ -169,7 +149,7 @@ TEST_CASE("agent hostile: SIGPIPE, SIGUSR1 and a closed log pipe leave the agent
 
 TEST_CASE("agent hostile: changes that keep arriving after an apply do not spin the loop",
           "[agent]") {
-    Lab lab(config("hspn"));
+    Lab lab(lab_config("hspn"));
     AgentHarness h(lab, "hspin", 300);  // debounce 300 ms: the changes below keep it pending
     PolicyGen gen(lab, 12);
     h.publish(gen.valid(1).files);
@@ -200,7 +180,7 @@ TEST_CASE(
     "agent hostile: a revision directory that vanishes and comes back unchanged is ready "
     "again",
     "[agent]") {
-    Lab lab(config("hvan"));
+    Lab lab(lab_config("hvan"));
     AgentHarness h(lab, "hvanish");
     h.extra_args = {"--resync-s", "1"};
     PolicyGen gen(lab, 13);
@@ -223,7 +203,7 @@ TEST_CASE(
 
 TEST_CASE("agent hostile: a revision with more directories than the agent watches is refused",
           "[agent]") {
-    Lab lab(config("hdir"));
+    Lab lab(lab_config("hdir"));
     AgentHarness h(lab, "hdirs");
     PolicyGen gen(lab, 16);
     const std::string first = h.publish(gen.valid(1).files);
@@ -250,7 +230,7 @@ TEST_CASE("agent hostile: a revision with more directories than the agent watche
 
 TEST_CASE("agent hostile: a state directory it cannot write is reported and retried, never fatal",
           "[agent]") {
-    Lab lab(config("hro"));
+    Lab lab(lab_config("hro"));
     AgentHarness h(lab, "hreadonly");
     h.metrics_port = 19478;
     PolicyGen gen(lab, 14);
@@ -287,7 +267,7 @@ TEST_CASE("agent hostile: a state directory it cannot write is reported and retr
 }
 
 TEST_CASE("agent hostile: links planted at its state files are never written through", "[agent]") {
-    Lab lab(config("hlnk"));
+    Lab lab(lab_config("hlnk"));
     AgentHarness h(lab, "hlinks");
     PolicyGen gen(lab, 15);
     h.publish(gen.valid(1).files);
@@ -318,7 +298,7 @@ TEST_CASE("agent hostile: links planted at its state files are never written thr
 
 TEST_CASE("agent hostile: text from the repository cannot forge log lines or status lines",
           "[agent]") {
-    Lab lab(config("hlog"));
+    Lab lab(lab_config("hlog"));
     AgentHarness h(lab, "hforge");
     const std::string policy =
         "apiVersion: mpsteer.dev/v1\nkind: Policy\nmetadata: {name: forger}\nspec:\n"

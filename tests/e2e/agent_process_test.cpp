@@ -18,7 +18,6 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <thread>
 
 #include "agent_harness.h"
@@ -33,28 +32,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-LabConfig config(const char* what) {
-    Lab::cleanup_stale();
-    LabConfig cfg;
-    cfg.tag = what + std::to_string(getpid() % 1000);
-    return cfg;
-}
-
 uint64_t applies_failed(const json& s) {
     return s.contains("applies") ? s["applies"].value("failed", uint64_t(0)) : 0;
-}
-
-int64_t unix_ms_now() {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(
-               std::chrono::system_clock::now().time_since_epoch())
-        .count();
-}
-
-std::string slurp(const std::string& path) {
-    std::ifstream in(path);
-    std::ostringstream s;
-    s << in.rdbuf();
-    return s.str();
 }
 
 // One policy: `record` on the hooks and interfaces given.
@@ -89,7 +68,7 @@ std::string programs_on(const std::string& netns, const std::string& ifname) {
 }  // namespace
 
 TEST_CASE("agent process: only the hooks and interfaces a policy names get a program", "[agent]") {
-    Lab lab(config("only"));
+    Lab lab(lab_config("only"));
     AgentHarness h(lab, "only");
     const std::string s1 = lab.server_if(1), s2 = lab.server_if(2), ns = lab.server_ns();
     auto state = [&] {
@@ -120,7 +99,7 @@ TEST_CASE("agent process: only the hooks and interfaces a policy names get a pro
 }
 
 TEST_CASE("agent process: SIGTERM with the metrics server on stops cleanly", "[agent][signals]") {
-    Lab lab(config("sig"));
+    Lab lab(lab_config("sig"));
     AgentHarness h(lab, "sigterm");
     h.metrics_port = 19477;
     h.extra_args = {"--detach-on-exit", "--flows", "4096"};
@@ -166,7 +145,7 @@ TEST_CASE("agent process: SIGTERM with the metrics server on stops cleanly", "[a
 }
 
 TEST_CASE("agent process: SIGHUP re-reads the policy directory", "[agent][signals]") {
-    Lab lab(config("hup"));
+    Lab lab(lab_config("hup"));
     AgentHarness h(lab, "sighup");
     PolicyGen gen(lab, 2);
     h.publish(gen.invalid(1).files);
@@ -184,7 +163,7 @@ TEST_CASE("agent process: SIGHUP re-reads the policy directory", "[agent][signal
 }
 
 TEST_CASE("agent process: one agent per pin root, runtime files private", "[agent]") {
-    Lab lab(config("pin"));
+    Lab lab(lab_config("pin"));
     AgentHarness h(lab, "pinroot");
     PolicyGen gen(lab, 3);
     h.publish(gen.valid(1).files);
@@ -236,7 +215,7 @@ std::string hook_policy(const std::string& name, int priority, const std::string
 
 TEST_CASE("agent process: hostile hook scripts leave the agent ready, applying and stopping",
           "[agent][hooks][hostile]") {
-    Lab lab(config("hk"));
+    Lab lab(lab_config("hk"));
     AgentHarness h(lab, "hostile-hooks");
     // One script sorts 2^19 numbers in a loop, one writes the backup flag in a tight loop, one
     // allocates all it can; one behaves.

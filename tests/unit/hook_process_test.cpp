@@ -18,6 +18,7 @@
 #include <spdlog/sinks/ringbuffer_sink.h>
 #include <spdlog/spdlog.h>
 
+#include "hostile_scripts.h"
 #include "lua/hook_process.h"
 #include "lua/hook_wire.h"
 
@@ -49,14 +50,6 @@ public:
         return 1;
     }
 };
-
-std::string hostile(const std::string& name) {
-    std::ifstream in(std::string(MPS_SOURCE_DIR) + "/tests/unit/lua_hostile/" + name);
-    REQUIRE(in);
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-}
 
 HookProcessOptions options() {
     HookProcessOptions o;
@@ -150,7 +143,7 @@ TEST_CASE(
     "[lua][hook_process][hostile]") {
     FakeBackend be;
     HookProcess hp(be, options());
-    hp.configure({spec("good", kGood), spec("sorter", hostile("sort_loop.lua"))}, "r1", 1);
+    hp.configure({spec("good", kGood), spec("sorter", hostile_script("sort_loop.lua"))}, "r1", 1);
     const auto t0 = Clock::now();
     REQUIRE(tick_until(
         hp, [&] { return hp.info().restarts > 0; }, 30s));
@@ -167,7 +160,7 @@ TEST_CASE(
     CHECK(hp.info().restarts == 1);
     CHECK(Clock::now() - t0 < 25s);
     // A new revision that changes the script gives it another chance; an unchanged one not.
-    hp.configure({spec("good", kGood), spec("sorter", hostile("sort_loop.lua"))}, "r2", 2);
+    hp.configure({spec("good", kGood), spec("sorter", hostile_script("sort_loop.lua"))}, "r2", 2);
     CHECK(find(hp.status(), "sorter")->disabled);
     hp.configure({spec("good", kGood), spec("sorter", "function on_tick() end")}, "r3", 3);
     CHECK_FALSE(find(hp.status(), "sorter")->disabled);
@@ -207,7 +200,7 @@ TEST_CASE("hook process: a script that writes in a tight loop is refused, then d
     o.writes_per_second = 200;
     o.limits.call_time = 2s;  // only the write budget may stop it, however loaded the machine
     HookProcess hp(be, o);
-    hp.configure({spec("good", kGood), spec("flood", hostile("write_loop.lua"))}, "r1", 1);
+    hp.configure({spec("good", kGood), spec("flood", hostile_script("write_loop.lua"))}, "r1", 1);
     const auto t0 = Clock::now();
     REQUIRE(tick_until(
         hp, [&] { return find(hp.status(), "flood")->disabled; }, 10s));
@@ -227,7 +220,7 @@ TEST_CASE("hook process: a script that allocates all it can is stopped by its ca
           "[lua][hook_process][hostile]") {
     FakeBackend be;
     HookProcess hp(be, options());
-    hp.configure({spec("good", kGood), spec("hoarder", hostile("alloc_all.lua"))}, "r1", 1);
+    hp.configure({spec("good", kGood), spec("hoarder", hostile_script("alloc_all.lua"))}, "r1", 1);
     REQUIRE(tick_until(
         hp, [&] { return find(hp.status(), "hoarder")->disabled; }, 20s));
     auto st = hp.status();

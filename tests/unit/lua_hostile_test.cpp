@@ -6,10 +6,9 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
-#include <fstream>
-#include <sstream>
 #include <thread>
 
+#include "hostile_scripts.h"
 #include "lua/hooks.h"
 #include "lua/step_writes.h"
 
@@ -36,14 +35,6 @@ public:
     bool block_address(const std::string&, uint32_t, uint8_t) override { return false; }
     int set_policy_backup(const std::string&, bool) override { return 0; }
 };
-
-std::string hostile(const std::string& name) {
-    std::ifstream in(std::string(MPS_SOURCE_DIR) + "/tests/unit/lua_hostile/" + name);
-    REQUIRE(in);
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-}
 
 Limits test_limits() {
     Limits l;
@@ -104,9 +95,10 @@ TEST_CASE("lua hostile: each script is contained and the others keep running", "
             be.conns.resize(1000);  // connections() is work to pay for
             HookSet hs(be, test_limits());
             const auto t0 = Clock::now();
-            hs.configure({{"hostile", c.script, hostile(c.script), 1, nlohmann::json::object()},
-                          {"good", "good.lua", kGood, 1, nlohmann::json::object()}},
-                         "r1", 1);
+            hs.configure(
+                {{"hostile", c.script, hostile_script(c.script), 1, nlohmann::json::object()},
+                 {"good", "good.lua", kGood, 1, nlohmann::json::object()}},
+                "r1", 1);
             for (int i = 1; i <= 4; ++i) hs.tick(Clock::now() + std::chrono::hours(i));
             // Every call is bounded by the budget or the time limit (500 ms): 3 failing calls
             // and a load, with room for a loaded machine.
@@ -134,8 +126,9 @@ TEST_CASE("lua hostile: erroring metamethods on _G never reach the host unprotec
           "[lua][hostile]") {
     FakeBackend be;
     HookSet hs(be, test_limits());
-    hs.configure({{"hostile", "g.lua", hostile("g_index_errors.lua"), 1, nlohmann::json::object()}},
-                 "r1", 1);
+    hs.configure(
+        {{"hostile", "g.lua", hostile_script("g_index_errors.lua"), 1, nlohmann::json::object()}},
+        "r1", 1);
     Script* s = hs.find("hostile");
     REQUIRE(s);
     CHECK(s->status().loaded);
@@ -166,7 +159,7 @@ TEST_CASE("lua hostile: a loop is stopped by the wall-clock limit", "[lua][hosti
     Limits l = test_limits();
     l.instructions = uint64_t(1) << 50;  // the budget would never end it
     l.call_time = 200ms;
-    Script s({"p", "w.lua", hostile("wall_clock.lua"), 0, nlohmann::json::object()}, be, l);
+    Script s({"p", "w.lua", hostile_script("wall_clock.lua"), 0, nlohmann::json::object()}, be, l);
     REQUIRE(s.status().loaded);
     const auto t0 = Clock::now();
     CHECK_FALSE(s.on_tick());
