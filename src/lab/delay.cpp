@@ -97,6 +97,7 @@ void DelayLine::relay() {
             for (;;) {
                 ssize_t n = recv(fd_[i].get(), buf.data(), buf.size(), MSG_DONTWAIT);
                 if (n <= 0) break;
+                if (blackhole_.load(std::memory_order_relaxed)) continue;
                 q[i].push_back({now + delay, {buf.begin(), buf.begin() + n}});
             }
         }

@@ -265,6 +265,13 @@ void Lab::shape(int path, PathShape s) {
     cfg_.path[path - 1] = s;
 }
 
+void Lab::blackhole(int path, bool on) {
+    if (path < 1 || path > 2) throw Error("lab: no path " + std::to_string(path));
+    if (!delay_[path - 1])
+        throw Error("lab: path " + std::to_string(path) + " was built without a delay line");
+    delay_[path - 1]->set_blackhole(on);
+}
+
 void Lab::set_rate(int path, unsigned rate_kbit) {
     shape_egress(client_ns(), client_if(path), rate_kbit);
     shape_egress(server_ns(), server_if(path), rate_kbit);

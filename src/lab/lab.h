@@ -87,12 +87,16 @@ public:
     DelayLine(const DelayLine&) = delete;
     DelayLine& operator=(const DelayLine&) = delete;
     void set_delay(std::chrono::microseconds d) { delay_us_ = d.count(); }
+    // Drops every frame from now on (both ways, silently: a path that fails in the network
+    // with its links up), or relays again.
+    void set_blackhole(bool on) { blackhole_ = on; }
     uint64_t dropped() const { return dropped_.load(); }
 
 private:
     void relay();
     net::Fd fd_[2];
     std::atomic<int64_t> delay_us_;
+    std::atomic<bool> blackhole_{false};
     std::atomic<uint64_t> dropped_{0};
     std::atomic<bool> stop_{false};
     std::thread thread_;
@@ -159,6 +163,9 @@ public:
 
     // Changes the rate (and the delay of a path built with one) while the lab runs.
     void shape(int path, PathShape s);
+    // A path built with a delay silently drops everything in both directions (on) or carries
+    // it again (off); its interfaces stay up.
+    void blackhole(int path, bool on);
     // `ss -tniM` in a namespace, for logs and failure messages.
     std::string ss(const std::string& netns) const;
 
@@ -372,7 +379,8 @@ TrafficStats send_stream(const std::string& netns, const std::string& addr, uint
 // the end (checksum as the sink's). `progress` sees the byte count after every read.
 class Source {
 public:
-    Source(const std::string& netns, uint16_t port, const SendOptions& opt);
+    // ipv6: listens on both families (as Sink).
+    Source(const std::string& netns, uint16_t port, const SendOptions& opt, bool ipv6 = false);
     ~Source();
     Source(const Source&) = delete;
     Source& operator=(const Source&) = delete;

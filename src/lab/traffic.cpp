@@ -356,8 +356,8 @@ TrafficStats receive_stream(const std::string& netns, const std::string& addr, u
 
 // ---- source --------------------------------------------------------------------------------
 
-Source::Source(const std::string& netns, uint16_t port, const SendOptions& opt)
-    : listen_fd_(listen_mptcp(netns, port, false, "source")) {
+Source::Source(const std::string& netns, uint16_t port, const SendOptions& opt, bool ipv6)
+    : listen_fd_(listen_mptcp(netns, port, ipv6, "source")) {
     thread_ = std::thread([this, opt] {
         net::Fd fd = accept_one(listen_fd_.get(), stop_);
         if (!fd) {

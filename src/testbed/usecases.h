@@ -87,5 +87,6 @@ Report multi_tenant(const Options& opt);
 Report small_flows(const Options& opt);
 Report ecf_scheduling(const Options& opt);
 Report disjoint_subflows(const Options& opt);
+Report path_resilience(const Options& opt);
 
 }  // namespace mpsteer::cli::usecases

@@ -1,0 +1,252 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+// Use case "paths that fail and come back", the kernel alone: a client with two paths and a
+// `subflow` endpoint on the second downloads from the server's first address; 4 s in, path 1
+// fails for 10 s, either set down on the client (the link goes away) or silently blackholed in
+// the network (its links stay up), then it comes back. Measured from what the application
+// reads and the kernel's MPTCP events: the longest stall after the failure, the goodput while
+// the path is out, and whether (and when) a subflow over path 1 is established again after
+// its return. What a resilience policy must improve on.
+#include <linux/mptcp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <spdlog/spdlog.h>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "lab/lab.h"
+#include "testbed/usecases.h"
+
+namespace mpsteer::cli::usecases {
+namespace {
+using namespace std::chrono_literals;
+using namespace mpsteer::lab;
+using Clock = std::chrono::steady_clock;
+
+const PathShape kPath{10, 20000};  // each path: RTT 20 ms, 20 Mbit/s
+constexpr auto kFailAt = 4s;       // from the start of the download
+constexpr auto kFailFor = 10s;
+constexpr auto kAfter = 8s;  // the download goes on this long after the path's return
+constexpr auto kSampleEvery = 100ms;
+
+enum class Failure { down, blackhole };
+const char* name_of(Failure f) {
+    return f == Failure::down ? "down" : "blackhole";
+}
+
+struct Run {
+    double stall_s = 0;        // longest gap between reads from the failure to the return
+    double failed_mbit = 0;    // goodput while the path was out
+    double back_after_s = -1;  // a path-1 subflow established again, after the return; < 0: no
+    bool intact = false;
+    std::vector<double> t, mbit[2];  // what each path delivered to the client, over time
+};
+
+double seconds(Clock::duration d) {
+    return std::chrono::duration<double>(d).count();
+}
+
+void fail_path(Lab& lab, Failure f, bool failed) {
+    if (f == Failure::blackhole) return lab.blackhole(1, failed);
+    must({"ip", "-n", lab.client_ns(), "link", "set", lab.client_if(1), failed ? "down" : "up"});
+}
+
+Run download(Lab& lab, Failure failure, int family, uint16_t port) {
+    const std::string cli = lab.client_ns();
+    const std::string path1 = family == 6 ? Lab::client_addr6(1) : Lab::client_addr(1);
+    MptcpMonitor monitor(cli);  // subscribed before the connection exists
+    Source source(lab.server_ns(), port, SendOptions::of_time(kFailAt + kFailFor + kAfter),
+                  family == 6);
+    struct Read {
+        Clock::time_point at;
+        uint64_t bytes;
+    };
+    std::vector<Read> reads;
+    reads.reserve(1 << 16);
+    std::atomic<bool> done{false};
+    TrafficStats rx;
+    std::string error;
+    auto rx_bytes = [&](int path) { return link_counters(cli, lab.client_if(path)).rx_bytes; };
+    std::array<uint64_t, 2> last{rx_bytes(1), rx_bytes(2)};
+    const auto t0 = Clock::now();
+    std::thread reader([&] {
+        try {
+            rx = receive_stream(cli, family == 6 ? Lab::server_addr6(1) : Lab::server_addr(1), port,
+                                kFailAt + kFailFor + kAfter + 120s, [&](uint64_t n) {
+                                    reads.push_back({Clock::now(), n});
+                                });
+        } catch (const std::exception& e) {
+            error = e.what();
+        }
+        done = true;
+    });
+    Run r;
+    const auto fail_at = t0 + kFailAt, back_at = fail_at + kFailFor;
+    bool failed = false, restored = false;
+    try {
+        for (auto next = t0 + kSampleEvery; !done; next += kSampleEvery) {
+            std::this_thread::sleep_until(next);
+            const auto now = Clock::now();
+            if (!failed && now >= fail_at) {
+                fail_path(lab, failure, true);
+                failed = true;
+            }
+            if (failed && !restored && now >= back_at) {
+                fail_path(lab, failure, false);
+                restored = true;
+            }
+            for (const auto& e : monitor.poll(0ms))
+                if (restored && r.back_after_s < 0 && e.type == MPTCP_EVENT_SUB_ESTABLISHED &&
+                    e.saddr == path1)
+                    r.back_after_s = seconds(Clock::now() - back_at);
+            r.t.push_back(seconds(now - t0));
+            for (int p = 0; p < 2; p++) {
+                const uint64_t b = rx_bytes(p + 1);
+                r.mbit[p].push_back((b - last[p]) * 8e-6 / seconds(kSampleEvery));
+                last[p] = b;
+            }
+        }
+    } catch (...) {
+        if (failed && !restored) fail_path(lab, failure, false);
+        reader.join();
+        throw;
+    }
+    reader.join();
+    if (failed && !restored) fail_path(lab, failure, false);
+    if (!error.empty())
+        throw Error("resilience: download on port " + std::to_string(port) + ": " + error);
+    const TrafficStats tx = source.wait(30s);
+    r.intact = rx.bytes == tx.bytes && rx.checksum == tx.checksum && !rx.fallback;
+    // The stall: the longest time without a read that ends after the failure began.
+    Clock::time_point prev = fail_at;
+    uint64_t at_fail = 0, at_back = 0;
+    for (const auto& rd : reads) {
+        if (rd.at <= fail_at) {
+            at_fail = rd.bytes;
+            continue;
+        }
+        if (rd.at <= back_at) at_back = rd.bytes;
+        if (prev < back_at) r.stall_s = std::max(r.stall_s, seconds(rd.at - prev));
+        prev = rd.at;
+    }
+    if (at_back < at_fail) at_back = at_fail;
+    r.failed_mbit = (at_back - at_fail) * 8e-6 / seconds(kFailFor);
+    return r;
+}
+
+}  // namespace
+
+Report path_resilience(const Options& opt) {
+    Report r;
+    r.name = "resilience";
+    r.title = "paths that fail and come back (the kernel alone)";
+    r.setup = "client with two paths (RTT " + std::to_string(2 * kPath.delay_ms) + " ms, " +
+              std::to_string(kPath.rate_kbit / 1000) +
+              " Mbit/s each) and a subflow endpoint on its path-2 address, downloading from the "
+              "server's path-1 address; " +
+              std::to_string(std::chrono::seconds(kFailAt).count()) + " s in, path 1 fails for " +
+              std::to_string(std::chrono::seconds(kFailFor).count()) +
+              " s: set down on the client, or blackholed in the network (links up); then it "
+              "comes back; stall = the longest time without data for the application that ends "
+              "after the failure began";
+    LabConfig cfg;
+    const std::string tag = "rs" + std::to_string(getpid() % 100000);
+    cfg.tag = tag;
+    cfg.signal = false;
+    cfg.path[0] = cfg.path[1] = kPath;
+    Lab lab(cfg);
+    const std::string cli = lab.client_ns();
+    // IPv6 addresses survive the link going down (as IPv4 ones do), so path 1 can come back.
+    must_in(cli, {"sysctl", "-qw", "net.ipv6.conf." + lab.client_if(1) + ".keep_addr_on_down=1"});
+    must({"ip", "-n", cli, "mptcp", "endpoint", "add", Lab::client_addr(2), "dev", lab.client_if(2),
+          "subflow"});
+    must({"ip", "-n", cli, "mptcp", "endpoint", "add", Lab::client_addr6(2), "dev",
+          lab.client_if(2), "subflow"});
+    // The path-2 subflow goes to the server's path-1 address over path 2. IPv4 finds it there
+    // by ARP (a host answers for any of its addresses); IPv6 needs the client to route its
+    // path-2 address's traffic there and to know the server's path-2 interface for that address
+    // (IPv6 hosts answer neighbour solicitations only for the interface's own addresses).
+    must({"ip", "-n", cli, "-6", "rule", "add", "from", Lab::client_addr6(2), "table", "102"});
+    must({"ip", "-n", cli, "-6", "route", "add", "fd00:1::/64", "dev", lab.client_if(2), "table",
+          "102"});
+    const std::string s2_mac =
+        must_in(lab.server_ns(), {"cat", "/sys/class/net/" + lab.server_if(2) + "/address"});
+    must({"ip", "-n", cli, "-6", "neigh", "replace", Lab::server_addr6(1), "lladdr",
+          s2_mac.substr(0, s2_mac.find_first_of(" \n")), "dev", lab.client_if(2), "nud",
+          "permanent"});
+
+    struct Column {
+        int family;
+        Failure failure;
+    };
+    const Column columns[] = {
+        {4, Failure::down}, {4, Failure::blackhole}, {6, Failure::down}, {6, Failure::blackhole}};
+    std::vector<Run> runs[std::size(columns)];
+    uint16_t port = 7400;  // one per download: no connection meets a TIME_WAIT of the last one
+    for (int round = 0; round < opt.rounds; round++)
+        for (size_t c = 0; c < std::size(columns); c++) {
+            check_stop();
+            Run run = download(lab, columns[c].failure, columns[c].family, port++);
+            spdlog::info(
+                "resilience round {} IPv{} {}: stall {:.2f} s, {:.1f} Mbit/s while out, path 1 "
+                "back {}",
+                round + 1, columns[c].family, name_of(columns[c].failure), run.stall_s,
+                run.failed_mbit,
+                run.back_after_s < 0 ? std::string("never") : fixed(run.back_after_s, 2) + " s");
+            runs[c].push_back(std::move(run));
+        }
+
+    for (const auto& c : columns)
+        r.columns.push_back("IPv" + std::to_string(c.family) + " " + name_of(c.failure));
+    auto median = [](std::vector<double> v) {
+        std::sort(v.begin(), v.end());
+        return v.empty() ? 0.0 : v[v.size() / 2];
+    };
+    Figure stall{"stall_s", "longest stall after the failure, median (max), s", "", {}};
+    Figure goodput{"failed_mbit", "goodput while path 1 is out, median, Mbit/s", "", {}};
+    Figure back{"path1_back", "a subflow over path 1 again after its return", "", {}};
+    Figure damaged{"damaged", "downloads damaged or fallen back to TCP", "", {}};
+    for (const auto& rs : runs) {
+        std::vector<double> s, g, b;
+        unsigned bad = 0;
+        for (const auto& x : rs) {
+            s.push_back(x.stall_s);
+            g.push_back(x.failed_mbit);
+            if (x.back_after_s >= 0) b.push_back(x.back_after_s);
+            bad += !x.intact;
+        }
+        const double worst = s.empty() ? 0 : *std::max_element(s.begin(), s.end());
+        stall.cells.push_back({nlohmann::ordered_json{{"median", median(s)}, {"max", worst}},
+                               fixed(median(s), 2) + " (" + fixed(worst, 2) + ")",
+                               {}});
+        goodput.cells.push_back({median(g), fixed(median(g), 1), {}});
+        back.cells.push_back(
+            {nlohmann::ordered_json{{"runs", b.size()}, {"of", rs.size()}, {"median_s", median(b)}},
+             percent(unsigned(b.size()), unsigned(rs.size())) +
+                 (b.empty() ? "" : ", after " + fixed(median(b), 2) + " s"),
+             {}});
+        damaged.cells.push_back({bad, std::to_string(bad), {}});
+    }
+    r.figures = {stall, goodput, back, damaged};
+    for (size_t c = 0; c < std::size(columns); c++) {
+        if (columns[c].family != 4) continue;
+        const Run& x = runs[c].front();
+        Plot p{std::string("resilience-") + name_of(columns[c].failure),
+               std::string("path 1 ") + name_of(columns[c].failure) + " from " +
+                   std::to_string(std::chrono::seconds(kFailAt).count()) + " s to " +
+                   std::to_string(std::chrono::seconds(kFailAt + kFailFor).count()) +
+                   " s, the kernel alone (round 1): throughput per path",
+               "seconds",
+               "Mbit/s",
+               "lines",
+               {{"path 1", x.t, x.mbit[0]}, {"path 2", x.t, x.mbit[1]}}};
+        r.plots.push_back(std::move(p));
+    }
+    return r;
+}
+
+}  // namespace mpsteer::cli::usecases
