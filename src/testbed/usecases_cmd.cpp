@@ -152,8 +152,15 @@ void print_text(const Report& r, const Options& opt) {
         }
         std::printf("\n");
     }
-    std::printf("  targets apply to the mpsteer columns: %s\n\n",
-                r.met() ? "all met" : "NOT ALL MET");
+    bool judged = false;
+    for (const auto& f : r.figures)
+        for (const auto& c : f.cells) judged |= c.met.has_value();
+    if (judged)
+        std::printf("  targets apply to the mpsteer columns: %s\n",
+                    r.met() ? "all met" : "NOT ALL MET");
+    else
+        std::printf("  no targets: the figures are what a policy is measured against\n");
+    std::printf("\n");
 }
 
 nlohmann::ordered_json to_json(const Report& r) {

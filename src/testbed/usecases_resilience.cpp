@@ -3,9 +3,10 @@
 // `subflow` endpoint on the second downloads from the server's first address; 4 s in, path 1
 // fails for 10 s, either set down on the client (the link goes away) or silently blackholed in
 // the network (its links stay up), then it comes back. Measured from what the application
-// reads and the kernel's MPTCP events: the longest stall after the failure, the goodput while
-// the path is out, and whether (and when) a subflow over path 1 is established again after
-// its return. What a resilience policy must improve on.
+// reads, the interfaces' counters and the kernel's MPTCP events: the longest stall after the
+// failure, the goodput while the path is out, when path 1 carries data again after its return
+// (the old subflow resuming, or a new one), and whether a new subflow over it is established.
+// What a resilience policy must improve on.
 #include <linux/mptcp.h>
 #include <unistd.h>
 
@@ -32,6 +33,7 @@ constexpr auto kFailAt = 4s;       // from the start of the download
 constexpr auto kFailFor = 10s;
 constexpr auto kAfter = 8s;  // the download goes on this long after the path's return
 constexpr auto kSampleEvery = 100ms;
+constexpr double kInUseMbit = 1;  // a path carries data: at least this in a sample
 
 enum class Failure { down, blackhole };
 const char* name_of(Failure f) {
@@ -39,9 +41,10 @@ const char* name_of(Failure f) {
 }
 
 struct Run {
-    double stall_s = 0;        // longest gap between reads from the failure to the return
+    double stall_s = 0;        // longest gap between reads after the failure began
     double failed_mbit = 0;    // goodput while the path was out
-    double back_after_s = -1;  // a path-1 subflow established again, after the return; < 0: no
+    double used_after_s = -1;  // path 1 carries data again, after its return; < 0: not seen
+    double new_after_s = -1;   // a new subflow over path 1 established, after the return
     bool intact = false;
     std::vector<double> t, mbit[2];  // what each path delivered to the client, over time
 };
@@ -100,15 +103,17 @@ Run download(Lab& lab, Failure failure, int family, uint16_t port) {
                 restored = true;
             }
             for (const auto& e : monitor.poll(0ms))
-                if (restored && r.back_after_s < 0 && e.type == MPTCP_EVENT_SUB_ESTABLISHED &&
+                if (restored && r.new_after_s < 0 && e.type == MPTCP_EVENT_SUB_ESTABLISHED &&
                     e.saddr == path1)
-                    r.back_after_s = seconds(Clock::now() - back_at);
+                    r.new_after_s = seconds(Clock::now() - back_at);
             r.t.push_back(seconds(now - t0));
             for (int p = 0; p < 2; p++) {
                 const uint64_t b = rx_bytes(p + 1);
                 r.mbit[p].push_back((b - last[p]) * 8e-6 / seconds(kSampleEvery));
                 last[p] = b;
             }
+            if (restored && r.used_after_s < 0 && r.mbit[0].back() >= kInUseMbit)
+                r.used_after_s = seconds(now - back_at);
         }
     } catch (...) {
         if (failed && !restored) fail_path(lab, failure, false);
@@ -121,7 +126,8 @@ Run download(Lab& lab, Failure failure, int family, uint16_t port) {
         throw Error("resilience: download on port " + std::to_string(port) + ": " + error);
     const TrafficStats tx = source.wait(30s);
     r.intact = rx.bytes == tx.bytes && rx.checksum == tx.checksum && !rx.fallback;
-    // The stall: the longest time without a read that ends after the failure began.
+    // The stall: the longest time without a read that ends after the failure began (also
+    // after the return: a subflow that comes back late can hold the stream up then).
     Clock::time_point prev = fail_at;
     uint64_t at_fail = 0, at_back = 0;
     for (const auto& rd : reads) {
@@ -130,7 +136,7 @@ Run download(Lab& lab, Failure failure, int family, uint16_t port) {
             continue;
         }
         if (rd.at <= back_at) at_back = rd.bytes;
-        if (prev < back_at) r.stall_s = std::max(r.stall_s, seconds(rd.at - prev));
+        r.stall_s = std::max(r.stall_s, seconds(rd.at - prev));
         prev = rd.at;
     }
     if (at_back < at_fail) at_back = at_fail;
@@ -191,12 +197,12 @@ Report path_resilience(const Options& opt) {
         for (size_t c = 0; c < std::size(columns); c++) {
             check_stop();
             Run run = download(lab, columns[c].failure, columns[c].family, port++);
+            auto after = [](double s) { return s < 0 ? std::string("no") : fixed(s, 2) + " s"; };
             spdlog::info(
                 "resilience round {} IPv{} {}: stall {:.2f} s, {:.1f} Mbit/s while out, path 1 "
-                "back {}",
+                "used again {}, a new subflow on it {}",
                 round + 1, columns[c].family, name_of(columns[c].failure), run.stall_s,
-                run.failed_mbit,
-                run.back_after_s < 0 ? std::string("never") : fixed(run.back_after_s, 2) + " s");
+                run.failed_mbit, after(run.used_after_s), after(run.new_after_s));
             runs[c].push_back(std::move(run));
         }
 
@@ -208,15 +214,18 @@ Report path_resilience(const Options& opt) {
     };
     Figure stall{"stall_s", "longest stall after the failure, median (max), s", "", {}};
     Figure goodput{"failed_mbit", "goodput while path 1 is out, median, Mbit/s", "", {}};
-    Figure back{"path1_back", "a subflow over path 1 again after its return", "", {}};
+    Figure used{
+        "path1_used", "path 1 carries data again after its return (runs, median s)", "", {}};
+    Figure fresh{"path1_new_subflow", "a new subflow over path 1 after its return", "", {}};
     Figure damaged{"damaged", "downloads damaged or fallen back to TCP", "", {}};
     for (const auto& rs : runs) {
-        std::vector<double> s, g, b;
-        unsigned bad = 0;
+        std::vector<double> s, g, u;
+        unsigned bad = 0, renewed = 0;
         for (const auto& x : rs) {
             s.push_back(x.stall_s);
             g.push_back(x.failed_mbit);
-            if (x.back_after_s >= 0) b.push_back(x.back_after_s);
+            if (x.used_after_s >= 0) u.push_back(x.used_after_s);
+            renewed += x.new_after_s >= 0;
             bad += !x.intact;
         }
         const double worst = s.empty() ? 0 : *std::max_element(s.begin(), s.end());
@@ -224,14 +233,17 @@ Report path_resilience(const Options& opt) {
                                fixed(median(s), 2) + " (" + fixed(worst, 2) + ")",
                                {}});
         goodput.cells.push_back({median(g), fixed(median(g), 1), {}});
-        back.cells.push_back(
-            {nlohmann::ordered_json{{"runs", b.size()}, {"of", rs.size()}, {"median_s", median(b)}},
-             percent(unsigned(b.size()), unsigned(rs.size())) +
-                 (b.empty() ? "" : ", after " + fixed(median(b), 2) + " s"),
+        used.cells.push_back(
+            {nlohmann::ordered_json{{"runs", u.size()}, {"of", rs.size()}, {"median_s", median(u)}},
+             std::to_string(u.size()) + "/" + std::to_string(rs.size()) +
+                 (u.empty() ? "" : ", " + fixed(median(u), 2) + " s"),
              {}});
+        fresh.cells.push_back({nlohmann::ordered_json{{"runs", renewed}, {"of", rs.size()}},
+                               std::to_string(renewed) + "/" + std::to_string(rs.size()),
+                               {}});
         damaged.cells.push_back({bad, std::to_string(bad), {}});
     }
-    r.figures = {stall, goodput, back, damaged};
+    r.figures = {stall, goodput, used, fresh, damaged};
     for (size_t c = 0; c < std::size(columns); c++) {
         if (columns[c].family != 4) continue;
         const Run& x = runs[c].front();
