@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <future>
 #include <thread>
@@ -104,6 +105,43 @@ TEST_CASE("lab: a download after request/reply exchanges starts after the last r
         REQUIRE_THROWS_WITH(source.wait(10s),
                             Catch::Contains("source: the peer closed during the exchange"));
     }
+}
+
+TEST_CASE("lab: a blackholed path carries nothing while its links stay up, then carries again",
+          "[e2e][lab]") {
+    LabConfig cfg;
+    cfg.tag = "lb" + std::to_string(getpid() % 1000000);
+    cfg.signal = false;             // one subflow: the download has only path 1
+    cfg.path[0] = PathShape{5, 0};  // a delay line, which the blackhole is part of
+    Lab lab(cfg);
+    auto rx = [&] { return link_counters(lab.client_ns(), lab.client_if(1)).rx_bytes; };
+    std::atomic<bool> stop{false};
+    // Over IPv6 (the Source listens on both families), to the server's path-1 address.
+    Source source(lab.server_ns(), 7103, SendOptions::of_time(30s, &stop), true);
+    auto download = std::async(std::launch::async, [&] {
+        return receive_stream(lab.client_ns(), Lab::server_addr6(1), 7103, 60s);
+    });
+    std::this_thread::sleep_for(500ms);
+    lab.blackhole(1, true);
+    std::this_thread::sleep_for(200ms);  // what the relay held already has arrived
+    const uint64_t before = rx();
+    std::this_thread::sleep_for(1s);
+    CHECK(rx() == before);
+    const std::string up =
+        must({"ip", "-n", lab.client_ns(), "-o", "link", "show", lab.client_if(1)});
+    CHECK(up.find("state UP") != std::string::npos);
+    lab.blackhole(1, false);
+    // The sender's retransmission gets through once its backed-off timer fires.
+    const auto until = std::chrono::steady_clock::now() + 10s;
+    while (rx() < before + 100'000 && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(100ms);
+    CHECK(rx() >= before + 100'000);
+    stop = true;
+    const TrafficStats got = download.get();
+    const TrafficStats sent = source.wait(10s);
+    CHECK(got.bytes == sent.bytes);
+    CHECK(got.checksum == sent.checksum);
+    CHECK_THROWS_AS(lab.blackhole(2, true), Error);  // path 2 has no delay line
 }
 
 TEST_CASE("lab: a root without the lab's commands is told which packages to install",
