@@ -35,7 +35,8 @@ if [ -z "$chroot_mode" ]; then
     mount -t devpts devpts /dev/pts
     mount -t tmpfs tmpfs /dev/shm
     mount -t tmpfs tmpfs /run
-    mount -t tmpfs tmpfs /tmp
+    # /tmp stays the image's own directory: the rig puts the source tree's test files at the
+    # checkout's path, which may be under /tmp (a tmpfs there would hide them).
     mount -t bpf bpf /sys/fs/bpf
     mount -t cgroup2 cgroup2 /sys/fs/cgroup 2>/dev/null || true
     mount -o remount,rw /
