@@ -241,7 +241,8 @@ private:
 
 // With `plot_dir`, download 2's throughput per subflow over time is drawn there as
 // demo-subflows.png (sampled from the client's sockets every 100 ms).
-int agent_demo(const std::string& share, int seconds, const std::string& plot_dir) {
+int agent_demo(const std::string& share, int seconds, const std::string& plot_dir,
+               std::chrono::seconds ready_timeout) {
     const LabConfig cfg = lab_config("a");
     Lab lab(cfg);
     print_lab(lab);
@@ -256,11 +257,11 @@ int agent_demo(const std::string& share, int seconds, const std::string& plot_di
     for (const auto& a : agent.args()) std::printf(" %s", a.c_str());
     std::printf("\n  (its log: %s)\n", agent.log().c_str());
     const auto t0 = std::chrono::steady_clock::now();
-    const nlohmann::json st = agent.wait_ready();
+    const nlohmann::json st = agent.wait_ready(ready_timeout);
     // Right after the apply the agent loads the compiled entries (milliseconds on a server,
     // minutes under emulation), and links connections only after that: the downloads wait.
     std::this_thread::sleep_for(1s);
-    agent.wait_status_update(ShippedAgent::kFirstApplyTimeout);
+    agent.wait_status_update(ready_timeout);
     std::printf("  Ready after %.1f s: generation %d, revision %s, %zu policies, %zu hooks\n\n",
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
                 st.value("generation", 0), st.value("applied_revision", "").c_str(),
@@ -380,6 +381,7 @@ void add_demo_command(CLI::App& app) {
     static bool chain = false;
     static std::string share = default_share();
     static std::string plot_dir;
+    static int ready_timeout = static_cast<int>(ShippedAgent::kFirstApplyTimeout.count());
     cmd->add_option("--plot", plot_dir,
                     "also draw the large download's throughput per subflow over time as "
                     "DIR/demo-subflows.png (needs python3-matplotlib)");
@@ -390,6 +392,12 @@ void add_demo_command(CLI::App& app) {
                     "where the shipped policies/ and lua/ are (the agent gets a copy)")
         ->check(CLI::ExistingDirectory)
         ->capture_default_str();
+    // The first apply loads every program through the verifier: seconds on a server, tens of
+    // minutes on an old kernel under emulation.
+    cmd->add_option("--ready-timeout", ready_timeout,
+                    "how long to wait for the agent's first apply, in seconds")
+        ->check(CLI::Range(1, 86400))
+        ->capture_default_str();
     cmd->add_flag("--chain", chain,
                   "instead: load a chain directly (no agent) with rate_limit on path 2");
     cmd->callback([] {
@@ -397,7 +405,9 @@ void add_demo_command(CLI::App& app) {
         std::signal(SIGINT, [](int) { g_stop = true; });
         std::signal(SIGTERM, [](int) { g_stop = true; });
         try {
-            set_exit_code(chain ? Demo(seconds).run() : agent_demo(share, seconds, plot_dir));
+            set_exit_code(
+                chain ? Demo(seconds).run()
+                      : agent_demo(share, seconds, plot_dir, std::chrono::seconds(ready_timeout)));
         } catch (const std::exception& e) {
             spdlog::error("demo: {}", e.what());
             set_exit_code(1);

@@ -93,7 +93,9 @@ for c in $(echo "${MPS_VM_CHECKS:-validate,bench,bpf,demo,churn}" | tr , ' '); d
     bench) check bench mpsteer $V bench --rounds 1 ;;
     bpf) if ls "$TESTS"/bpf_*_tests >/dev/null 2>&1; then check bpf "$0" --run bpf
          else say "skipped bpf (no test programs in the root)"; fi ;;
-    demo) check demo mpsteer $V demo ;;
+    # The agent's first apply runs every program through the verifier: minutes on 6.1 under
+    # emulation, so the demo may wait for it as long as a check may take.
+    demo) check demo mpsteer $V demo --ready-timeout "${MPS_VM_CHECK_TIMEOUT:-3600}" ;;
     churn) if have_tests e2e_agent_tests; then check churn "$0" --run churn
            else say "skipped churn (no test programs in the root)"; fi ;;
     *) say "FAILED $c (no such check)" ;;
