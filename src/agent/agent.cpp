@@ -248,6 +248,7 @@ void Agent::write_status() {
             taken->scripts_json = hooks_.status_json();
             taken->event_thread = event_thread_->stats().to_json();
             taken->process = hooks_.info().to_json();
+            taken->paths = lua_backend_.paths_json();
         })) {
         // A hook call holds the event thread: report that script as out of service.
         lua::ScriptStatus s;
@@ -373,6 +374,9 @@ int Agent::run() {
                 rollout_.write_steps(step_writes_.take());
             } else if (watch_->handle(fd)) {
                 due = Clock::now() + cfg_.debounce;  // quiet for `debounce`, then reconcile
+                for (auto& l : watch_->take_link_changes())
+                    event_thread_->run_later(
+                        [this, l = lua::Link{l.interface, l.up}] { hooks_.on_link(l); });
             }
         }
         if (stop) break;

@@ -280,6 +280,14 @@ std::string to_prometheus(const nlohmann::json& s) {
                "Times the Lua hook process was killed or died and was started again");
         out += "mpsteer_hook_process_restarts_total " + num(s["hook_process"]["restarts"]) + "\n";
     }
+    if (s.contains("endpoint_renewals") && s["endpoint_renewals"].is_array() &&
+        !s["endpoint_renewals"].empty()) {
+        metric("mpsteer_endpoint_renewals_total", "counter",
+               "Path-manager endpoints a hook renewed (subflows over the address re-created)");
+        for (const auto& r : s["endpoint_renewals"])
+            out += "mpsteer_endpoint_renewals_total{address=\"" + esc(r.value("address", "")) +
+                   "\"} " + num(r["renewals"]) + "\n";
+    }
     if (s.contains("event_thread") && s["event_thread"].contains("latency_us")) {
         const auto& e = s["event_thread"];
         const auto& l = e["latency_us"];

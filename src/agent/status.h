@@ -81,6 +81,7 @@ struct HookStatus {
     nlohmann::json scripts_json = nlohmann::json::array();
     nlohmann::json event_thread = nlohmann::json::object();
     nlohmann::json process = nlohmann::json::object();  // lua::HookProcessInfo
+    nlohmann::json paths = nlohmann::json::array();     // DatapathBackend::paths_json()
 };
 
 // events.jsonl: one JSON line per datapath event, after the hooks saw it; and the counts.

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <linux/netlink.h>
 #include <linux/rtnetlink.h>
+#include <net/if.h>
 #include <sys/epoll.h>
 #include <sys/inotify.h>
 #include <sys/socket.h>
@@ -38,8 +39,29 @@ Watch::~Watch() {
 bool Watch::handle(int fd) {
     if (fd == inotify_.get()) return relevant_inotify();
     if (fd != netlink_.get()) return false;
-    char buf[8192];
-    while (read(fd, buf, sizeof buf) > 0) {}
+    alignas(nlmsghdr) char buf[8192];
+    for (ssize_t n; (n = read(fd, buf, sizeof buf)) > 0;) {
+        size_t left = size_t(n);
+        for (auto* h = reinterpret_cast<nlmsghdr*>(buf); NLMSG_OK(h, left);
+             h = NLMSG_NEXT(h, left)) {
+            if (h->nlmsg_type != RTM_NEWLINK && h->nlmsg_type != RTM_DELLINK) continue;
+            if (h->nlmsg_len < NLMSG_LENGTH(sizeof(ifinfomsg))) continue;
+            auto* ifi = static_cast<const ifinfomsg*>(NLMSG_DATA(h));
+            std::string name;
+            int alen = int(h->nlmsg_len - NLMSG_LENGTH(sizeof *ifi));
+            for (auto* a = IFLA_RTA(ifi); RTA_OK(a, alen); a = RTA_NEXT(a, alen))
+                if (a->rta_type == IFLA_IFNAME)
+                    name.assign(static_cast<const char*>(RTA_DATA(a)),
+                                strnlen(static_cast<const char*>(RTA_DATA(a)), RTA_PAYLOAD(a)));
+            const bool up = h->nlmsg_type == RTM_NEWLINK && (ifi->ifi_flags & IFF_UP) &&
+                            (ifi->ifi_flags & IFF_RUNNING);
+            auto it = link_up_.find(ifi->ifi_index);
+            if (it != link_up_.end() && it->second == up) continue;
+            link_up_[ifi->ifi_index] = up;
+            if (h->nlmsg_type == RTM_DELLINK) link_up_.erase(ifi->ifi_index);
+            if (!name.empty()) link_changes_.push_back({name, up});
+        }
+    }
     return true;  // any link change: the interfaces are compared on reconcile
 }
 

@@ -5,7 +5,10 @@
 #pragma once
 
 #include <cstddef>
+#include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "net/fd.h"
 
@@ -14,6 +17,12 @@ namespace mpsteer::agent {
 // Directories of the policy tree watched at most (one inotify watch each, from the host-wide
 // budget of root's watches); a tree with more is refused as a whole, never watched in part.
 inline constexpr size_t kMaxWatchedDirectories = 1024;
+
+// An interface going up or down: administratively up and running (carrier), or not.
+struct LinkChange {
+    std::string interface;
+    bool up = false;
+};
 
 class Watch {
 public:
@@ -37,6 +46,9 @@ public:
     // False also for a descriptor that is not the watch's (owns() says).
     bool handle(int fd);
     bool owns(int fd) const { return fd == inotify_.get() || fd == netlink_.get(); }
+    // The links that went up or down since the last call (an interface seen for the first
+    // time counts as a change), oldest first.
+    std::vector<LinkChange> take_link_changes() { return std::exchange(link_changes_, {}); }
 
 private:
     bool relevant_inotify();
@@ -47,6 +59,8 @@ private:
     bool too_many_directories_ = false;
     net::Fd inotify_, netlink_;
     int state_wd_ = -1, parent_wd_ = -1, root_wd_ = -1;
+    std::map<int, bool> link_up_;  // by ifindex, as last heard
+    std::vector<LinkChange> link_changes_;
 };
 
 }  // namespace mpsteer::agent

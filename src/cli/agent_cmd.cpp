@@ -125,6 +125,10 @@ int print_status_text(nlohmann::json s) {
         if (!h.value("last_error", "").empty())
             std::cout << "            last error: " << h.value("last_error", "") << '\n';
     }
+    for (const auto& r : s.value("endpoint_renewals", nlohmann::json::array()))
+        std::cout << "endpoint:   " << r.value("address", "") << " renewed " << r["renewals"]
+                  << " times (last by " << r.value("last_policy", "") << "), " << r["refused"]
+                  << " renewals refused as too soon\n";
     for (const auto& e : s["errors"]) std::cout << "error: " << e.get<std::string>() << '\n';
     for (const auto& w : s["warnings"]) std::cout << "warning: " << w.get<std::string>() << '\n';
     return s.value("ready", false) ? 0 : 1;

@@ -4,6 +4,8 @@
 #include <arpa/inet.h>
 #include <bpf/bpf.h>
 #include <linux/inet_diag.h>
+#include <linux/mptcp.h>
+#include <net/if.h>
 #include <linux/netlink.h>
 #include <linux/rtnetlink.h>
 #include <linux/sock_diag.h>
@@ -16,6 +18,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "net/address.h"
 #include "net/fd.h"
 
 namespace mpsteer::lua {
@@ -90,12 +93,15 @@ std::map<std::string, TcpInfo> tcp_sockets() {
                     ti.delivery_rate = t.tcpi_delivery_rate;
                     ti.bytes_acked = t.tcpi_bytes_acked;
                     ti.bytes_received = t.tcpi_bytes_received;
+                    ti.last_data_recv_ms = t.tcpi_last_data_recv;
+                    ti.last_ack_recv_ms = t.tcpi_last_ack_recv;
                     have = true;
                 }
                 if (!have) continue;
                 uint32_t src[4] = {}, dst[4] = {};
                 std::memcpy(src, m->id.idiag_src, family == AF_INET ? 4 : 16);
                 std::memcpy(dst, m->id.idiag_dst, family == AF_INET ? 4 : 16);
+                ti.local_address = net::address_text(family == AF_INET ? 4 : 6, src);
                 out[pair_key(family == AF_INET ? 4 : 6, src, ntohs(m->id.idiag_sport), dst,
                              ntohs(m->id.idiag_dport))] = ti;
             }
@@ -184,6 +190,10 @@ void DatapathBackend::overlay_tcp_info(std::vector<Connection>& conns) {
             s.inflight = t.inflight_bytes;
             s.notsent = t.notsent_bytes;
             s.delivery_rate = t.delivery_rate;
+            s.local_address = t.local_address;
+            s.bytes_received = t.bytes_received;
+            s.last_recv_ms = t.last_data_recv_ms;
+            s.last_ack_ms = t.last_ack_recv_ms;
             notsent += t.notsent_bytes;
         }
         c.unsent = notsent;
@@ -257,6 +267,56 @@ bool DatapathBackend::block_address(const std::string&, uint32_t token, uint8_t 
         actors_.block_again(a.key);
         return true;
     });
+}
+
+net::MptcpPathManager& DatapathBackend::path_manager() {
+    if (!pm_) pm_ = std::make_unique<net::MptcpPathManager>();
+    return *pm_;
+}
+
+std::vector<Endpoint> DatapathBackend::endpoints() {
+    std::vector<Endpoint> out;
+    for (const auto& e : path_manager().endpoints()) {
+        char name[IF_NAMESIZE] = {};
+        Endpoint x;
+        x.id = e.id;
+        x.address = e.address;
+        if (e.ifindex > 0 && if_indextoname(unsigned(e.ifindex), name)) x.interface = name;
+        x.subflow = e.flags & MPTCP_PM_ADDR_FLAG_SUBFLOW;
+        x.signal = e.flags & MPTCP_PM_ADDR_FLAG_SIGNAL;
+        x.backup = e.flags & MPTCP_PM_ADDR_FLAG_BACKUP;
+        out.push_back(std::move(x));
+    }
+    return out;
+}
+
+bool DatapathBackend::renew_endpoint(const std::string& policy, const std::string& address) {
+    const auto now = std::chrono::steady_clock::now();
+    auto known = renewals_.find(address);
+    if (known != renewals_.end() && now - known->second.last_at < kRenewGap) {
+        ++known->second.refused;
+        return false;
+    }
+    if (!path_manager().renew(address)) return false;  // no endpoint: nothing recorded
+    Renewals& r = renewals_[address];
+    ++r.done;
+    r.last_policy = policy;
+    r.last_at = now;
+    r.last_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                         std::chrono::system_clock::now().time_since_epoch())
+                         .count();
+    return true;
+}
+
+nlohmann::json DatapathBackend::paths_json() const {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& [address, r] : renewals_)
+        out.push_back({{"address", address},
+                       {"renewals", r.done},
+                       {"refused", r.refused},
+                       {"last_policy", r.last_policy},
+                       {"last_unix_ms", r.last_unix_ms}});
+    return out;
 }
 
 int DatapathBackend::set_policy_backup(const std::string& policy, bool backup) {

@@ -10,7 +10,9 @@
 // them as Lua errors). Used on the event thread only.
 #pragma once
 
+#include <chrono>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -20,6 +22,7 @@
 #include "lua/flows.h"
 #include "lua/hooks.h"
 #include "lua/step_writes.h"
+#include "net/mptcp_pm.h"
 
 namespace mpsteer::lua {
 
@@ -38,6 +41,13 @@ public:
     int set_policy_backup(const std::string& policy, bool backup) override;
     // Known when a walk found no connection with a live subflow and none was inserted since.
     bool no_connections() override { return idle_at_inserts_ == datapath::conn_inserts(); }
+    // The path manager of the agent's network namespace. An endpoint is renewed at most once
+    // every kRenewGap (false meanwhile): a path probed that often costs one SYN each time.
+    std::vector<Endpoint> endpoints() override;
+    bool renew_endpoint(const std::string& policy, const std::string& address) override;
+    static constexpr std::chrono::milliseconds kRenewGap{500};
+    // Renewals so far, by address: {address, renewals, refused, last_policy, last_unix_ms}.
+    nlohmann::json paths_json() const;
 
     // The generation set_policy_backup addresses; nullopt: none runs.
     void set_running(std::optional<RunningGeneration> g) { running_ = std::move(g); }
@@ -50,6 +60,15 @@ private:
     FlowIds& ids_;
     StepWriteQueue& step_writes_;
     std::optional<RunningGeneration> running_;
+    net::MptcpPathManager& path_manager();
+    std::unique_ptr<net::MptcpPathManager> pm_;
+    struct Renewals {
+        uint64_t done = 0, refused = 0;
+        std::string last_policy;
+        std::chrono::steady_clock::time_point last_at;
+        int64_t last_unix_ms = 0;
+    };
+    std::map<std::string, Renewals> renewals_;
     // conn_inserts() when a walk last found no connection (none: it found some).
     std::optional<uint64_t> empty_at_inserts_;
     // conn_inserts() when a walk last found no connection with a subflow not closed.
@@ -62,6 +81,8 @@ struct TcpInfo {
     uint32_t srtt_us = 0, rttvar_us = 0;
     uint64_t cwnd_bytes = 0, inflight_bytes = 0, notsent_bytes = 0, delivery_rate = 0;
     uint64_t bytes_acked = 0, bytes_received = 0;
+    uint32_t last_data_recv_ms = 0, last_ack_recv_ms = 0;
+    std::string local_address;  // the socket's own address, as text
 };
 std::map<std::string, TcpInfo> tcp_sockets();
 std::string canonical_pair(const mps_flow_key& k);

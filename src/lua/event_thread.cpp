@@ -179,6 +179,17 @@ bool EventThread::post(std::function<void()> task) {
     return true;
 }
 
+void EventThread::run_later(std::function<void()> f) {
+    auto guarded = [f = std::move(f)] {
+        try {
+            f();
+        } catch (const std::exception& e) {
+            spdlog::warn("event thread: {}", e.what());
+        }
+    };
+    if (!post(guarded)) guarded();
+}
+
 bool EventThread::run_tasks() {
     std::vector<std::function<void()>> now;
     {

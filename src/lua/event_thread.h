@@ -138,6 +138,10 @@ public:
         return true;
     }
 
+    // Runs f on the event thread when it gets to it, without waiting for it (an exception out
+    // of f is logged); inline once stopped.
+    void run_later(std::function<void()> f);
+
     // Events the hooks have seen since the last call, oldest first. notify_fd() (an eventfd)
     // becomes readable when the list goes from empty to non-empty; take_events() resets it.
     std::vector<datapath::Event> take_events();

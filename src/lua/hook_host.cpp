@@ -73,6 +73,13 @@ public:
             .get<int>();
     }
     bool no_connections() override { return ask({{"fn", "no_connections"}}).get<bool>(); }
+    std::vector<Endpoint> endpoints() override {
+        return ask({{"fn", "endpoints"}}).get<std::vector<Endpoint>>();
+    }
+    bool renew_endpoint(const std::string& policy, const std::string& address) override {
+        return ask({{"fn", "renew_endpoint"}, {"policy", policy}, {"address", address}})
+            .get<bool>();
+    }
     void set_subflow_returned(const std::string& policy, uint64_t id,
                               const SubflowSettings& s) override {
         json q = {{"fn", "set_subflow"}, {"policy", policy}, {"id", id}};
@@ -288,6 +295,8 @@ int run_hook_host(int fd) {
                 hooks.on_subflow_closed(m->at("v").get<Subflow>());
             } else if (t == "add_addr_blocked") {
                 hooks.on_add_addr_blocked(m->at("v").get<AddAddr>());
+            } else if (t == "link") {
+                hooks.on_link(m->at("v").get<Link>());
             } else if (t == "tick") {
                 done["next"] = wire::to_ns(hooks.tick(wire::from_ns(m->at("now").get<int64_t>())));
             } else if (t == "status") {

@@ -310,6 +310,13 @@ json HookProcess::serve_call(const json& call) {
             charge_write(policy);
             value = fn == "add_subflow" ? backend_.add_subflow(policy, token, id)
                                         : backend_.block_address(policy, token, id);
+        } else if (fn == "endpoints") {
+            value = backend_.endpoints();
+        } else if (fn == "renew_endpoint") {
+            const auto& policy = policy_of(call, specs_);
+            const auto& address = call.at("address").get_ref<const std::string&>();
+            charge_write(policy);
+            value = backend_.renew_endpoint(policy, address);
         } else if (fn == "set_policy_backup") {
             const auto& policy = policy_of(call, specs_);
             bool backup = call.at("backup").get<bool>();
@@ -466,6 +473,9 @@ void HookProcess::on_subflow_closed(const Subflow& s) {
 }
 void HookProcess::on_add_addr_blocked(const AddAddr& a) {
     exchange({{"t", "add_addr_blocked"}, {"v", a}});
+}
+void HookProcess::on_link(const Link& l) {
+    exchange({{"t", "link"}, {"v", l}});
 }
 
 Clock::time_point HookProcess::tick(Clock::time_point now) {

@@ -76,6 +76,7 @@ public:
     void on_subflow(const Subflow& s) override;
     void on_subflow_closed(const Subflow& s) override;
     void on_add_addr_blocked(const AddAddr& a) override;
+    void on_link(const Link& l) override;
     std::chrono::steady_clock::time_point tick(std::chrono::steady_clock::time_point now) override;
     std::chrono::steady_clock::time_point wake(std::chrono::steady_clock::time_point now) override;
     bool collect_step() override { return false; }  // the process collects between requests

@@ -9,6 +9,7 @@
 //   configure {specs, revision, gen}    call {fn, ...}                 (a Backend method)
 //   connection / subflow /              log {level, text}
 //     subflow_closed / add_addr_blocked done {calls, next, ...}        (the request's answer)
+//     / link
 //   tick {now}, status, disable
 //   ret {value} | ret {error}
 //
@@ -84,9 +85,12 @@ namespace mpsteer::lua {
 // otherwise).
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(Subflow, id, token, a, b, bytes, packets, bytes_ab, bytes_ba,
                                    srtt_us, rttvar_us, cwnd, inflight, notsent, delivery_rate, rate,
-                                   backup, local, join)
+                                   backup, local, join, local_address, bytes_received, last_recv_ms,
+                                   last_ack_ms)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(Connection, token, token_b, bytes, packets, unsent, subflows)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(AddAddr, token, address, port, addr_id, subflow)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(Link, interface, up)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(Endpoint, id, address, interface, subflow, signal, backup)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ScriptSpec, policy, name, source, every_ms, params,
                                    idle_every_ms)
 void from_json(const nlohmann::json& j, ScriptStatus& s);  // to_json: ScriptStatus::to_json()

@@ -206,6 +206,15 @@ bool Script::on_add_addr_blocked(const AddAddr& a) {
         },
         nullptr);
 }
+bool Script::on_link(const Link& l) {
+    return call(
+        "on_link",
+        [&l](lua_State* L) {
+            push_link(L, l);
+            return 1;
+        },
+        nullptr);
+}
 bool Script::on_tick() {
     return call(
         "on_tick",
@@ -274,6 +283,9 @@ void HookSet::on_subflow_closed(const Subflow& sf) {
 }
 void HookSet::on_add_addr_blocked(const AddAddr& a) {
     each([&](Script& s) { s.on_add_addr_blocked(a); });
+}
+void HookSet::on_link(const Link& l) {
+    each([&](Script& s) { s.on_link(l); });
 }
 
 Clock::time_point HookSet::tick(Clock::time_point now) {

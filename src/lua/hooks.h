@@ -21,6 +21,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -81,6 +82,11 @@ struct Subflow {
     bool backup = false;         // MP_JOIN B flag / MP_PRIO seen
     bool local = false;          // the host owns the socket (TCP_INFO); "local_socket" in Lua
     bool join = false;           // an MP_JOIN subflow (false: the initial one, or unknown)
+    // Local sockets only (TCP_INFO), else empty / 0: this host's address on the subflow, the
+    // payload it has received, and the time since data and since an ACK last arrived.
+    std::string local_address;
+    uint64_t bytes_received = 0;
+    uint32_t last_recv_ms = 0, last_ack_ms = 0;
 };
 
 struct Connection {
@@ -97,6 +103,21 @@ struct AddAddr {
     uint16_t port = 0;    // 0: none in the option
     uint8_t addr_id = 0;
     std::string subflow;  // the subflow it travelled on, "a <-> b"
+};
+
+// An interface of the host going up or down (rtnetlink): up = administratively up and
+// running (carrier).
+struct Link {
+    std::string interface;
+    bool up = false;
+};
+
+// One of the in-kernel path manager's endpoints (`ip mptcp endpoint`).
+struct Endpoint {
+    uint32_t id = 0;
+    std::string address;    // "10.0.2.1" / "fd00:2::1"
+    std::string interface;  // "" when the endpoint names none
+    bool subflow = false, signal = false, backup = false;
 };
 
 // The settings a script may change on a subflow. Empty optionals: leave alone.
@@ -133,6 +154,15 @@ public:
     // True only when the backend knows, without asking the kernel, that the host holds no
     // MPTCP connection now (scripts with idle_every then tick slower).
     virtual bool no_connections() { return false; }
+    // The path manager's endpoints, and one of them renewed for `policy`'s script: deleted and
+    // added again as it was, so the kernel closes the subflows bound to its address and opens
+    // new ones on every connection. False when no endpoint has `address`, or when it was
+    // renewed too recently (the backend bounds how often).
+    virtual std::vector<Endpoint> endpoints() { throw std::runtime_error("no path manager"); }
+    virtual bool renew_endpoint(const std::string& policy, const std::string& address) {
+        (void)policy, (void)address;
+        throw std::runtime_error("no path manager");
+    }
 };
 
 // One script: its own state, its failures, its statistics.
@@ -181,6 +211,7 @@ public:
     bool on_subflow(const Subflow& s);
     bool on_subflow_closed(const Subflow& s);
     bool on_add_addr_blocked(const AddAddr& a);
+    bool on_link(const Link& l);
     bool on_tick();
     bool on_apply(const nlohmann::json& info);  // {revision, generation, reloaded}
 
@@ -228,6 +259,7 @@ public:
     virtual void on_subflow(const Subflow& s) = 0;
     virtual void on_subflow_closed(const Subflow& s) = 0;
     virtual void on_add_addr_blocked(const AddAddr& a) = 0;
+    virtual void on_link(const Link& l) = 0;
     // Runs every due on_tick; returns when the next one is due (max(): none). A script with
     // idle_every waits that long instead of every while the backend knows of no connection.
     virtual std::chrono::steady_clock::time_point tick(
@@ -257,6 +289,7 @@ public:
     void on_subflow(const Subflow& s) override;
     void on_subflow_closed(const Subflow& s) override;
     void on_add_addr_blocked(const AddAddr& a) override;
+    void on_link(const Link& l) override;
     std::chrono::steady_clock::time_point tick(std::chrono::steady_clock::time_point now) override;
     std::chrono::steady_clock::time_point wake(std::chrono::steady_clock::time_point now) override;
     bool collect_step() override;

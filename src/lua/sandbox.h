@@ -47,7 +47,8 @@ struct Script::Impl {
     std::chrono::steady_clock::time_point log_second;
     uint32_t log_lines = 0, log_dropped = 0;
     // The hooks the chunk defined, as registry references (LUA_NOREF: none).
-    int hook_refs[6] = {LUA_NOREF, LUA_NOREF, LUA_NOREF, LUA_NOREF, LUA_NOREF, LUA_NOREF};
+    int hook_refs[7] = {LUA_NOREF, LUA_NOREF, LUA_NOREF, LUA_NOREF,
+                        LUA_NOREF, LUA_NOREF, LUA_NOREF};
     std::string chunkname;  // "@lua/ecf.lua"
     // The call in progress (read by run_current_hook).
     const char* hook = nullptr;
@@ -72,9 +73,9 @@ inline Script::Impl* impl_of(lua_State* L) {
 }
 
 // The hooks a chunk may define, in hook_refs' order; -1: not a hook.
-inline constexpr const char* kHookNames[6] = {"on_connection",     "on_subflow",
-                                              "on_subflow_closed", "on_add_addr_blocked",
-                                              "on_tick",           "on_apply"};
+inline constexpr const char* kHookNames[7] = {
+    "on_connection", "on_subflow", "on_subflow_closed", "on_add_addr_blocked", "on_tick",
+    "on_apply",      "on_link"};
 int hook_index(const char* name);
 
 // Text leaving a script (errors, log lines, print) as valid UTF-8 (invalid bytes become

@@ -106,7 +106,7 @@ void count_writes(lua_State* L, uint64_t n) {
 }  // namespace
 
 void push_subflow(lua_State* L, const Subflow& s) {
-    lua_createtable(L, 0, 20);
+    lua_createtable(L, 0, 24);
     set_int(L, "id", s.id);
     set_int(L, "token", s.token);
     set_str(L, "a", s.a);
@@ -125,6 +125,10 @@ void push_subflow(lua_State* L, const Subflow& s) {
     set_bool(L, "backup", s.backup);
     set_bool(L, "local_socket", s.local);
     set_bool(L, "join", s.join);
+    set_str(L, "local_address", s.local_address);
+    set_int(L, "bytes_received", s.bytes_received);
+    set_int(L, "last_recv_ms", s.last_recv_ms);
+    set_int(L, "last_ack_ms", s.last_ack_ms);
 }
 
 void push_connection(lua_State* L, const Connection& c) {
@@ -149,6 +153,12 @@ void push_add_addr(lua_State* L, const AddAddr& a) {
     set_int(L, "port", a.port);
     set_int(L, "addr_id", a.addr_id);
     set_str(L, "subflow", a.subflow);
+}
+
+void push_link(lua_State* L, const Link& l) {
+    lua_createtable(L, 0, 2);
+    set_str(L, "interface", l.interface);
+    set_bool(L, "up", l.up);
 }
 
 void push_json(lua_State* L, const nlohmann::json& j) {
@@ -289,6 +299,40 @@ int api_set_policy_backup(lua_State* L) {
     return 1;
 }
 
+int api_endpoints(lua_State* L) {
+    Impl* im = impl_of(L);
+    charge(L, 0, true);
+    std::vector<Endpoint> eps;
+    guarded(L, [&] { eps = im->backend->endpoints(); });
+    charge(L, eps.size(), false);
+    lua_createtable(L, static_cast<int>(eps.size()), 0);
+    for (size_t i = 0; i < eps.size(); ++i) {
+        lua_createtable(L, 0, 6);
+        set_int(L, "id", eps[i].id);
+        set_str(L, "address", eps[i].address);
+        set_str(L, "interface", eps[i].interface);
+        set_bool(L, "subflow", eps[i].subflow);
+        set_bool(L, "signal", eps[i].signal);
+        set_bool(L, "backup", eps[i].backup);
+        lua_rawseti(L, -2, static_cast<lua_Integer>(i + 1));
+    }
+    return 1;
+}
+
+int api_renew_endpoint(lua_State* L) {
+    charge(L, 0, true);
+    Impl* im = impl_of(L);
+    size_t len = 0;
+    const char* a = luaL_checklstring(L, 1, &len);
+    if (len > 64) return luaL_error(L, "renew_endpoint: '%s' is not an address", "(too long)");
+    const std::string address(a, len);
+    bool ok = false;
+    guarded(L, [&] { ok = im->backend->renew_endpoint(im->owner->spec().policy, address); });
+    if (ok) count_writes(L, 1);
+    lua_pushboolean(L, ok);
+    return 1;
+}
+
 int api_log(lua_State* L) {
     charge(L, 0, true);
     Impl* im = impl_of(L);
@@ -338,6 +382,8 @@ void open_script_api(lua_State* L) {
                             {"add_subflow", api_add_subflow},
                             {"block_address", api_block_address},
                             {"set_policy_backup", api_set_policy_backup},
+                            {"endpoints", api_endpoints},
+                            {"renew_endpoint", api_renew_endpoint},
                             {"log", api_log},
                             {"time", api_time},
                             {"rate", api_rate},

@@ -20,6 +20,7 @@ namespace mpsteer::lua {
 void push_subflow(lua_State* L, const Subflow& s);
 void push_connection(lua_State* L, const Connection& c);
 void push_add_addr(lua_State* L, const AddAddr& a);
+void push_link(lua_State* L, const Link& l);
 void push_json(lua_State* L, const nlohmann::json& j);
 
 // {rate = N, backup = bool} at idx; unknown keys are errors naming `what`.

@@ -132,7 +132,7 @@ const std::vector<UseCase>& use_cases() {
         {"smallflow", "small-flow path manager", small_flows},
         {"ecf", "ECF scheduling", ecf_scheduling},
         {"disjoint", "disjoint subflows for large flows", disjoint_subflows},
-        {"resilience", "paths that fail and come back (the kernel alone)", path_resilience},
+        {"resilience", "paths that fail and come back", path_resilience},
     };
     return all;
 }

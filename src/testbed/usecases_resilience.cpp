@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
-// Use case "paths that fail and come back", the kernel alone: a client with two paths and a
-// `subflow` endpoint on the second downloads from the server's first address; 4 s in, path 1
-// fails for 10 s, either set down on the client (the link goes away) or silently blackholed in
-// the network (its links stay up), then it comes back. Measured from what the application
+// Use case "paths that fail and come back": a client with two paths and a `subflow` endpoint on
+// each downloads from the server's first address; 4 s in, path 1 fails for 10 s, either set
+// down on the client (the link goes away) or silently blackholed in the network (its links stay
+// up), then it comes back. The kernel alone, and with the agent running the shipped
+// path-resilience policy on the client, in alternating runs. Measured from what the application
 // reads, the interfaces' counters and the kernel's MPTCP events: the longest stall after the
 // failure, the goodput while the path is out, when path 1 carries data again after its return
 // (the old subflow resuming, or a new one), and whether a new subflow over it is established.
-// What a resilience policy must improve on.
 #include <linux/mptcp.h>
 #include <unistd.h>
 
@@ -20,6 +20,8 @@
 #include <vector>
 
 #include "lab/lab.h"
+#include "net/stats.h"
+#include "testbed/agent_process.h"
 #include "testbed/usecases.h"
 
 namespace mpsteer::cli::usecases {
@@ -34,6 +36,8 @@ constexpr auto kFailFor = 10s;
 constexpr auto kAfter = 8s;  // the download goes on this long after the path's return
 constexpr auto kSampleEvery = 100ms;
 constexpr double kInUseMbit = 1;  // a path carries data: at least this in a sample
+// The targets with the policy: the stall's 95th percentile, and path 1 back in every run.
+constexpr double kStallTargetS = 1.0, kBackTargetS = 3.0;
 
 enum class Failure { down, blackhole };
 const char* name_of(Failure f) {
@@ -149,16 +153,17 @@ Run download(Lab& lab, Failure failure, int family, uint16_t port) {
 Report path_resilience(const Options& opt) {
     Report r;
     r.name = "resilience";
-    r.title = "paths that fail and come back (the kernel alone)";
+    r.title = "paths that fail and come back";
     r.setup = "client with two paths (RTT " + std::to_string(2 * kPath.delay_ms) + " ms, " +
               std::to_string(kPath.rate_kbit / 1000) +
-              " Mbit/s each) and a subflow endpoint on its path-2 address, downloading from the "
-              "server's path-1 address; " +
+              " Mbit/s each) and a subflow endpoint on each of its addresses, downloading from "
+              "the server's path-1 address; " +
               std::to_string(std::chrono::seconds(kFailAt).count()) + " s in, path 1 fails for " +
               std::to_string(std::chrono::seconds(kFailFor).count()) +
               " s: set down on the client, or blackholed in the network (links up); then it "
-              "comes back; stall = the longest time without data for the application that ends "
-              "after the failure began";
+              "comes back; the kernel alone and with policies/path-resilience.yaml on the "
+              "client, alternating; stall = the longest time without data for the application "
+              "that ends after the failure began";
     LabConfig cfg;
     const std::string tag = "rs" + std::to_string(getpid() % 100000);
     cfg.tag = tag;
@@ -168,10 +173,15 @@ Report path_resilience(const Options& opt) {
     const std::string cli = lab.client_ns();
     // IPv6 addresses survive the link going down (as IPv4 ones do), so path 1 can come back.
     must_in(cli, {"sysctl", "-qw", "net.ipv6.conf." + lab.client_if(1) + ".keep_addr_on_down=1"});
-    must({"ip", "-n", cli, "mptcp", "endpoint", "add", Lab::client_addr(2), "dev", lab.client_if(2),
-          "subflow"});
-    must({"ip", "-n", cli, "mptcp", "endpoint", "add", Lab::client_addr6(2), "dev",
-          lab.client_if(2), "subflow"});
+    // A `subflow` endpoint on every path, the one connections start on included: the path
+    // manager then opens no second subflow over path 1, and the policy has an endpoint to
+    // renew there. Room for the renewed subflows beside the old ones the server still holds.
+    for (int path : {1, 2})
+        for (const std::string& a : {Lab::client_addr(path), Lab::client_addr6(path)})
+            must({"ip", "-n", cli, "mptcp", "endpoint", "add", a, "dev", lab.client_if(path),
+                  "subflow"});
+    for (const std::string& ns : {cli, lab.server_ns()})
+        must({"ip", "-n", ns, "mptcp", "limits", "set", "subflow", "4", "add_addr_accepted", "2"});
     // The path-2 subflow goes to the server's path-1 address over path 2. IPv4 finds it there
     // by ARP (a host answers for any of its addresses); IPv6 needs the client to route its
     // path-2 address's traffic there and to know the server's path-2 interface for that address
@@ -188,37 +198,61 @@ Report path_resilience(const Options& opt) {
     struct Column {
         int family;
         Failure failure;
+        bool policy;
     };
-    const Column columns[] = {
-        {4, Failure::down}, {4, Failure::blackhole}, {6, Failure::down}, {6, Failure::blackhole}};
-    std::vector<Run> runs[std::size(columns)];
+    std::vector<Column> columns;
+    for (Failure f : {Failure::down, Failure::blackhole})
+        for (int family : {4, 6})
+            for (bool policy : {false, true}) columns.push_back({family, f, policy});
+    std::vector<std::vector<Run>> runs(columns.size());
     uint16_t port = 7400;  // one per download: no connection meets a TIME_WAIT of the last one
     for (int round = 0; round < opt.rounds; round++)
-        for (size_t c = 0; c < std::size(columns); c++) {
-            check_stop();
-            Run run = download(lab, columns[c].failure, columns[c].family, port++);
-            auto after = [](double s) { return s < 0 ? std::string("no") : fixed(s, 2) + " s"; };
-            spdlog::info(
-                "resilience round {} IPv{} {}: stall {:.2f} s, {:.1f} Mbit/s while out, path 1 "
-                "used again {}, a new subflow on it {}",
-                round + 1, columns[c].family, name_of(columns[c].failure), run.stall_s,
-                run.failed_mbit, after(run.used_after_s), after(run.new_after_s));
-            runs[c].push_back(std::move(run));
+        for (bool policy : {round % 2 == 1, round % 2 == 0}) {  // which mode goes first alternates
+            std::unique_ptr<AdaptedShare> share;
+            std::unique_ptr<ShippedAgent> agent;
+            if (policy) {
+                const std::string name = "uc-" + tag;
+                share = std::make_unique<AdaptedShare>(
+                    opt.share, "/run/mpsteer-" + name + "-share",
+                    std::vector<std::pair<std::string, AdaptedShare::Replacements>>{
+                        {"policies/path-resilience.yaml", {}}, {"lua/path_resilience.lua", {}}});
+                agent = std::make_unique<ShippedAgent>(share->share(), cli, name);
+                agent->wait_ready();
+            }
+            for (size_t c = 0; c < columns.size(); c++) {
+                if (columns[c].policy != policy) continue;
+                check_stop();
+                Run run = download(lab, columns[c].failure, columns[c].family, port++);
+                auto after = [](double s) {
+                    return s < 0 ? std::string("no") : fixed(s, 2) + " s";
+                };
+                spdlog::info(
+                    "resilience round {} IPv{} {}{}: stall {:.2f} s, {:.1f} Mbit/s while out, "
+                    "path 1 used again {}, a new subflow on it {}",
+                    round + 1, columns[c].family, name_of(columns[c].failure),
+                    policy ? " with the policy" : "", run.stall_s, run.failed_mbit,
+                    after(run.used_after_s), after(run.new_after_s));
+                runs[c].push_back(std::move(run));
+            }
+            if (agent) agent->stop();
         }
 
     for (const auto& c : columns)
-        r.columns.push_back("IPv" + std::to_string(c.family) + " " + name_of(c.failure));
-    auto median = [](std::vector<double> v) {
-        std::sort(v.begin(), v.end());
-        return v.empty() ? 0.0 : v[v.size() / 2];
-    };
-    Figure stall{"stall_s", "longest stall after the failure, median (max), s", "", {}};
+        r.columns.push_back("IPv" + std::to_string(c.family) + " " + name_of(c.failure) +
+                            (c.policy ? " +policy" : ""));
+    Figure stall{"stall_s",
+                 "longest stall after the failure, median (p95, max), s",
+                 "p95 <= " + fixed(kStallTargetS, 1) + " s with the policy",
+                 {}};
     Figure goodput{"failed_mbit", "goodput while path 1 is out, median, Mbit/s", "", {}};
-    Figure used{
-        "path1_used", "path 1 carries data again after its return (runs, median s)", "", {}};
+    Figure used{"path1_used",
+                "path 1 carries data again after its return (runs, median, max s)",
+                "every run, within " + fixed(kBackTargetS, 0) + " s, with the policy",
+                {}};
     Figure fresh{"path1_new_subflow", "a new subflow over path 1 after its return", "", {}};
-    Figure damaged{"damaged", "downloads damaged or fallen back to TCP", "", {}};
-    for (const auto& rs : runs) {
+    Figure damaged{"damaged", "downloads damaged or fallen back to TCP", "0", {}};
+    for (size_t c = 0; c < columns.size(); c++) {
+        const auto& rs = runs[c];
         std::vector<double> s, g, u;
         unsigned bad = 0, renewed = 0;
         for (const auto& x : rs) {
@@ -229,29 +263,41 @@ Report path_resilience(const Options& opt) {
             bad += !x.intact;
         }
         const double worst = s.empty() ? 0 : *std::max_element(s.begin(), s.end());
-        stall.cells.push_back({nlohmann::ordered_json{{"median", median(s)}, {"max", worst}},
-                               fixed(median(s), 2) + " (" + fixed(worst, 2) + ")",
-                               {}});
-        goodput.cells.push_back({median(g), fixed(median(g), 1), {}});
+        const double p95 = net::quantile(s, 0.95);
+        const double back_max = u.empty() ? 0 : *std::max_element(u.begin(), u.end());
+        auto target = [&](bool met) {
+            return columns[c].policy ? std::optional<bool>(met) : std::nullopt;
+        };
+        stall.cells.push_back(
+            {nlohmann::ordered_json{{"median", net::median(s)}, {"p95", p95}, {"max", worst}},
+             fixed(net::median(s), 2) + " (" + fixed(p95, 2) + ", " + fixed(worst, 2) + ")",
+             target(!s.empty() && p95 <= kStallTargetS)});
+        goodput.cells.push_back({net::median(g), fixed(net::median(g), 1), {}});
         used.cells.push_back(
-            {nlohmann::ordered_json{{"runs", u.size()}, {"of", rs.size()}, {"median_s", median(u)}},
+            {nlohmann::ordered_json{{"runs", u.size()},
+                                    {"of", rs.size()},
+                                    {"median_s", net::median(u)},
+                                    {"max_s", back_max}},
              std::to_string(u.size()) + "/" + std::to_string(rs.size()) +
-                 (u.empty() ? "" : ", " + fixed(median(u), 2) + " s"),
-             {}});
+                 (u.empty() ? ""
+                            : ", " + fixed(net::median(u), 2) + ", " + fixed(back_max, 2) + " s"),
+             target(!rs.empty() && u.size() == rs.size() && back_max <= kBackTargetS)});
         fresh.cells.push_back({nlohmann::ordered_json{{"runs", renewed}, {"of", rs.size()}},
                                std::to_string(renewed) + "/" + std::to_string(rs.size()),
                                {}});
-        damaged.cells.push_back({bad, std::to_string(bad), {}});
+        damaged.cells.push_back({bad, std::to_string(bad), target(bad == 0)});
     }
     r.figures = {stall, goodput, used, fresh, damaged};
-    for (size_t c = 0; c < std::size(columns); c++) {
-        if (columns[c].family != 4) continue;
+    for (size_t c = 0; c < columns.size(); c++) {
+        if (columns[c].family != 4 || runs[c].empty()) continue;
         const Run& x = runs[c].front();
-        Plot p{std::string("resilience-") + name_of(columns[c].failure),
+        const std::string mode = columns[c].policy ? "policy" : "kernel";
+        Plot p{std::string("resilience-") + name_of(columns[c].failure) + "-" + mode,
                std::string("path 1 ") + name_of(columns[c].failure) + " from " +
                    std::to_string(std::chrono::seconds(kFailAt).count()) + " s to " +
-                   std::to_string(std::chrono::seconds(kFailAt + kFailFor).count()) +
-                   " s, the kernel alone (round 1): throughput per path",
+                   std::to_string(std::chrono::seconds(kFailAt + kFailFor).count()) + " s, " +
+                   (columns[c].policy ? "with the path-resilience policy" : "the kernel alone") +
+                   " (round 1): throughput per path",
                "seconds",
                "Mbit/s",
                "lines",
