@@ -318,7 +318,7 @@ void open_sandboxed_libraries(lua_State* L) {
 }
 
 int hook_index(const char* name) {
-    for (int i = 0; i < 6; ++i)
+    for (int i = 0; i < int(std::size(kHookNames)); ++i)
         if (std::strcmp(kHookNames[i], name) == 0) return i;
     return -1;
 }
@@ -426,7 +426,7 @@ int load_chunk(lua_State* L) {
     lua_call(L, 0, 0);
     // The hooks, read raw (a metatable on _G runs no code here) and kept as references.
     lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_GLOBALS);
-    for (int i = 0; i < 6; ++i) {
+    for (int i = 0; i < int(std::size(kHookNames)); ++i) {
         lua_pushstring(L, kHookNames[i]);
         if (lua_rawget(L, -2) == LUA_TFUNCTION)
             im->hook_refs[i] = luaL_ref(L, LUA_REGISTRYINDEX);

@@ -23,6 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <vector>
@@ -76,6 +77,7 @@ inline Script::Impl* impl_of(lua_State* L) {
 inline constexpr const char* kHookNames[7] = {
     "on_connection", "on_subflow", "on_subflow_closed", "on_add_addr_blocked", "on_tick",
     "on_apply",      "on_link"};
+static_assert(std::size(kHookNames) == sizeof(Script::Impl::hook_refs) / sizeof(int));
 int hook_index(const char* name);
 
 // Text leaving a script (errors, log lines, print) as valid UTF-8 (invalid bytes become

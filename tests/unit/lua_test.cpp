@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
+#include <tuple>
 
 #include "lua/event_thread.h"
 #include "lua/hooks.h"
@@ -57,6 +59,17 @@ public:
     int set_policy_backup(const std::string&, bool b) override {
         writes.push_back({"policy_backup", 0, b});
         return 1;
+    }
+    std::vector<Endpoint> eps;
+    std::vector<std::string> renewed;  // addresses, in order
+    std::vector<Endpoint> endpoints() override { return eps; }
+    bool renew_endpoint(const std::string&, const std::string& address) override {
+        for (const auto& e : eps)
+            if (e.address == address) {
+                renewed.push_back(address);
+                return true;
+            }
+        return false;
     }
     uint64_t rate_of(uint64_t id) const {
         for (auto it = writes.rbegin(); it != writes.rend(); ++it)
@@ -198,6 +211,96 @@ TEST_CASE("lua: ecf holds the slow path back (backup) while waiting for the fast
     CHECK(rx.writes.empty());
 }
 
+// path_resilience.lua: a client whose paths are its `subflow` endpoints on c1 and c2.
+struct ResilienceHost {
+    FakeBackend be;
+    Script script;
+    explicit ResilienceHost(uint32_t probe_ms = 1000)
+        : script(spec(file("lua/path_resilience.lua"),
+                      {{"stall_ms", 1000}, {"probe_every_ms", probe_ms}}, 200),
+                 be) {
+        be.eps = {{1, "10.0.1.1", "c1", true, false, false},
+                  {2, "10.0.2.1", "c2", true, false, false},
+                  {3, "10.0.3.1", "c3", false, true, false}};  // signal only: not a path
+    }
+    // One connection: a subflow per address, each quiet for `quiet_ms` (data and ACKs) and
+    // having received `received` bytes.
+    void connection(std::vector<std::tuple<std::string, uint32_t, uint64_t>> subflows) {
+        Connection c;
+        c.token = 9;
+        uint64_t id = 1;
+        for (const auto& [address, quiet_ms, received] : subflows) {
+            Subflow s = sf(id++, 20000, 1000, 14480, 0);
+            s.local_address = address;
+            s.last_recv_ms = s.last_ack_ms = quiet_ms;
+            s.bytes_received = received;
+            c.subflows.push_back(s);
+        }
+        be.conns = {c};
+    }
+};
+
+TEST_CASE("lua: path_resilience renews a path's endpoint when its link comes back",
+          "[lua][scripts]") {
+    ResilienceHost h;
+    REQUIRE(h.script.status().loaded);
+    CHECK(h.script.on_link({"c1", true}));  // up without having been down: nothing to do
+    CHECK(h.script.on_link({"c1", false}));
+    CHECK(h.script.on_tick());  // down: not probed while down
+    CHECK(h.be.renewed.empty());
+    CHECK(h.script.on_link({"c9", true}));  // no endpoint there
+    CHECK(h.script.on_link({"c1", true}));
+    CHECK(h.be.renewed == std::vector<std::string>{"10.0.1.1"});
+    // The renewed subflow hears from the peer: the path is back, no more probes.
+    h.connection({{"10.0.1.1", 5, 0}, {"10.0.2.1", 5, 1000000}});
+    CHECK(h.script.on_tick());
+    CHECK(h.script.on_link({"c1", true}));
+    CHECK(h.be.renewed.size() == 1);
+    INFO(h.script.status().last_error);
+    CHECK(h.script.status().failures == 0);
+}
+
+TEST_CASE("lua: path_resilience probes a blackholed path until a subflow over it is back",
+          "[lua][scripts]") {
+    ResilienceHost h(50);
+    // Path 1 carried data and has heard nothing for 1.5 s; path 2 hears from the peer.
+    h.connection({{"10.0.1.1", 1500, 500000}, {"10.0.2.1", 10, 800000}});
+    CHECK(h.script.on_tick());
+    CHECK(h.be.renewed == std::vector<std::string>{"10.0.1.1"});
+    CHECK(h.script.on_tick());  // within probe_every_ms: no second SYN yet
+    CHECK(h.be.renewed.size() == 1);
+    std::this_thread::sleep_for(60ms);
+    h.connection({{"10.0.2.1", 10, 900000}});  // the renewal closed the old subflow
+    CHECK(h.script.on_tick());
+    CHECK(h.be.renewed.size() == 2);
+    // The new subflow over path 1 is established: no more probes.
+    h.connection({{"10.0.1.1", 3, 0}, {"10.0.2.1", 10, 900000}});
+    std::this_thread::sleep_for(60ms);
+    CHECK(h.script.on_tick());
+    std::this_thread::sleep_for(60ms);
+    CHECK(h.script.on_tick());
+    CHECK(h.be.renewed.size() == 2);
+    INFO(h.script.status().last_error);
+    CHECK(h.script.status().failures == 0);
+}
+
+TEST_CASE("lua: path_resilience leaves idle paths, idle connections and other addresses alone",
+          "[lua][scripts]") {
+    ResilienceHost h(0);
+    // Path 1 never carried data (the peer's scheduler uses path 2 only): idle, not stalled.
+    h.connection({{"10.0.1.1", 5000, 0}, {"10.0.2.1", 10, 800000}});
+    CHECK(h.script.on_tick());
+    // The whole connection is quiet (nothing to send): no path is suspect.
+    h.connection({{"10.0.1.1", 5000, 500000}, {"10.0.2.1", 5000, 800000}});
+    CHECK(h.script.on_tick());
+    // A stalled subflow on an address that is not a subflow endpoint: nothing to renew.
+    h.connection({{"10.0.3.1", 5000, 500000}, {"10.0.2.1", 10, 800000}});
+    CHECK(h.script.on_tick());
+    CHECK(h.be.renewed.empty());
+    INFO(h.script.status().last_error);
+    CHECK(h.script.status().failures == 0);
+}
+
 // ---- the API -------------------------------------------------------------------------------
 
 TEST_CASE("lua: events reach their hooks with the documented fields", "[lua][api]") {
@@ -205,7 +308,12 @@ TEST_CASE("lua: events reach their hooks with the documented fields", "[lua][api
     Connection c;
     c.token = 42;
     c.subflows = {sf(7, 1000, 10, 14480, 0)};
+    c.subflows[0].local_address = "10.0.1.1";
+    c.subflows[0].bytes_received = 5;
+    c.subflows[0].last_recv_ms = 6;
+    c.subflows[0].last_ack_ms = 7;
     be.conns = {c};
+    be.eps = {{4, "10.0.2.1", "c2", true, false, true}};
     Script s(spec(R"(
         seen = {}
         function on_connection(c) seen[#seen+1] = "conn " .. c.token .. " " .. #c.subflows end
@@ -213,7 +321,18 @@ TEST_CASE("lua: events reach their hooks with the documented fields", "[lua][api
         function on_subflow_closed(sf) seen[#seen+1] = "closed " .. sf.id end
         function on_add_addr_blocked(a) seen[#seen+1] = "blocked " .. a.address .. " " .. a.addr_id end
         function on_apply(i) seen[#seen+1] = "apply " .. i.revision .. " " .. tostring(i.reloaded) end
+        function on_link(l) assert(l.interface == "c1" and l.up == false); links = (links or 0) + 1 end
         function on_tick(every) seen[#seen+1] = "tick " .. every
+          local e = mpsteer.endpoints()
+          assert(#e == 1 and e[1].id == 4 and e[1].address == "10.0.2.1" and e[1].interface == "c2")
+          assert(e[1].subflow == true and e[1].signal == false and e[1].backup == true)
+          assert(mpsteer.renew_endpoint("10.0.2.1") == true)
+          assert(mpsteer.renew_endpoint("10.0.9.1") == false)
+          assert(not pcall(mpsteer.renew_endpoint, string.rep("1", 65)))
+          assert(not pcall(mpsteer.renew_endpoint, {}))
+          local f = mpsteer.subflow(7)
+          assert(f.local_address == "10.0.1.1" and f.bytes_received == 5 and f.last_recv_ms == 6)
+          assert(f.last_ack_ms == 7 and links == 1)
           local cs = mpsteer.connections()
           assert(#cs == 1 and cs[1].subflows[1].id == 7 and cs[1].subflows[1].cwnd == 14480)
           assert(mpsteer.connection(42).token == 42 and mpsteer.connection(43) == nil)
@@ -236,6 +355,7 @@ TEST_CASE("lua: events reach their hooks with the documented fields", "[lua][api
     a.address = "10.0.2.2";
     a.addr_id = 1;
     CHECK(s.on_add_addr_blocked(a));
+    CHECK(s.on_link({"c1", false}));
     CHECK(s.on_apply({{"revision", "abc"}, {"generation", 3}, {"reloaded", true}}));
     CHECK(s.on_tick());
     INFO(s.status().last_error);
@@ -245,7 +365,8 @@ TEST_CASE("lua: events reach their hooks with the documented fields", "[lua][api
                                           {"add", 42, 1},
                                           {"block", 42, 2},
                                           {"policy_backup", 0, 1}});
-    CHECK(s.status().writes == 5);
+    CHECK(be.renewed == std::vector<std::string>{"10.0.2.1"});
+    CHECK(s.status().writes == 6);
 }
 
 TEST_CASE("lua: a hook's returned table sets its subflow; unknown keys are errors", "[lua][api]") {
