@@ -324,6 +324,116 @@ TEST_CASE("lua: shipped small-flow policy opens the second subflow within 10 % o
     CHECK((*h)["failures"] == 0);
 }
 
+// The shipped path-resilience policy on the client: path 1's link goes down under a download
+// and comes back; the hook hears it (on_link) and renews path 1's endpoint, so a new subflow
+// over it is established within 3 s of the return (the kernel alone waits for the old
+// subflow's retransmission timer: about 5 s, docs/use-cases.md). Then a script that renews an
+// endpoint on every 10 ms tick: the agent carries out at most one renewal per endpoint every
+// 500 ms and counts the rest as refused.
+TEST_CASE("lua: shipped path-resilience policy re-creates the subflow over a path that returns",
+          "[e2e][lua]") {
+    datapath::init_libbpf_logging();
+    Lab::cleanup_stale();
+    LabConfig cfg;
+    cfg.tag = "lr" + std::to_string(getpid() % 10000);
+    cfg.signal = false;
+    cfg.path[0] = cfg.path[1] = PathShape{10, 20000};
+    Lab lab(cfg);
+    const std::string cli = lab.client_ns();
+    for (int path : {1, 2})
+        must({"ip", "-n", cli, "mptcp", "endpoint", "add", Lab::client_addr(path), "dev",
+              lab.client_if(path), "subflow"});
+    for (const std::string& ns : {cli, lab.server_ns()})
+        must({"ip", "-n", ns, "mptcp", "limits", "set", "subflow", "4", "add_addr_accepted", "2"});
+    AgentHarness agent(lab, "lres", 10, /*client_side=*/true);
+    agent.publish({{"policies/path-resilience.yaml", source("policies/path-resilience.yaml")},
+                   {"lua/path_resilience.lua", source("lua/path_resilience.lua")}});
+    agent.start();
+    REQUIRE(agent.wait_status(
+        [](const json& s) { return s.value("ready", false) && hook_of(s, "path-resilience"); }, 90s,
+        20ms));
+
+    MptcpMonitor mon(cli);
+    const uint16_t port = 5231;
+    Source sender(lab.server_ns(), port, SendOptions::of_time(9s));
+    TrafficStats rx;
+    std::string error;
+    std::atomic<bool> done{false};
+    std::thread reader([&] {
+        try {
+            rx = receive_stream(cli, Lab::server_addr(1), port, 60s, nullptr);
+        } catch (const std::exception& e) {
+            error = e.what();
+        }
+        done = true;
+    });
+    const auto t0 = Clock::now();
+    std::optional<Clock::time_point> up_at;
+    std::optional<double> back_after;
+    bool down = false;
+    while (!done) {
+        const auto now = Clock::now();
+        if (!down && now - t0 >= 2s) {
+            must({"ip", "-n", cli, "link", "set", lab.client_if(1), "down"});
+            down = true;
+        }
+        if (down && !up_at && now - t0 >= 4s) {
+            must({"ip", "-n", cli, "link", "set", lab.client_if(1), "up"});
+            up_at = Clock::now();
+        }
+        for (const auto& e : mon.poll(10ms))
+            if (up_at && !back_after && e.type == MPTCP_EVENT_SUB_ESTABLISHED &&
+                e.saddr == Lab::client_addr(1))
+                back_after = std::chrono::duration<double>(Clock::now() - *up_at).count();
+    }
+    reader.join();
+    if (down && !up_at) must({"ip", "-n", cli, "link", "set", lab.client_if(1), "up"});
+    REQUIRE(error.empty());
+    const TrafficStats tx = sender.wait(10s);
+    CHECK(rx.bytes == tx.bytes);
+    CHECK(rx.checksum == tx.checksum);
+    CHECK_FALSE(rx.fallback);
+    REQUIRE(back_after);
+    std::printf("path-resilience e2e: a new subflow over path 1 %.2f s after its link came up\n",
+                *back_after);
+    CHECK(*back_after <= 3.0);
+    REQUIRE(agent.wait_status(
+        [](const json& s) {
+            for (const auto& r : s.value("endpoint_renewals", json::array()))
+                if (r.value("address", "") == Lab::client_addr(1) && r["renewals"] >= 1)
+                    return true;
+            return false;
+        },
+        5s, 50ms));
+    const json after_return = agent.status();
+    const json* h = hook_of(after_return, "path-resilience");
+    REQUIRE(h);
+    CHECK((*h)["failures"] == 0);
+
+    // A script that renews on every tick: the agent's bound holds.
+    std::string flood = source("policies/path-resilience.yaml");
+    flood.replace(flood.find("every: 200ms"), 12, "every: 10ms");
+    const auto published = Clock::now();
+    agent.publish({{"policies/path-resilience.yaml", flood},
+                   {"lua/path_resilience.lua", "function on_tick() mpsteer.renew_endpoint('" +
+                                                   Lab::client_addr(2) + "') end\n"}});
+    json st;
+    REQUIRE(agent.wait_status(
+        [&](const json& s) {
+            for (const auto& r : s.value("endpoint_renewals", json::array()))
+                if (r.value("address", "") == Lab::client_addr(2) && r["refused"] >= 100) {
+                    st = r;
+                    return true;
+                }
+            return false;
+        },
+        30s, 50ms));
+    const double seconds = std::chrono::duration<double>(Clock::now() - published).count();
+    INFO(st.dump());
+    CHECK(st["renewals"].get<double>() <= seconds / 0.5 + 1);
+    CHECK(agent.alive());
+}
+
 // A hook changes an actor's parameter in place: the server marks its path-2 subflow backup
 // (set_backup B=1 on its ACKs), and after 4 s the script calls mpsteer.set_policy_backup(false):
 // the step's B changes in the running generation and the now idle subflow gets MP_PRIO B=0

@@ -49,6 +49,15 @@ public:
         last_policy = policy;
         return 1;
     }
+    std::vector<Endpoint> endpoints() override {
+        return {{2, "10.0.2.1", "c2", true, false, false}};
+    }
+    std::vector<std::pair<std::string, std::string>> renewed;  // policy, address
+    bool renew_endpoint(const std::string& policy, const std::string& address) override {
+        ++writes;
+        renewed.emplace_back(policy, address);
+        return address == "10.0.2.1";
+    }
 };
 
 HookProcessOptions options() {
@@ -214,6 +223,49 @@ TEST_CASE("hook process: a script that writes in a tight loop is refused, then d
     CHECK(hp.info().writes_refused > 0);
     CHECK_FALSE(find(st, "good")->disabled);
     CHECK(hp.info().restarts == 0);
+}
+
+TEST_CASE("hook process: link events reach the scripts; endpoint renewals are the agent's",
+          "[lua][hook_process]") {
+    FakeBackend be;
+    HookProcess hp(be, options());
+    hp.configure({spec("paths", R"(
+        function on_link(l)
+          for _, e in ipairs(mpsteer.endpoints()) do
+            if e.interface == l.interface and l.up then
+              assert(mpsteer.renew_endpoint(e.address) == true)
+              assert(mpsteer.renew_endpoint("10.9.9.9") == false)
+            end
+          end
+        end)")},
+                 "r1", 1);
+    hp.on_link({"c1", true});  // no endpoint on c1
+    CHECK(be.renewed.empty());
+    hp.on_link({"c2", true});
+    using Renewal = std::pair<std::string, std::string>;
+    CHECK(be.renewed == std::vector<Renewal>{{"paths", "10.0.2.1"}, {"paths", "10.9.9.9"}});
+    auto st = hp.status();
+    INFO(find(st, "paths")->last_error);
+    CHECK(find(st, "paths")->failures == 0);
+}
+
+TEST_CASE("hook process: renewing endpoints in a tight loop is refused, then disabled",
+          "[lua][hook_process][hostile]") {
+    FakeBackend be;
+    auto o = options();
+    o.writes_per_second = 100;
+    o.limits.call_time = 2s;
+    HookProcess hp(be, o);
+    hp.configure({spec("good", kGood), spec("prober",
+                                            "function on_tick() while true do "
+                                            "pcall(mpsteer.renew_endpoint, '10.0.2.1') end end")},
+                 "r1", 1);
+    const auto t0 = Clock::now();
+    REQUIRE(tick_until(
+        hp, [&] { return find(hp.status(), "prober")->disabled; }, 10s));
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    CHECK(double(be.renewed.size()) <= 100 * (seconds + 2));
+    CHECK_FALSE(find(hp.status(), "good")->disabled);
 }
 
 TEST_CASE("hook process: a script that allocates all it can is stopped by its cap",
