@@ -40,7 +40,8 @@ const std::vector<ShippedElsewhere>& shipped_elsewhere() {
     static const std::vector<ShippedElsewhere> all = {
         {"multi-tenant.yaml", "a hypervisor with uplinks eth1, eth2"},
         {"ecf-scheduler.yaml", "a sender whose slow path is the cellular interface wwan0"},
-        {"disjoint-subflows.yaml", "a client whose path manager opens a full mesh of subflows"}};
+        {"disjoint-subflows.yaml", "a client whose path manager opens a full mesh of subflows"},
+        {"path-resilience.yaml", "a client with a subflow endpoint on each of its paths"}};
     return all;
 }
 
