@@ -11,12 +11,20 @@
 --     stay up);
 --   * a path coming back or stalled is renewed every probe_every_ms, one SYN each time, until
 --     a subflow over it hears from its peer again.
+-- The status shows each path that is not working ("down" / "probing") and the renewals made.
 local stall_s = (params.stall_ms or 1000) / 1000
 local probe_s = (params.probe_every_ms or 1000) / 1000
 
 -- By address: {state = "down" | "probing", probed = time of the last renewal}. A path that
 -- works has no entry.
 local paths = {}
+local renewals = 0
+
+local function publish()
+  local s = {renewals = renewals}
+  for address, p in pairs(paths) do s[address] = p.state end
+  mpsteer.set_status(s)
+end
 
 local function set_state(address, state, why)
   local p = paths[address]
@@ -24,13 +32,17 @@ local function set_state(address, state, why)
   mpsteer.log("info", string.format("path %s %s (%s)", address, state, why))
   p = {state = state, probed = -math.huge}
   paths[address] = p
+  publish()
   return p
 end
 
 local function probe(address, p, now)
   if now - p.probed < probe_s then return end
   p.probed = now
-  mpsteer.renew_endpoint(address)
+  if mpsteer.renew_endpoint(address) then
+    renewals = renewals + 1
+    publish()
+  end
 end
 
 function on_link(l)
@@ -82,6 +94,7 @@ function on_tick()
     if alive[a] then
       mpsteer.log("info", string.format("path %s back", a))
       paths[a] = nil
+      publish()
     elseif p.state == "probing" then
       probe(a, p, now)
     end

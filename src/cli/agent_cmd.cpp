@@ -124,6 +124,12 @@ int print_status_text(nlohmann::json s) {
                   << " failures, " << h["writes"] << " writes\n";
         if (!h.value("last_error", "").empty())
             std::cout << "            last error: " << h.value("last_error", "") << '\n';
+        if (const auto p = h.value("published", nlohmann::json::object()); !p.empty()) {
+            std::cout << "            status:";
+            for (const auto& [k, v] : p.items())
+                std::cout << ' ' << k << '=' << (v.is_string() ? v.get<std::string>() : v.dump());
+            std::cout << '\n';
+        }
     }
     for (const auto& r : s.value("endpoint_renewals", nlohmann::json::array()))
         std::cout << "endpoint:   " << r.value("address", "") << " renewed " << r["renewals"]

@@ -165,6 +165,17 @@ void from_json(const nlohmann::json& j, ScriptStatus& s) {
     j.at("last_error").get_to(s.last_error);
     j.at("last_call_us").get_to(s.last_call_us);
     j.at("max_call_us").get_to(s.max_call_us);
+    // The process is not trusted with the bounds set_status keeps: checked again here.
+    const auto& p = j.at("published");
+    if (!p.is_object() || p.size() > ScriptStatus::kStatusEntries)
+        throw wire::Error("a script's published status is not a small object");
+    for (const auto& [k, v] : p.items())
+        if (k.size() > ScriptStatus::kStatusKeyBytes ||
+            !(v.is_number() || v.is_boolean() ||
+              (v.is_string() &&
+               v.get_ref<const std::string&>().size() <= 4 * ScriptStatus::kStatusValueBytes)))
+            throw wire::Error("a script's published status holds an entry it may not");
+    s.published = p;
 }
 
 void to_json(nlohmann::json& j, const Limits& l) {

@@ -29,7 +29,8 @@ nlohmann::json ScriptStatus::to_json() const {
             {"writes", writes},
             {"last_error", last_error},
             {"last_call_us", last_call_us},
-            {"max_call_us", max_call_us}};
+            {"max_call_us", max_call_us},
+            {"published", published}};
 }
 
 namespace {

@@ -184,6 +184,10 @@ struct ScriptStatus {
     uint64_t calls = 0, failures = 0, writes = 0;
     std::string last_error;  // with the traceback
     double last_call_us = 0, max_call_us = 0;
+    // What the script last gave mpsteer.set_status: a flat object of names to strings,
+    // numbers and booleans, escaped and bounded (kStatusEntries).
+    nlohmann::json published = nlohmann::json::object();
+    static constexpr size_t kStatusEntries = 32, kStatusKeyBytes = 64, kStatusValueBytes = 256;
     nlohmann::json to_json() const;
 };
 

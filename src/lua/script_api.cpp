@@ -15,6 +15,7 @@
 
 #include "lua/sandbox.h"
 #include "manifest/manifest.h"
+#include "net/text.h"
 
 namespace mpsteer::lua {
 namespace {
@@ -333,6 +334,60 @@ int api_renew_endpoint(lua_State* L) {
     return 1;
 }
 
+// set_status(t): a flat table of names to strings, numbers and booleans shown in the status
+// under the script's entry (replacing what it set before). Text is escaped and cut. The error
+// is raised only once the C++ objects are gone (a Lua error unwinds without destructors).
+int api_set_status(lua_State* L) {
+    charge(L, 0, true);
+    luaL_checktype(L, 1, LUA_TTABLE);
+    char err[160] = {};
+    {
+        nlohmann::json out = nlohmann::json::object();
+        lua_pushnil(L);
+        while (lua_next(L, 1)) {
+            size_t klen = 0;
+            const char* k = lua_type(L, -2) == LUA_TSTRING ? lua_tolstring(L, -2, &klen) : nullptr;
+            const int vt = lua_type(L, -1);
+            if (!k)
+                std::snprintf(err, sizeof err, "set_status: keys must be names, got a %s key",
+                              luaL_typename(L, -2));
+            else if (out.size() == ScriptStatus::kStatusEntries)
+                std::snprintf(err, sizeof err, "set_status: more than %zu entries",
+                              ScriptStatus::kStatusEntries);
+            else if (klen > ScriptStatus::kStatusKeyBytes)
+                std::snprintf(err, sizeof err, "set_status: a name longer than %zu bytes",
+                              ScriptStatus::kStatusKeyBytes);
+            else if (vt != LUA_TBOOLEAN && vt != LUA_TNUMBER && vt != LUA_TSTRING)
+                std::snprintf(err, sizeof err,
+                              "set_status: values must be strings, numbers or booleans (got %s)",
+                              luaL_typename(L, -1));
+            if (err[0]) {
+                lua_pop(L, 2);
+                break;
+            }
+            const std::string key = net::escape_control(std::string_view(k, klen));
+            if (vt == LUA_TBOOLEAN) {
+                out[key] = bool(lua_toboolean(L, -1));
+            } else if (vt == LUA_TNUMBER) {
+                if (lua_isinteger(L, -1))
+                    out[key] = int64_t(lua_tointeger(L, -1));
+                else
+                    out[key] = lua_tonumber(L, -1);
+            } else {
+                size_t vlen = 0;
+                const char* v = lua_tolstring(L, -1, &vlen);
+                out[key] = net::escape_control(
+                    sanitize_text(std::string_view(v, vlen), ScriptStatus::kStatusValueBytes));
+            }
+            lua_pop(L, 1);
+        }
+        if (!err[0])
+            const_cast<ScriptStatus&>(impl_of(L)->owner->status()).published = std::move(out);
+    }
+    if (err[0]) return luaL_error(L, "%s", err);
+    return 0;
+}
+
 int api_log(lua_State* L) {
     charge(L, 0, true);
     Impl* im = impl_of(L);
@@ -384,6 +439,7 @@ void open_script_api(lua_State* L) {
                             {"set_policy_backup", api_set_policy_backup},
                             {"endpoints", api_endpoints},
                             {"renew_endpoint", api_renew_endpoint},
+                            {"set_status", api_set_status},
                             {"log", api_log},
                             {"time", api_time},
                             {"rate", api_rate},

@@ -231,6 +231,7 @@ TEST_CASE("hook process: link events reach the scripts; endpoint renewals are th
     HookProcess hp(be, options());
     hp.configure({spec("paths", R"(
         function on_link(l)
+          mpsteer.set_status({last = l.interface})
           for _, e in ipairs(mpsteer.endpoints()) do
             if e.interface == l.interface and l.up then
               assert(mpsteer.renew_endpoint(e.address) == true)
@@ -247,6 +248,7 @@ TEST_CASE("hook process: link events reach the scripts; endpoint renewals are th
     auto st = hp.status();
     INFO(find(st, "paths")->last_error);
     CHECK(find(st, "paths")->failures == 0);
+    CHECK(find(st, "paths")->published == nlohmann::json{{"last", "c2"}});
 }
 
 TEST_CASE("hook process: renewing endpoints in a tight loop is refused, then disabled",

@@ -269,6 +269,7 @@ TEST_CASE("lua: path_resilience probes a blackholed path until a subflow over it
     CHECK(h.be.renewed == std::vector<std::string>{"10.0.1.1"});
     CHECK(h.script.on_tick());  // within probe_every_ms: no second SYN yet
     CHECK(h.be.renewed.size() == 1);
+    CHECK(h.script.status().published == nlohmann::json{{"10.0.1.1", "probing"}, {"renewals", 1}});
     std::this_thread::sleep_for(60ms);
     h.connection({{"10.0.2.1", 10, 900000}});  // the renewal closed the old subflow
     CHECK(h.script.on_tick());
@@ -280,6 +281,7 @@ TEST_CASE("lua: path_resilience probes a blackholed path until a subflow over it
     std::this_thread::sleep_for(60ms);
     CHECK(h.script.on_tick());
     CHECK(h.be.renewed.size() == 2);
+    CHECK(h.script.status().published == nlohmann::json{{"renewals", 2}});
     INFO(h.script.status().last_error);
     CHECK(h.script.status().failures == 0);
 }
@@ -302,6 +304,35 @@ TEST_CASE("lua: path_resilience leaves idle paths, idle connections and other ad
 }
 
 // ---- the API -------------------------------------------------------------------------------
+
+TEST_CASE("lua: set_status publishes a small flat table, escaped; bad input changes nothing",
+          "[lua][api]") {
+    FakeBackend be;
+    Script s(spec(R"(
+        function on_tick()
+          mpsteer.set_status({path = "probing\n\27[31mred", n = 3, ok = true, r = 0.5,
+                              long = string.rep("x", 1000)})
+          for _, bad in ipairs({{[1] = "x"}, {t = {}}, {f = print}, {[string.rep("k", 65)] = 1}}) do
+            assert(not pcall(mpsteer.set_status, bad))
+          end
+          local many = {}
+          for i = 1, 33 do many["k" .. i] = i end
+          assert(not pcall(mpsteer.set_status, many))
+          assert(not pcall(mpsteer.set_status, "text"))
+        end
+    )",
+                  {}, 10),
+             be);
+    REQUIRE(s.on_tick());
+    const auto& p = s.status().published;
+    CHECK(p.size() == 5);
+    CHECK(p["path"] == "probing\\n\\x1b[31mred");
+    CHECK(p["n"] == 3);
+    CHECK(p["ok"] == true);
+    CHECK(p["r"] == 0.5);
+    CHECK(p["long"].get<std::string>().size() < 300);
+    CHECK(s.status().to_json()["published"] == p);
+}
 
 TEST_CASE("lua: events reach their hooks with the documented fields", "[lua][api]") {
     FakeBackend be;
