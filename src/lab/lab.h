@@ -401,6 +401,29 @@ TrafficStats receive_stream(const std::string& netns, const std::string& addr, u
 // The size of every request and reply of SendOptions::requests.
 constexpr size_t kRequestBytes = 256;
 
+// An interactive stream: the client sends a kRequestBytes message every `every` and the echo
+// answers each, as a remote shell or a game does. The replies' arrival times, from which a
+// caller reads the stall (the longest gap between two replies).
+class Echo {
+public:
+    // Answers the one MPTCP connection it accepts (with ipv6 both families) until it ends.
+    Echo(const std::string& netns, uint16_t port, bool ipv6 = false);
+    ~Echo();
+    Echo(const Echo&) = delete;
+    Echo& operator=(const Echo&) = delete;
+
+private:
+    net::Fd listen_fd_;
+    std::atomic<bool> stop_{false};
+    std::thread thread_;
+};
+// Connects from `netns` and exchanges messages for `duration`: a message every `every` (the
+// next one waits for the last reply), then closes. Returns each reply's arrival time; throws
+// when the connection breaks or falls back to TCP (`fallback`, from MPTCP_INFO).
+std::vector<std::chrono::steady_clock::time_point> interactive_stream(
+    const std::string& netns, const std::string& addr, uint16_t port,
+    std::chrono::milliseconds duration, std::chrono::milliseconds every, bool* fallback);
+
 // Many connections at once. A listener inside `netns` (any address; with ipv6 both
 // families) that accepts every MPTCP connection and reads each to its end, discarding it,
 // until destroyed.

@@ -392,6 +392,58 @@ TrafficStats Source::wait(std::chrono::milliseconds timeout) {
     return result_;
 }
 
+// ---- interactive ---------------------------------------------------------------------------
+
+Echo::Echo(const std::string& netns, uint16_t port, bool ipv6)
+    : listen_fd_(listen_mptcp(netns, port, ipv6, "echo")) {
+    thread_ = std::thread([this] {
+        net::Fd fd = accept_one(listen_fd_.get(), stop_);
+        std::vector<uint8_t> buf(kRequestBytes);
+        // Whole messages back, until the client closes (or the destructor stops it).
+        for (size_t got = 0; fd && !stop_;) {
+            pollfd p{fd.get(), POLLIN, 0};
+            if (::poll(&p, 1, 100) <= 0) continue;
+            ssize_t r = recv(fd.get(), buf.data() + got, buf.size() - got, 0);
+            if (r <= 0 && !(r < 0 && errno == EINTR)) break;
+            if (r > 0) got += size_t(r);
+            if (got < buf.size()) continue;
+            got = 0;
+            try {
+                write_message(fd.get(), kRequestBytes, "echo");
+            } catch (const std::exception&) {
+                break;
+            }
+        }
+    });
+}
+
+Echo::~Echo() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+}
+
+std::vector<Clock::time_point> interactive_stream(const std::string& netns, const std::string& addr,
+                                                  uint16_t port, std::chrono::milliseconds duration,
+                                                  std::chrono::milliseconds every, bool* fallback) {
+    net::Fd fd = connect_stream(netns, addr, port);
+    std::vector<Clock::time_point> replies;
+    const std::atomic<bool> never{false};
+    const auto t0 = Clock::now(), end = t0 + duration;
+    for (auto next = t0; next < end; next += every) {
+        std::this_thread::sleep_until(next);
+        write_message(fd.get(), kRequestBytes, "interactive");
+        read_message(fd.get(), kRequestBytes, never, end + std::chrono::seconds(60), "interactive");
+        replies.push_back(Clock::now());
+        while (next + every < replies.back()) next += every;  // a late reply skips slots
+    }
+    if (fallback) {
+        TrafficStats s;
+        fill_info(fd.get(), s);
+        *fallback = s.fallback;
+    }
+    return replies;
+}
+
 // ---- many connections ----------------------------------------------------------------------
 
 Discard::Discard(const std::string& netns, uint16_t port, bool ipv6)

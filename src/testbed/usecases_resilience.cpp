@@ -6,7 +6,8 @@
 // path-resilience policy on the client, in alternating runs. Measured from what the application
 // reads, the interfaces' counters and the kernel's MPTCP events: the longest stall after the
 // failure, the goodput while the path is out, when path 1 carries data again after its return
-// (the old subflow resuming, or a new one), and whether a new subflow over it is established.
+// (the old subflow resuming, or a new one), and whether a new subflow over it is established;
+// and beside the download, an interactive stream (a small echo every 50 ms): its longest gap.
 #include <linux/mptcp.h>
 #include <unistd.h>
 
@@ -35,7 +36,8 @@ constexpr auto kFailAt = 4s;       // from the start of the download
 constexpr auto kFailFor = 10s;
 constexpr auto kAfter = 8s;  // the download goes on this long after the path's return
 constexpr auto kSampleEvery = 100ms;
-constexpr double kInUseMbit = 1;  // a path carries data: at least this in a sample
+constexpr auto kInteractiveEvery = 50ms;  // the interactive stream: a message and its echo
+constexpr double kInUseMbit = 1;          // a path carries data: at least this in a sample
 // The targets with the policy: the stall's 95th percentile, and path 1 back in every run.
 constexpr double kStallTargetS = 1.0, kBackTargetS = 3.0;
 
@@ -45,10 +47,11 @@ const char* name_of(Failure f) {
 }
 
 struct Run {
-    double stall_s = 0;        // longest gap between reads after the failure began
-    double failed_mbit = 0;    // goodput while the path was out
-    double used_after_s = -1;  // path 1 carries data again, after its return; < 0: not seen
-    double new_after_s = -1;   // a new subflow over path 1 established, after the return
+    double stall_s = 0;              // longest gap between reads after the failure began
+    double interactive_stall_s = 0;  // the same for the interactive stream's replies
+    double failed_mbit = 0;          // goodput while the path was out
+    double used_after_s = -1;        // path 1 carries data again, after its return; < 0: not seen
+    double new_after_s = -1;         // a new subflow over path 1 established, after the return
     bool intact = false;
     std::vector<double> t, mbit[2];  // what each path delivered to the client, over time
 };
@@ -79,6 +82,22 @@ Run download(Lab& lab, Failure failure, int family, uint16_t port) {
     std::string error;
     auto rx_bytes = [&](int path) { return link_counters(cli, lab.client_if(path)).rx_bytes; };
     std::array<uint64_t, 2> last{rx_bytes(1), rx_bytes(2)};
+    // Beside the download, over the same paths: an interactive stream on a connection of its own.
+    const uint16_t echo_port = uint16_t(port + 500);
+    Echo echo(lab.server_ns(), echo_port, family == 6);
+    std::vector<Clock::time_point> replies;
+    bool echo_fallback = false;
+    std::string echo_error;
+    std::thread interactive([&] {
+        try {
+            replies = interactive_stream(
+                cli, family == 6 ? Lab::server_addr6(1) : Lab::server_addr(1), echo_port,
+                std::chrono::duration_cast<std::chrono::milliseconds>(kFailAt + kFailFor + kAfter),
+                kInteractiveEvery, &echo_fallback);
+        } catch (const std::exception& e) {
+            echo_error = e.what();
+        }
+    });
     const auto t0 = Clock::now();
     std::thread reader([&] {
         try {
@@ -122,14 +141,19 @@ Run download(Lab& lab, Failure failure, int family, uint16_t port) {
     } catch (...) {
         if (failed && !restored) fail_path(lab, failure, false);
         reader.join();
+        interactive.join();
         throw;
     }
     reader.join();
+    interactive.join();
     if (failed && !restored) fail_path(lab, failure, false);
     if (!error.empty())
         throw Error("resilience: download on port " + std::to_string(port) + ": " + error);
+    if (!echo_error.empty())
+        throw Error("resilience: interactive stream on port " + std::to_string(echo_port) + ": " +
+                    echo_error);
     const TrafficStats tx = source.wait(30s);
-    r.intact = rx.bytes == tx.bytes && rx.checksum == tx.checksum && !rx.fallback;
+    r.intact = rx.bytes == tx.bytes && rx.checksum == tx.checksum && !rx.fallback && !echo_fallback;
     // The stall: the longest time without a read that ends after the failure began (also
     // after the return: a subflow that comes back late can hold the stream up then).
     Clock::time_point prev = fail_at;
@@ -144,6 +168,12 @@ Run download(Lab& lab, Failure failure, int family, uint16_t port) {
         prev = rd.at;
     }
     if (at_back < at_fail) at_back = at_fail;
+    Clock::time_point prev_reply = fail_at;
+    for (const auto& at : replies) {
+        if (at <= fail_at) continue;
+        r.interactive_stall_s = std::max(r.interactive_stall_s, seconds(at - prev_reply));
+        prev_reply = at;
+    }
     r.failed_mbit = (at_back - at_fail) * 8e-6 / seconds(kFailFor);
     return r;
 }
@@ -163,7 +193,8 @@ Report path_resilience(const Options& opt) {
               " s: set down on the client, or blackholed in the network (links up); then it "
               "comes back; the kernel alone and with policies/path-resilience.yaml on the "
               "client, alternating; stall = the longest time without data for the application "
-              "that ends after the failure began";
+              "that ends after the failure began; beside each download an interactive stream "
+              "(a 256-byte echo every 50 ms) on a connection of its own";
     LabConfig cfg;
     const std::string tag = "rs" + std::to_string(getpid() % 100000);
     cfg.tag = tag;
@@ -227,11 +258,11 @@ Report path_resilience(const Options& opt) {
                     return s < 0 ? std::string("no") : fixed(s, 2) + " s";
                 };
                 spdlog::info(
-                    "resilience round {} IPv{} {}{}: stall {:.2f} s, {:.1f} Mbit/s while out, "
-                    "path 1 used again {}, a new subflow on it {}",
+                    "resilience round {} IPv{} {}{}: stall {:.2f} s (interactive {:.2f} s), "
+                    "{:.1f} Mbit/s while out, path 1 used again {}, a new subflow on it {}",
                     round + 1, columns[c].family, name_of(columns[c].failure),
-                    policy ? " with the policy" : "", run.stall_s, run.failed_mbit,
-                    after(run.used_after_s), after(run.new_after_s));
+                    policy ? " with the policy" : "", run.stall_s, run.interactive_stall_s,
+                    run.failed_mbit, after(run.used_after_s), after(run.new_after_s));
                 runs[c].push_back(std::move(run));
             }
             if (agent) agent->stop();
@@ -244,6 +275,11 @@ Report path_resilience(const Options& opt) {
                  "longest stall after the failure, median (p95, max), s",
                  "p95 <= " + fixed(kStallTargetS, 1) + " s with the policy",
                  {}};
+    Figure istall{"interactive_stall_s",
+                  "interactive stream (a 256-byte echo every 50 ms): longest gap between replies "
+                  "after the failure, median (p95, max), s",
+                  "p95 <= " + fixed(kStallTargetS, 1) + " s with the policy",
+                  {}};
     Figure goodput{"failed_mbit", "goodput while path 1 is out, median, Mbit/s", "", {}};
     Figure used{"path1_used",
                 "path 1 carries data again after its return (runs, median, max s)",
@@ -253,10 +289,11 @@ Report path_resilience(const Options& opt) {
     Figure damaged{"damaged", "downloads damaged or fallen back to TCP", "0", {}};
     for (size_t c = 0; c < columns.size(); c++) {
         const auto& rs = runs[c];
-        std::vector<double> s, g, u;
+        std::vector<double> s, g, u, is;
         unsigned bad = 0, renewed = 0;
         for (const auto& x : rs) {
             s.push_back(x.stall_s);
+            is.push_back(x.interactive_stall_s);
             g.push_back(x.failed_mbit);
             if (x.used_after_s >= 0) u.push_back(x.used_after_s);
             renewed += x.new_after_s >= 0;
@@ -272,6 +309,12 @@ Report path_resilience(const Options& opt) {
             {nlohmann::ordered_json{{"median", net::median(s)}, {"p95", p95}, {"max", worst}},
              fixed(net::median(s), 2) + " (" + fixed(p95, 2) + ", " + fixed(worst, 2) + ")",
              target(!s.empty() && p95 <= kStallTargetS)});
+        const double ip95 = net::quantile(is, 0.95);
+        const double iworst = is.empty() ? 0 : *std::max_element(is.begin(), is.end());
+        istall.cells.push_back(
+            {nlohmann::ordered_json{{"median", net::median(is)}, {"p95", ip95}, {"max", iworst}},
+             fixed(net::median(is), 2) + " (" + fixed(ip95, 2) + ", " + fixed(iworst, 2) + ")",
+             target(!is.empty() && ip95 <= kStallTargetS)});
         goodput.cells.push_back({net::median(g), fixed(net::median(g), 1), {}});
         used.cells.push_back(
             {nlohmann::ordered_json{{"runs", u.size()},
@@ -287,7 +330,7 @@ Report path_resilience(const Options& opt) {
                                {}});
         damaged.cells.push_back({bad, std::to_string(bad), target(bad == 0)});
     }
-    r.figures = {stall, goodput, used, fresh, damaged};
+    r.figures = {stall, istall, goodput, used, fresh, damaged};
     for (size_t c = 0; c < columns.size(); c++) {
         if (columns[c].family != 4 || runs[c].empty()) continue;
         const Run& x = runs[c].front();

@@ -107,6 +107,28 @@ TEST_CASE("lab: a download after request/reply exchanges starts after the last r
     }
 }
 
+TEST_CASE("lab: an interactive stream gets each echo one round trip after its message",
+          "[e2e][lab]") {
+    LabConfig cfg;
+    cfg.tag = "le" + std::to_string(getpid() % 1000000);
+    cfg.ipv6 = false;
+    cfg.path[0] = PathShape{25, 0};  // RTT 50 ms
+    Lab lab(cfg);
+    Echo echo(lab.server_ns(), 7103);
+    bool fallback = true;
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto replies =
+        interactive_stream(lab.client_ns(), Lab::server_addr(1), 7103, 1000ms, 100ms, &fallback);
+    CHECK_FALSE(fallback);
+    // A message every 100 ms, each answered one round trip later: 10 replies, 100 ms apart.
+    REQUIRE(replies.size() == 10);
+    CHECK(replies.front() - t0 >= 50ms);
+    for (size_t i = 1; i < replies.size(); i++) {
+        CHECK(replies[i] - replies[i - 1] >= 80ms);
+        CHECK(replies[i] - replies[i - 1] <= 200ms);
+    }
+}
+
 TEST_CASE("lab: a blackholed path carries nothing while its links stay up, then carries again",
           "[e2e][lab]") {
     LabConfig cfg;
