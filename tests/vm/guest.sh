@@ -48,6 +48,7 @@ if [ -z "$chroot_mode" ]; then
         mpsteer.verbose=1) MPS_VM_VERBOSE=1 ;;
         mpsteer.no_btf=1) export MPSTEER_DATAPATH_WITHOUT_BTF=1 ;;
         mpsteer.check_timeout=*) MPS_VM_CHECK_TIMEOUT=${arg#mpsteer.check_timeout=} ;;
+        mpsteer.rounds=*) MPS_VM_ROUNDS=${arg#mpsteer.rounds=} ;;
         esac
     done
 fi
@@ -98,6 +99,10 @@ for c in $(echo "${MPS_VM_CHECKS:-validate,bench,bpf,demo,churn}" | tr , ' '); d
     demo) check demo mpsteer $V demo --ready-timeout "${MPS_VM_CHECK_TIMEOUT:-3600}" ;;
     churn) if have_tests e2e_agent_tests; then check churn "$0" --run churn
            else say "skipped churn (no test programs in the root)"; fi ;;
+    # Not in the default set: the use case, the kernel alone and with the shipped policy, on
+    # this kernel (emulated: its timings are the emulator's too).
+    resilience) check resilience mpsteer $V usecases --only resilience \
+                    --rounds "${MPS_VM_ROUNDS:-1}" ;;
     *) say "FAILED $c (no such check)" ;;
     esac
 done

@@ -10,7 +10,8 @@
 #              linux-image-6.12-*) | host (no guest: the same checks in the root, chrooted, on
 #              this machine's kernel; amd64 only)
 #     CHECKS   comma-separated, default all: validate,bench,bpf,demo,churn (and always first
-#              host: mpsteer validate --host, every program through the kernel's verifier)
+#              host: mpsteer validate --host, every program through the kernel's verifier);
+#              also resilience (mpsteer usecases --only resilience, MPS_VM_ROUNDS rounds, 1)
 #
 # Exit status 0 when every check passed. Needs root. The package comes from packaging/package.sh
 # ARCH; the bpf and churn checks need the test programs (ninja -C build vm_programs; cross:
@@ -26,7 +27,7 @@
 set -eu
 cd "$(dirname "$0")/../.."
 [ "$(id -u)" = 0 ] || { echo "vm: run as root (debootstrap, chroot, loop-free ext4 image)" >&2; exit 1; }
-usage() { sed -n 's/^# \{0,1\}//; 3,16p' "$0" >&2; exit 2; }
+usage() { sed -n 's/^# \{0,1\}//; 3,17p' "$0" >&2; exit 2; }
 [ $# -ge 2 ] || usage
 ARCH=$1 KERNEL=$2 CHECKS=${3:-validate,bench,bpf,demo,churn}
 MIRROR=${MPS_DEBIAN_MIRROR:-http://deb.debian.org/debian}
@@ -161,6 +162,7 @@ if [ "$KERNEL" = host ]; then
     mount -t bpf -o mode=0700 bpf "$ROOT/sys/fs/bpf"
     chroot "$ROOT" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin MPS_VM_CHECKS="$CHECKS" \
         MPS_VM_VERBOSE="${MPS_VM_VERBOSE:-}" MPS_VM_CHECK_TIMEOUT="$CHECK_TIMEOUT" \
+        MPS_VM_ROUNDS="${MPS_VM_ROUNDS:-1}" \
         ${MPS_VM_NO_BTF:+MPSTEER_DATAPATH_WITHOUT_BTF=1} \
         /usr/local/sbin/mpsteer-vm-guest --chroot 2>&1 | tee "$WORK/console.log"
 else
@@ -187,7 +189,8 @@ else
         -append "root=/dev/vda rw console=$console panic=-1 quiet loglevel=3 \
                  init=/usr/local/sbin/mpsteer-vm-guest mpsteer.checks=$CHECKS \
                  mpsteer.verbose=${MPS_VM_VERBOSE:-0} mpsteer.check_timeout=$CHECK_TIMEOUT \
-                 mpsteer.no_btf=${MPS_VM_NO_BTF:-0} ${MPS_VM_APPEND:-}" \
+                 mpsteer.no_btf=${MPS_VM_NO_BTF:-0} mpsteer.rounds=${MPS_VM_ROUNDS:-1} \
+                 ${MPS_VM_APPEND:-}" \
         </dev/null 2>&1 | sed -u 's/\r$//' | tee "$WORK/console.log" |
         grep --line-buffered -E '^(mpsteer-vm|  )' || true
 fi
