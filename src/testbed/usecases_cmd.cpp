@@ -202,7 +202,7 @@ int run_use_cases(const Options& opt, const std::vector<std::string>& only, bool
     const auto t0 = Clock::now();
     nlohmann::ordered_json out;
     out["rounds"] = opt.rounds;
-    bool met = true;
+    bool met = true, plots_failed = false;
     for (const auto& uc : use_cases()) {
         if (!only.empty() && std::find(only.begin(), only.end(), uc.name) == only.end()) continue;
         if (!json) {
@@ -213,18 +213,25 @@ int run_use_cases(const Options& opt, const std::vector<std::string>& only, bool
         Report r = uc.run(opt);
         r.seconds = std::chrono::duration<double>(Clock::now() - start).count();
         met = met && r.met();
-        if (!plots.empty())
-            for (const auto& png : draw_plots(r, plots, opt.share))
-                if (!json) std::printf("wrote %s\n", png.c_str());
+        // The figures first: a plot that cannot be drawn must not lose a long run's table.
         if (json)
             out["usecases"].push_back(to_json(r));
         else
             print_text(r, opt);
+        if (!plots.empty()) {
+            try {
+                for (const auto& png : draw_plots(r, plots, opt.share))
+                    if (!json) std::printf("wrote %s\n", png.c_str());
+            } catch (const std::exception& e) {
+                spdlog::error("usecases: {}", e.what());
+                plots_failed = true;
+            }
+        }
     }
     out["seconds"] = std::chrono::duration<double>(Clock::now() - t0).count();
     out["targets_met"] = met;
     if (json) std::printf("%s\n", out.dump(2).c_str());
-    return met ? 0 : 1;
+    return met && !plots_failed ? 0 : 1;
 }
 
 }  // namespace
