@@ -91,7 +91,7 @@ function on_tick()
     end
   end
   for a, p in pairs(paths) do
-    if alive[a] then
+    if alive[a] and p.state == "probing" then  -- a path that is down waits for its link
       mpsteer.log("info", string.format("path %s back", a))
       paths[a] = nil
       publish()

@@ -7,6 +7,8 @@
 #include <sys/socket.h>
 
 #include <atomic>
+#include <chrono>
+#include <thread>
 #include <cerrno>
 #include <cstddef>
 #include <cstdio>
@@ -375,6 +377,13 @@ bool MptcpPathManager::renew(const std::string& address) {
     std::vector<MptcpEndpoint> matching;
     for (auto& e : endpoints())
         if (e.address == canonical) matching.push_back(std::move(e));
+    if (auto it = not_readded_.find(canonical); it != not_readded_.end()) {
+        // Deleted by an earlier renewal and not re-added: its subflows are gone already.
+        std::vector<MptcpEndpoint> left = std::move(it->second);
+        not_readded_.erase(it);
+        for (const auto& e : left) add_again(e, what);
+        return true;
+    }
     if (matching.empty()) return false;
     for (const auto& e : matching)
         if (e.flags & MPTCP_PM_ADDR_FLAG_IMPLICIT)
@@ -384,15 +393,28 @@ bool MptcpPathManager::renew(const std::string& address) {
                                EINVAL);
     for (const auto& e : matching) {
         remove(e.id);
-        try {
-            add(e);
-        } catch (const NetlinkError& err) {
-            throw NetlinkError(what + ": deleted endpoint " + to_string(e) +
-                                   " but could not re-add it: " + err.what(),
-                               err.error);
-        }
+        add_again(e, what);
     }
     return true;
+}
+
+void MptcpPathManager::add_again(const MptcpEndpoint& e, const std::string& what) {
+    for (int attempt = 1;; ++attempt) {
+        try {
+            add(e);
+            return;
+        } catch (const NetlinkError& err) {
+            if (attempt < 5) {
+                std::this_thread::sleep_for(std::chrono::milliseconds(10 * attempt));
+                continue;
+            }
+            not_readded_[e.address].push_back(e);
+            throw NetlinkError(
+                what + ": deleted endpoint " + to_string(e) +
+                    " but could not re-add it (the next renewal tries again): " + err.what(),
+                err.error);
+        }
+    }
 }
 
 }  // namespace mpsteer::net

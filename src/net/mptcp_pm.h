@@ -99,14 +99,19 @@ public:
     // Deletes and re-adds each endpoint with this address (same id, flags, interface, port):
     // the kernel closes the subflows bound to the address and, for a `subflow` endpoint, opens
     // new ones on every existing connection (within the limits). Returns false when no
-    // endpoint has the address. Not atomic: if re-adding fails, the endpoint stays deleted
-    // and the error says so. Implicit endpoints (made by the kernel) cannot be re-added, so
-    // renewing one throws before deleting anything.
+    // endpoint has the address. Not atomic: re-adding is tried again a few times (the kernel
+    // may still hold the id for a moment), and an endpoint that still could not be re-added is
+    // kept here and added first by the next renew() of its address (the error says so meanwhile).
+    // Implicit endpoints (made by the kernel) cannot be re-added, so renewing one throws before
+    // deleting anything.
     bool renew(const std::string& address);
 
 private:
+    void add_again(const MptcpEndpoint& e, const std::string& what);
     Fd fd_;
     uint16_t family_id_ = 0;
+    // By address: endpoints renew() deleted and could not add again yet.
+    std::map<std::string, std::vector<MptcpEndpoint>> not_readded_;
 };
 
 }  // namespace mpsteer::net

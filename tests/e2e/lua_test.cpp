@@ -418,7 +418,7 @@ TEST_CASE("lua: shipped path-resilience policy re-creates the subflow over a pat
                    {"lua/path_resilience.lua", "function on_tick() mpsteer.renew_endpoint('" +
                                                    Lab::client_addr(2) + "') end\n"}});
     json st;
-    REQUIRE(agent.wait_status(
+    const bool bounded = agent.wait_status(
         [&](const json& s) {
             for (const auto& r : s.value("endpoint_renewals", json::array()))
                 if (r.value("address", "") == Lab::client_addr(2) && r["refused"] >= 100) {
@@ -427,7 +427,10 @@ TEST_CASE("lua: shipped path-resilience policy re-creates the subflow over a pat
                 }
             return false;
         },
-        30s, 50ms));
+        30s, 50ms);
+    INFO(agent.status().dump());
+    INFO(agent.log_tail());
+    REQUIRE(bounded);
     const double seconds = std::chrono::duration<double>(Clock::now() - published).count();
     INFO(st.dump());
     CHECK(st["renewals"].get<double>() <= seconds / 0.5 + 1);

@@ -246,8 +246,11 @@ TEST_CASE("lua: path_resilience renews a path's endpoint when its link comes bac
     REQUIRE(h.script.status().loaded);
     CHECK(h.script.on_link({"c1", true}));  // up without having been down: nothing to do
     CHECK(h.script.on_link({"c1", false}));
-    CHECK(h.script.on_tick());  // down: not probed while down
+    // Its subflow has not noticed yet (heard from the peer 5 ms ago): still down, not probed.
+    h.connection({{"10.0.1.1", 5, 1000}, {"10.0.2.1", 5, 1000}});
+    CHECK(h.script.on_tick());
     CHECK(h.be.renewed.empty());
+    CHECK(h.script.status().published == nlohmann::json{{"10.0.1.1", "down"}, {"renewals", 0}});
     CHECK(h.script.on_link({"c9", true}));  // no endpoint there
     CHECK(h.script.on_link({"c1", true}));
     CHECK(h.be.renewed == std::vector<std::string>{"10.0.1.1"});
