@@ -377,3 +377,11 @@ int lb_ingress(struct xdp_md *ctx)
 		bpf_map_delete_elem(&lb_flows, &k);
 	return forward(ctx, backend);
 }
+
+/* For a veth whose peer is a redirect target (test beds): a veth accepts redirected frames
+ * only while its peer runs an XDP program. A NIC needs none. */
+SEC("xdp")
+int lb_veth_peer(struct xdp_md *ctx)
+{
+	return XDP_PASS;
+}

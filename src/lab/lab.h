@@ -210,7 +210,7 @@ std::map<std::string, uint64_t> tcp_counters(const std::string& netns);
 // and a unique address it announces (ADD_ADDR), and a client with two paths opens MPTCP
 // connections to the VIP; its in-kernel path manager adds a subflow from its second address.
 // The VIP and backend 1's unique address are those the shipped load-balancer policies name.
-// Layout with prefix P = "mps-<tag>" (client path n = 1, 2; backend b = 1, 2):
+// Layout with prefix P = "mps-<tag>" (client path n = 1, 2; backend b = 1 .. backends):
 //   P-cli  P-c<n> 10.0.<n>.1/24, fd00:0:<n>::1/64; default route via path 1, traffic from
 //          the path-2 address leaves by P-c2 (source routing); endpoint path-2 address subflow;
 //          limits subflow 2, add_addr_accepted 2
@@ -219,12 +219,16 @@ std::map<std::string, uint64_t> tcp_counters(const std::string& netns);
 //          unique address b via backend b
 //   P-b<b> P-v<b> 10.1.<b>.2/24, fd00:1:<b>::2/64, default via P-l<b>; VIP and unique address
 //          on lo; endpoint unique address signal; limits subflow 2
+// Without unique addresses a backend holds only the VIP on lo and announces nothing (what a
+// balancer that routes joins by token needs).
 // Removed like a Lab: by prefix on destruction, and by Lab::cleanup_stale after a crash.
 class LoadBalancerLab {
 public:
-    static constexpr int kBackends = 2;
+    static constexpr int kMaxBackends = 9;
 
-    explicit LoadBalancerLab(const std::string& tag);  // tag at most 10 characters
+    // tag at most 10 characters; 1..kMaxBackends backends
+    explicit LoadBalancerLab(const std::string& tag, int backends = 2,
+                             bool unique_addresses = true);
     ~LoadBalancerLab();
     LoadBalancerLab(const LoadBalancerLab&) = delete;
     LoadBalancerLab& operator=(const LoadBalancerLab&) = delete;
@@ -232,6 +236,13 @@ public:
     std::string client_ns() const { return prefix_ + "-cli"; }
     std::string router_ns() const { return prefix_ + "-lb"; }
     std::string backend_ns(int backend) const { return prefix_ + "-b" + std::to_string(backend); }
+    int backends() const { return backends_; }
+    std::string client_if(int path) const { return prefix_ + "-c" + std::to_string(path); }
+    // The router's interfaces: towards client path n (P-r<n>), towards backend b (P-l<b>);
+    // the backend's own (P-v<b>, in its namespace).
+    std::string router_client_if(int path) const { return prefix_ + "-r" + std::to_string(path); }
+    std::string router_backend_if(int b) const { return prefix_ + "-l" + std::to_string(b); }
+    std::string backend_if(int b) const { return prefix_ + "-v" + std::to_string(b); }
     // family 4 or 6
     static std::string vip(int family);  // 203.0.113.10, 2001:db8:113::10
     // 198.51.100.2<b-1>, 2001:db8:100::2<b-1>
@@ -241,6 +252,8 @@ public:
 private:
     void build();
     std::string prefix_;
+    int backends_;
+    bool unique_;
 };
 
 // ---- tenants behind a hypervisor -----------------------------------------------------------

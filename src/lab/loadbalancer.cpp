@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // The load-balanced service test bed (lab.h, LoadBalancerLab): a client with two paths, a
-// router spreading a VIP over two backends by an L4 hash, the backends.
+// router spreading a VIP over its backends by an L4 hash, the backends.
 #include <spdlog/spdlog.h>
 
 #include "lab/lab.h"
@@ -23,9 +23,13 @@ std::string LoadBalancerLab::client_addr(int path, int family) {
     return family == 6 ? "fd00:0:" + n(path) + "::1" : "10.0." + n(path) + ".1";
 }
 
-LoadBalancerLab::LoadBalancerLab(const std::string& tag) : prefix_(Lab::kPrefix + tag) {
+LoadBalancerLab::LoadBalancerLab(const std::string& tag, int backends, bool unique_addresses)
+    : prefix_(Lab::kPrefix + tag), backends_(backends), unique_(unique_addresses) {
     if ((prefix_ + "-c1").size() > 15)
         throw Error("load-balancer lab: tag too long for interface names: " + tag);
+    if (backends < 1 || backends > kMaxBackends)
+        throw Error("load-balancer lab: " + n(backends) + " backends (1 to " + n(kMaxBackends) +
+                    ")");
     Lab::require_tools();
     Lab::cleanup_stale();
     Lab::cleanup(prefix_ + "-");
@@ -51,7 +55,7 @@ LoadBalancerLab::~LoadBalancerLab() {
 void LoadBalancerLab::build() {
     const std::string cli = client_ns(), lb = router_ns();
     std::vector<std::string> all{cli, lb};
-    for (int b = 1; b <= kBackends; b++) all.push_back(backend_ns(b));
+    for (int b = 1; b <= backends_; b++) all.push_back(backend_ns(b));
     for (const auto& ns : all) {
         must({"ip", "netns", "add", ns});
         must({"ip", "-n", ns, "link", "set", "lo", "up"});
@@ -70,7 +74,7 @@ void LoadBalancerLab::build() {
         veth_pair(
             {cli, prefix_ + "-c" + n(p), "10.0." + n(p) + ".1/24", "fd00:0:" + n(p) + "::1/64"},
             {lb, prefix_ + "-r" + n(p), "10.0." + n(p) + ".2/24", "fd00:0:" + n(p) + "::2/64"});
-    for (int b = 1; b <= kBackends; b++)
+    for (int b = 1; b <= backends_; b++)
         veth_pair(
             {lb, prefix_ + "-l" + n(b), "10.1." + n(b) + ".1/24", "fd00:1:" + n(b) + "::1/64"},
             {backend_ns(b), prefix_ + "-v" + n(b), "10.1." + n(b) + ".2/24",
@@ -96,23 +100,26 @@ void LoadBalancerLab::build() {
     for (int family : {4, 6}) {
         const std::string v = family == 6 ? "-6" : "-4", host = family == 6 ? "/128" : "/32";
         std::vector<std::string> ecmp{"ip", "-n", lb, v, "route", "add", vip(family) + host};
-        for (int b = 1; b <= kBackends; b++) {
+        for (int b = 1; b <= backends_; b++) {
             const std::string via = family == 6 ? "fd00:1:" + n(b) + "::2" : "10.1." + n(b) + ".2";
             ecmp.insert(ecmp.end(), {"nexthop", "via", via, "dev", prefix_ + "-l" + n(b)});
-            must({"ip", "-n", lb, v, "route", "add", unique_addr(b, family) + host, "via", via});
+            if (unique_)
+                must(
+                    {"ip", "-n", lb, v, "route", "add", unique_addr(b, family) + host, "via", via});
         }
         must(ecmp);
     }
 
     // The backends: both addresses on lo, replies through the router, the unique address
     // announced to every client.
-    for (int b = 1; b <= kBackends; b++) {
+    for (int b = 1; b <= backends_; b++) {
         const std::string ns = backend_ns(b);
         must({"ip", "-n", ns, "route", "add", "default", "via", "10.1." + n(b) + ".1"});
         must({"ip", "-n", ns, "-6", "route", "add", "default", "via", "fd00:1:" + n(b) + "::1"});
         for (int family : {4, 6}) {
             const std::string host = family == 6 ? "/128" : "/32";
             must({"ip", "-n", ns, "addr", "add", vip(family) + host, "dev", "lo"});
+            if (!unique_) continue;
             must({"ip", "-n", ns, "addr", "add", unique_addr(b, family) + host, "dev", "lo"});
             must({"ip", "-n", ns, "mptcp", "endpoint", "add", unique_addr(b, family), "signal"});
         }

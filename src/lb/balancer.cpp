@@ -52,6 +52,10 @@ int Balancer::prog_fd() const {
     return bpf_program__fd(skel_->progs.lb_ingress);
 }
 
+int Balancer::veth_peer_prog_fd() const {
+    return bpf_program__fd(skel_->progs.lb_veth_peer);
+}
+
 void Balancer::set_services(const std::vector<Service>& services) {
     if (services.size() > MPS_LB_MAX_VIPS)
         throw std::invalid_argument("balancer: " + std::to_string(services.size()) +

@@ -58,6 +58,9 @@ public:
     Balancer& operator=(const Balancer&) = delete;
 
     int prog_fd() const;
+    // XDP_PASS and nothing else: what the veth peer of a backend's interface must run for the
+    // veth to take redirected frames (test beds; a NIC needs none).
+    int veth_peer_prog_fd() const;
 
     // Replaces the services. Throws std::invalid_argument for more than MPS_LB_MAX_VIPS, a
     // family other than 4 or 6, or one service twice.
@@ -73,7 +76,8 @@ public:
     int index_of(const std::string& name) const;
 
     // Takes the server keys the datapath reported and owns their tokens; waits up to
-    // `timeout` for the first. Returns how many tokens were written.
+    // `timeout` for the first. Returns how many tokens were written. May run on a thread of its
+    // own beside the other calls: it writes only the token table.
     size_t learn(std::chrono::milliseconds timeout);
 
     // A token owned by a backend (learnt here, or announced by the backend).

@@ -61,7 +61,7 @@ struct LbTally {
 
 uint64_t mib_sum(const LoadBalancerLab& lab, const char* counter) {
     uint64_t n = 0;
-    for (int b = 1; b <= LoadBalancerLab::kBackends; b++) {
+    for (int b = 1; b <= lab.backends(); b++) {
         const auto c = mptcp_counters(lab.backend_ns(b));
         auto it = c.find(counter);
         if (it == c.end()) throw Error(std::string("this kernel has no MPTcpExt ") + counter);
@@ -81,7 +81,7 @@ LbTally lb_run(const LoadBalancerLab& lab, int family, bool with_mpsteer, const 
     std::vector<std::unique_ptr<AdaptedShare>> policies;
     std::vector<std::unique_ptr<ShippedAgent>> agents;
     if (with_mpsteer) {
-        for (int b = 1; b <= LoadBalancerLab::kBackends; b++) {
+        for (int b = 1; b <= lab.backends(); b++) {
             const std::string name = "uc-" + tag + "-b" + std::to_string(b);
             policies.push_back(
                 backend_policies(opt.share, "/run/mpsteer-" + name + "-share", b, family));
@@ -91,7 +91,7 @@ LbTally lb_run(const LoadBalancerLab& lab, int family, bool with_mpsteer, const 
         for (auto& a : agents) a->wait_ready();
     }
     std::vector<std::unique_ptr<Discard>> servers;
-    for (int b = 1; b <= LoadBalancerLab::kBackends; b++)
+    for (int b = 1; b <= lab.backends(); b++)
         servers.push_back(std::make_unique<Discard>(lab.backend_ns(b), kServicePort, family == 6));
 
     const uint64_t syn_rx0 = mib_sum(lab, "MPJoinSynRx");
@@ -120,7 +120,7 @@ LbTally lb_run(const LoadBalancerLab& lab, int family, bool with_mpsteer, const 
             }
             // Backends announce both families' unique addresses; an IPv6 socket reaches the
             // IPv4 one as a mapped address.
-            for (int b = 1; b <= LoadBalancerLab::kBackends; b++) {
+            for (int b = 1; b <= lab.backends(); b++) {
                 const std::string u4 = LoadBalancerLab::unique_addr(b, 4);
                 if (sf.remote == endpoint(u4, 4) || sf.remote == endpoint("::ffff:" + u4, 6) ||
                     sf.remote == endpoint(LoadBalancerLab::unique_addr(b, 6), 6))
