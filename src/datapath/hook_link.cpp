@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 
@@ -59,20 +60,29 @@ std::unique_ptr<HookLink> HookLink::attach(const std::string& ifname, Hook hook,
         fail("attaching XDP to " + ifname, errno);
     }
     const bool egress = hook == Hook::tc_egress;
-    int fd = bpf_link_create(
-        prog_fd, l->ifindex_,
-        static_cast<bpf_attach_type>(egress ? kAttachTcxEgress : kAttachTcxIngress), nullptr);
-    if (fd >= 0) {
-        l->link_ = Fd(fd);
-        l->mode_ = "tcx";
-        return l;
+    // MPSTEER_TC_WITHOUT_TCX=1 takes the path of kernels before 6.6 on a newer one (tests).
+    const char* no_tcx = std::getenv("MPSTEER_TC_WITHOUT_TCX");
+    if (!no_tcx || std::string(no_tcx) != "1") {
+        int fd = bpf_link_create(
+            prog_fd, l->ifindex_,
+            static_cast<bpf_attach_type>(egress ? kAttachTcxEgress : kAttachTcxIngress), nullptr);
+        if (fd >= 0) {
+            l->link_ = Fd(fd);
+            l->mode_ = "tcx";
+            return l;
+        }
+        spdlog::debug("{}: TCX unavailable ({}), using a clsact filter", ifname,
+                      std::strerror(errno));
     }
-    spdlog::debug("{}: TCX unavailable ({}), using a clsact filter", ifname, std::strerror(errno));
     LIBBPF_OPTS(bpf_tc_hook, th, .ifindex = l->ifindex_,
                 .attach_point = egress ? BPF_TC_EGRESS : BPF_TC_INGRESS);
     if (int err = bpf_tc_hook_create(&th); err && err != -EEXIST)
         fail("creating clsact on " + ifname, err);
-    LIBBPF_OPTS(bpf_tc_opts, to, .prog_fd = prog_fd, .handle = kTcHandle, .priority = kTcPriority);
+    // Replacing: the filter an earlier agent left running at our handle (an agent leaves its
+    // datapath attached when it exits, and a filter has no link to pin and adopt) is taken
+    // over, with no moment without a program.
+    LIBBPF_OPTS(bpf_tc_opts, to, .prog_fd = prog_fd, .flags = BPF_TC_F_REPLACE, .handle = kTcHandle,
+                .priority = kTcPriority);
     if (int err = bpf_tc_attach(&th, &to)) fail("attaching TC to " + ifname, err);
     l->mode_ = "tc-filter";
     return l;

@@ -98,6 +98,48 @@ TEST_CASE("agent process: only the hooks and interfaces a policy names get a pro
     CHECK(h.status()["attachments"].empty());
 }
 
+TEST_CASE(
+    "agent process: a restarted agent takes over the clsact filters the last one left running "
+    "(kernels without TCX)",
+    "[agent]") {
+    Lab lab(lab_config("cls"));
+    AgentHarness h(lab, "clsact");
+    const std::string ns = lab.server_ns(), s1 = lab.server_if(1);
+    setenv("MPSTEER_TC_WITHOUT_TCX", "1", 1);
+    struct Unset {
+        ~Unset() { unsetenv("MPSTEER_TC_WITHOUT_TCX"); }
+    } unset;
+    auto filters = [&](const char* dir) {
+        const std::string out = must_in(ns, {"tc", "filter", "show", "dev", s1, dir});
+        size_t n = 0;
+        for (size_t at = out.find(" handle "); at != std::string::npos;
+             at = out.find(" handle ", at + 1))
+            ++n;
+        return n;
+    };
+    const auto rev = h.publish({{"policies/p.yaml", record_policy("tc_ingress, tc_egress", s1)}});
+    auto applied = [&] {
+        return h.wait_status(
+            [&](const json& s) {
+                return s.value("ready", false) && s.value("applied_revision", "") == rev;
+            },
+            60s);
+    };
+    h.start();
+    INFO("agent log:\n" << h.log_tail());
+    REQUIRE(applied());
+    CHECK(h.status()["attachments"][0].value("mode", "") == "tc-filter");
+    REQUIRE(h.stop() == 0);
+    // Its datapath stays attached after it exits; the next agent takes the filters over.
+    CHECK(filters("ingress") == 1);
+    CHECK(filters("egress") == 1);
+    h.start();
+    CHECK(applied());
+    CHECK(filters("ingress") == 1);
+    CHECK(filters("egress") == 1);
+    CHECK(h.stop() == 0);
+}
+
 TEST_CASE("agent process: SIGTERM with the metrics server on stops cleanly", "[agent][signals]") {
     Lab lab(lab_config("sig"));
     AgentHarness h(lab, "sigterm");
