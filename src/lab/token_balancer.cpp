@@ -5,6 +5,8 @@
 #include <net/if.h>
 
 #include <chrono>
+#include <cstring>
+#include <sys/socket.h>
 #include <nlohmann/json.hpp>
 
 #include "datapath/datapath.h"
@@ -37,7 +39,74 @@ lb::Service service_of(int family, uint16_t port, mps_lb_unknown_action unknown)
     return s;
 }
 
+uint32_t sum16(const uint8_t* p, size_t n, uint32_t s = 0) {
+    for (size_t i = 0; i + 1 < n; i += 2) s += uint32_t(p[i]) << 8 | p[i + 1];
+    if (n & 1) s += uint32_t(p[n - 1]) << 8;
+    return s;
+}
+
 }  // namespace
+
+void send_join_syn(const std::string& netns, int family, const std::string& src, uint16_t sport,
+                   const std::string& dst, uint16_t dport, uint32_t token) {
+    const int af = family == 6 ? AF_INET6 : AF_INET;
+    const size_t alen = family == 6 ? 16 : 4;
+    uint8_t sa[16]{}, da[16]{};
+    if (inet_pton(af, src.c_str(), sa) != 1 || inet_pton(af, dst.c_str(), da) != 1)
+        throw Error("send_join_syn: not IPv" + std::to_string(family) + ": " + src + ", " + dst);
+    // TCP header (20) + MP_JOIN SYN (12: kind 30, length 12, subtype 1, address id 1, token,
+    // nonce), SYN, window 64240.
+    uint8_t tcp[32]{};
+    tcp[0] = sport >> 8, tcp[1] = sport & 0xff, tcp[2] = dport >> 8, tcp[3] = dport & 0xff;
+    tcp[4] = 0x12, tcp[5] = 0x34;  // sequence number
+    tcp[12] = 8 << 4;              // 32 bytes of header
+    tcp[13] = 0x02;
+    tcp[14] = 0xfa, tcp[15] = 0xf0;
+    const uint8_t opt[12] = {30,
+                             12,
+                             0x10,
+                             1,
+                             uint8_t(token >> 24),
+                             uint8_t(token >> 16),
+                             uint8_t(token >> 8),
+                             uint8_t(token),
+                             1,
+                             2,
+                             3,
+                             4};
+    std::memcpy(tcp + 20, opt, sizeof opt);
+    // Pseudo-header: addresses, protocol 6, length 32.
+    uint32_t s = sum16(sa, alen, sum16(da, alen)) + 6 + sizeof tcp;
+    s = sum16(tcp, sizeof tcp, s);
+    while (s >> 16) s = (s & 0xffff) + (s >> 16);
+    const uint16_t check = static_cast<uint16_t>(~s);
+    tcp[16] = check >> 8, tcp[17] = check & 0xff;
+
+    NetnsGuard in(netns);
+    net::Fd fd(socket(af, SOCK_RAW | SOCK_CLOEXEC, IPPROTO_TCP));
+    if (!fd) throw Error(std::string("send_join_syn: raw socket: ") + std::strerror(errno));
+    sockaddr_storage from{}, to{};
+    socklen_t len;
+    if (family == 6) {
+        auto* f6 = reinterpret_cast<sockaddr_in6*>(&from);
+        auto* t6 = reinterpret_cast<sockaddr_in6*>(&to);
+        f6->sin6_family = t6->sin6_family = AF_INET6;
+        std::memcpy(&f6->sin6_addr, sa, 16);
+        std::memcpy(&t6->sin6_addr, da, 16);
+        len = sizeof(sockaddr_in6);
+    } else {
+        auto* f4 = reinterpret_cast<sockaddr_in*>(&from);
+        auto* t4 = reinterpret_cast<sockaddr_in*>(&to);
+        f4->sin_family = t4->sin_family = AF_INET;
+        std::memcpy(&f4->sin_addr, sa, 4);
+        std::memcpy(&t4->sin_addr, da, 4);
+        len = sizeof(sockaddr_in);
+    }
+    if (bind(fd.get(), reinterpret_cast<sockaddr*>(&from), len) ||
+        sendto(fd.get(), tcp, sizeof tcp, 0, reinterpret_cast<sockaddr*>(&to), len) !=
+            static_cast<ssize_t>(sizeof tcp))
+        throw Error(std::string("send_join_syn: ") + std::strerror(errno));
+}
 
 TokenBalancer::TokenBalancer(const LoadBalancerLab& lab, uint16_t port, int serving,
                              mps_lb_unknown_action unknown)

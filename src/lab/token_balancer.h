@@ -22,6 +22,11 @@ class HookLink;
 
 namespace mpsteer::lab {
 
+// Sends one MP_JOIN SYN with `token` from src:sport to dst:dport (family 4 or 6) by a raw
+// socket inside `netns`: what a host that guesses tokens sends. The TCP checksum is complete.
+void send_join_syn(const std::string& netns, int family, const std::string& src, uint16_t sport,
+                   const std::string& dst, uint16_t dport, uint32_t token);
+
 class TokenBalancer {
 public:
     // Starts with backends 1..serving (of the lab's); unknown tokens get `unknown`.

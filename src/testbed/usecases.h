@@ -83,6 +83,7 @@ private:
 
 // The use cases.
 Report load_balancer(const Options& opt);
+Report token_balancer(const Options& opt);
 Report multi_tenant(const Options& opt);
 Report small_flows(const Options& opt);
 Report ecf_scheduling(const Options& opt);

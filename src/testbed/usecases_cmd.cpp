@@ -128,6 +128,7 @@ struct UseCase {
 const std::vector<UseCase>& use_cases() {
     static const std::vector<UseCase> all = {
         {"lb", "servers behind a stateless load balancer", load_balancer},
+        {"lb-token", "joins routed by token", token_balancer},
         {"tenants", "multi-tenant spreading", multi_tenant},
         {"smallflow", "small-flow path manager", small_flows},
         {"ecf", "ECF scheduling", ecf_scheduling},
