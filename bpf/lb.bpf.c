@@ -310,11 +310,13 @@ int lb_ingress(struct xdp_md *ctx)
 	count(MPS_LB_C_PACKETS);
 
 	__u32 syn = tcp->syn && !tcp->ack;
-	/* The options matter on a SYN (MP_JOIN) and on a packet with more than a timestamp
-	 * (MP_CAPABLE on the third ACK is 20 bytes or more). */
+	struct mps_lb_flow *f = syn ? NULL : bpf_map_lookup_elem(&lb_flows, &k);
+	/* The options matter on a SYN (MP_JOIN) and on the first packets after it that have more
+	 * than a timestamp (MP_CAPABLE with both keys is 20 bytes or more). */
 	struct opt_locs loc = {};
 	__u32 hlen = tcp->doff * 4;
-	if (syn || hlen > sizeof(*tcp) + 12) {
+	__u32 probe = syn || (hlen > sizeof(*tcp) + 12 && (!f || f->probes));
+	if (probe) {
 		if (scan(ctx, pc.l4_off, pc.l4_len, &loc) < 0) {
 			count(MPS_LB_C_MALFORMED);
 			return XDP_DROP;
@@ -322,7 +324,7 @@ int lb_ingress(struct xdp_md *ctx)
 	}
 
 	if (syn) {
-		struct mps_lb_flow f = {};
+		struct mps_lb_flow f = {.probes = MPS_LB_KEY_PROBES};
 		__u32 joff = loc.off[OPT_JOIN];
 		if (joff) {
 			__u8 *o = (__u8 *)tcp + (joff & 0x3f);
@@ -343,6 +345,7 @@ int lb_ingress(struct xdp_md *ctx)
 			__sync_fetch_and_add(&t->joins, 1);
 			f.backend = t->backend;
 			f.token = token;
+			f.probes = 0; /* a join carries no keys */
 			count(MPS_LB_C_JOINS_ROUTED);
 		} else {
 			f.backend = hashed_backend(&k);
@@ -358,7 +361,6 @@ int lb_ingress(struct xdp_md *ctx)
 	}
 
 	__u32 backend;
-	struct mps_lb_flow *f = bpf_map_lookup_elem(&lb_flows, &k);
 	if (f) {
 		backend = f->backend;
 		count(MPS_LB_C_FLOW_HITS);
@@ -373,6 +375,8 @@ int lb_ingress(struct xdp_md *ctx)
 		if ((void *)(o + 20) <= end)
 			report_key(&k, backend, o);
 	}
+	if (probe && f && f->probes)
+		f->probes = moff ? 0 : f->probes - 1;
 	if (tcp->rst && f)
 		bpf_map_delete_elem(&lb_flows, &k);
 	return forward(ctx, backend);

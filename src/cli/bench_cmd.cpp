@@ -17,6 +17,7 @@
 #include "cli/commands.h"
 #include "datapath/datapath.h"
 #include "datapath/frames.h"
+#include "lb/balancer.h"
 #include "net/stats.h"
 
 namespace mpsteer::cli {
@@ -105,6 +106,51 @@ struct Case {
     std::unique_ptr<Generation> gen;
     int fd;
     std::vector<double> samples;
+    std::vector<uint8_t> frame;  // empty: the chains' data segment
+    uint32_t verdict = 2;        // XDP_PASS
+};
+
+// The balancer (bpf/lb.bpf.c) with a VIP, three backends (on the interface the frames come in
+// by: XDP_TX) and one token, and the frames of its three paths: a new connection's SYN, a
+// data segment of a subflow it follows (the SYN made its entry), a join with a known token.
+struct BalancerCase {
+    lb::Balancer balancer{lb::Sizes{65536, 65536, lb::kDefaultTableSize}};
+    static constexpr uint32_t kVip = 0xcb00710a;  // 203.0.113.10
+    static constexpr uint32_t kToken = 0x01020304;
+    BalancerCase() {
+        lb::Service vip;
+        const uint32_t be = htonl(kVip);
+        std::memcpy(vip.addr.data(), &be, 4);
+        vip.port = 443;
+        balancer.set_services({vip});
+        std::vector<lb::Target> targets;
+        for (const char* name : {"b1", "b2", "b3"}) {
+            lb::Target t;
+            t.backend.name = name;
+            t.ifindex = 1;  // BPF_PROG_TEST_RUN's frames come in by lo
+            targets.push_back(t);
+        }
+        balancer.set_backends(targets);
+        balancer.own_token(kToken, balancer.index_of("b2"));
+    }
+    static FrameSpec spec(uint16_t sport) {
+        FrameSpec f;
+        f.daddr = kVip;
+        f.sport = sport;
+        f.dport = 443;
+        return f;
+    }
+    static std::vector<uint8_t> syn() {
+        auto s = spec(40000);
+        s.payload = 0;
+        return tcp_frame(s, 0x02, {2, 4, 0x05, 0xb4, 30, 4, 0x01, 0x01});  // MSS, MP_CAPABLE
+    }
+    static std::vector<uint8_t> data() { return mptcp_data_frame(spec(40000)); }
+    static std::vector<uint8_t> join() {
+        auto s = spec(40001);
+        s.payload = 0;
+        return tcp_frame(s, 0x02, {30, 12, 0x10, 1, 1, 2, 3, 4, 9, 9, 9, 9});  // MP_JOIN
+    }
 };
 
 int run_bench(bool json, uint32_t repeat, int rounds) {
@@ -125,8 +171,8 @@ int run_bench(bool json, uint32_t repeat, int rounds) {
     auto base =
         Generation::build(chain(2, false), 1, state, {"bench_bare_pass", "bench_parse_only"});
     int bare = base->prog_fd("bench_bare_pass"), parse = base->prog_fd("bench_parse_only");
-    cases.push_back({"bare_pass_ns", nullptr, bare, {}});
-    cases.push_back({"parse_only_ns", nullptr, parse, {}});
+    cases.push_back({"bare_pass_ns", nullptr, bare, {}, {}, 2});
+    cases.push_back({"parse_only_ns", nullptr, parse, {}, {}, 2});
     // A kernel that refuses the compiled entries runs every chain in the entry program: the
     // compiled cases are then reported as refused, with the kernel's reason, not measured.
     std::string refused;
@@ -137,7 +183,7 @@ int run_bench(bool json, uint32_t repeat, int rounds) {
             return;
         }
         int fd = g->entry_fd(Hook::xdp);
-        cases.push_back({key, std::move(g), fd, {}});
+        cases.push_back({key, std::move(g), fd, {}, {}, 2});
     };
     for (auto [key, n, miss] :
          {std::tuple{"chain2_match_ns", 2, false}, std::tuple{"chain4_match_ns", 4, false},
@@ -150,7 +196,7 @@ int run_bench(bool json, uint32_t repeat, int rounds) {
                                 std::tuple{"chain4_nomatch_interp_ns", 4, true}}) {
         auto g = Generation::build(chain(n, miss), 3, state);
         int fd = g->datapath()->entry_fd(Hook::xdp);
-        cases.push_back({key, std::move(g), fd, {}});
+        cases.push_back({key, std::move(g), fd, {}, {}, 2});
     }
     // The same stateful chain with the flow table holding 1 k, 64 k and 1 M other flows, each
     // table twice the size it holds (as an agent sized for its load would run).
@@ -174,10 +220,17 @@ int run_bench(bool json, uint32_t repeat, int rounds) {
                 std::string(e.what()) + " (tables for " + std::to_string(sizes.flows) + " flows)";
         }
     }
-    // Sanity: every chain must actually run to its verdict (pass) on this frame.
+    BalancerCase lbc;
+    cases.push_back({"lb_syn_ns", nullptr, lbc.balancer.prog_fd(), {}, lbc.syn(), 3});
+    cases.push_back({"lb_data_ns", nullptr, lbc.balancer.prog_fd(), {}, lbc.data(), 3});
+    cases.push_back({"lb_join_ns", nullptr, lbc.balancer.prog_fd(), {}, lbc.join(), 3});
+    for (auto& c : cases)
+        if (c.frame.empty()) c.frame = frame;
+    // Sanity: every case must actually run to its verdict on its frame (the chains pass, the
+    // balancer sends back out).
     for (auto& c : cases) {
-        auto r = test_run(c.fd, frame, true, 1);
-        if (r.retval != 2 /* XDP_PASS */)
+        auto r = test_run(c.fd, c.frame, true, 1);
+        if (r.retval != c.verdict)
             throw Error(c.key + ": unexpected verdict " + std::to_string(r.retval));
         if (c.key.starts_with("chain4_flows") && c.gen->step_counters().at(3).matched != 1)
             throw Error(c.key + ": record did not reach the flow table");
@@ -187,7 +240,8 @@ int run_bench(bool json, uint32_t repeat, int rounds) {
     std::filesystem::remove_all(root);
     // Interleave the cases round by round so drift hits them all alike; report medians.
     for (int round = 0; round < rounds; ++round)
-        for (auto& c : cases) c.samples.push_back(test_run(c.fd, frame, true, repeat).duration_ns);
+        for (auto& c : cases)
+            c.samples.push_back(test_run(c.fd, c.frame, true, repeat).duration_ns);
     nlohmann::ordered_json out;
     for (auto& c : cases) out[c.key] = median(c.samples);
     // Ratios per round (both figures from the same round), then their median: a round that
@@ -209,6 +263,11 @@ int run_bench(bool json, uint32_t repeat, int rounds) {
     ratio_of("chain4_nomatch_interp_ratio", "chain4_nomatch_interp_ns", "bare_pass_ns");
     ratio_of("flows1m_vs_1k_ratio", "chain4_flows1m_ns", "chain4_flows1k_ns");
     ratio_of("flows64k_vs_1k_ratio", "chain4_flows64k_ns", "chain4_flows1k_ns");
+    for (const char* k : {"lb_syn", "lb_data", "lb_join"})
+        ratio_of(std::string(k) + "_ratio", std::string(k) + "_ns", "bare_pass_ns");
+    const auto lbc_counts = lbc.balancer.counters();
+    if (lbc_counts[MPS_LB_C_JOINS_UNKNOWN] || lbc_counts[MPS_LB_C_NO_BACKEND])
+        throw Error("lb cases: a join found no token or a packet no backend");
     if (!refused.empty()) out["compiled_entries_refused"] = refused;
     if (!skipped.empty()) out["cases_skipped"] = skipped;
     // What the agent's count of its tables (every 10 s, for the metrics) costs as they fill.

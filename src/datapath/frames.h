@@ -12,8 +12,11 @@ struct FrameSpec {
     uint16_t sport = 40000, dport = 5201;
     uint16_t payload = 100;
 };
-// Ethernet + IPv4 + TCP (ACK|PSH, NOP NOP TS, DSS with data ACK and DSN mapping) + payload,
-// with valid IPv4 and TCP checksums.
+// Ethernet + IPv4 + TCP with these flags and options (a multiple of 4 bytes) + payload, with
+// valid IPv4 and TCP checksums.
+std::vector<uint8_t> tcp_frame(const FrameSpec& spec, uint8_t flags,
+                               const std::vector<uint8_t>& options);
+// tcp_frame: ACK|PSH, NOP NOP TS, DSS with data ACK and DSN mapping.
 std::vector<uint8_t> mptcp_data_frame(const FrameSpec& spec = {});
 
 }  // namespace mpsteer::datapath

@@ -106,7 +106,12 @@ void exchange(std::vector<ConnectionSet*> sets, int ticks) {
     }
 }
 
-TokenTally token_run(const LoadBalancerLab& lab, int family, bool with_mpsteer, int round) {
+TokenTally token_run(const std::string& tag, int family, bool with_mpsteer, int round) {
+    // A lab of its own per run: what the last run's connections still send as they close
+    // (retransmissions to backends that never had them, once its routing changed) must not
+    // count in this one.
+    LoadBalancerLab lab(tag + std::to_string(family) + (with_mpsteer ? "m" : "k"), kBackends,
+                        false);
     std::unique_ptr<TokenBalancer> tb;
     if (with_mpsteer)
         tb = std::make_unique<TokenBalancer>(lab, kPort, 3, MPS_LB_UNKNOWN_DROP);
@@ -115,9 +120,6 @@ TokenTally token_run(const LoadBalancerLab& lab, int family, bool with_mpsteer, 
     std::vector<std::unique_ptr<Discard>> servers;
     for (int b = 1; b <= kBackends; ++b)
         servers.push_back(std::make_unique<Discard>(lab.backend_ns(b), kPort, family == 6));
-    // What the last run's closing connections still send (to backends that never had them,
-    // once the routing changed) is over before this run counts.
-    std::this_thread::sleep_for(3s);
     const uint64_t syn_rx0 = mib_sum(lab, "MPJoinSynRx");
     const uint64_t no_token0 = mib_sum(lab, "MPJoinNoTokenFound");
     const auto c0 = tb ? tb->counters() : lb::Counters{};
@@ -205,13 +207,12 @@ Report token_balancer(const Options& opt) {
     // 2,700 connections and their subflows at once.
     rlimit nofile{16384, 16384};
     setrlimit(RLIMIT_NOFILE, &nofile);
-    const std::string tag = "t" + std::to_string(getpid() % 1000000);
-    LoadBalancerLab lab(tag, kBackends, false);
+    const std::string tag = "t" + std::to_string(getpid() % 10000);
     TokenTally sum[2][2];  // [IPv4, IPv6][kernel, mpsteer]
     for (int round = 0; round < opt.rounds; round++)
         for (int f = 0; f < 2; f++)
             for (int m : {round % 2, 1 - round % 2})
-                sum[f][m] += token_run(lab, f ? 6 : 4, m == 1, round);
+                sum[f][m] += token_run(tag, f ? 6 : 4, m == 1, round);
 
     auto number = [](uint64_t v) { return Cell{v, std::to_string(v), std::nullopt}; };
     auto zero = [&](uint64_t v, bool mpsteer) {

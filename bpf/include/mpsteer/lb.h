@@ -63,8 +63,14 @@ struct mps_lb_flow_key {
 
 struct mps_lb_flow {
 	__u32 backend;
-	__u32 token; /* for a join: the token it was routed by; 0 for a connection's first */
+	__u32 token;  /* for a join: the token it was routed by; 0 for a connection's first */
+	__u32 probes; /* non-SYN packets still to be searched for MP_CAPABLE's keys */
 };
+
+/* A client sends MP_CAPABLE with both keys on its third ACK, and again on its first data
+ * segments until the server's data ACK comes: the first few packets after a SYN. Later ones
+ * (and a join's) are not searched: their options cost nothing then. */
+#define MPS_LB_KEY_PROBES 4
 
 struct mps_lb_token {
 	__u32 backend;
