@@ -16,6 +16,7 @@
 #include "compile/compile.h"
 #include "datapath/chain.h"
 #include "datapath/kernel_probe.h"
+#include "lb/balancer.h"
 #include "manifest/manifest.h"
 
 namespace mpsteer::cli {
@@ -102,6 +103,13 @@ int run_validate_host(const std::vector<std::string>& paths) {
     else
         std::cout << "compiled:  refused, chains run in the entry program: "
                   << k.compiled_entry_refused << '\n';
+    // The load balancer (bpf/lb.bpf.c) is a program of its own: what a balancer node needs.
+    try {
+        lb::Balancer probe(lb::Sizes{1024, 1024, 251});
+        std::cout << "balancer:  loads\n";
+    } catch (const std::exception& e) {
+        std::cout << "balancer:  refused (a balancer node cannot run here): " << e.what() << '\n';
+    }
     if (paths.empty()) return k.programs_refused.empty() ? 0 : 1;
     // The policies: every step's program must be one this kernel loads (either hook's variant
     // refused counts: a policy may run at both).
