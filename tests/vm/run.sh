@@ -70,7 +70,8 @@ DEB=${MPS_VM_DEB:-$(ls "$bdir"/packages/mpsteer_*_"$ARCH".deb 2>/dev/null | tail
 # The test programs the guest runs for the bpf and churn checks, from the same build.
 # MPS_VM_PROGRAMS narrows them (paths under the build directory).
 programs=${MPS_VM_PROGRAMS:-"tests/bpf/bpf_datapath_tests tests/bpf/bpf_rewrite_tests
-tests/bpf/bpf_rollout_tests tests/bpf/bpf_property_fuzz_tests tests/e2e/e2e_agent_tests"}
+tests/bpf/bpf_rollout_tests tests/bpf/bpf_property_fuzz_tests tests/bpf/bpf_lb_tests
+tests/e2e/e2e_agent_tests"}
 case ",$CHECKS," in *,bpf,*|*,churn,*)
     missing=""
     for p in $programs; do [ -x "$bdir/$p" ] || missing="$missing $p"; done
