@@ -351,9 +351,12 @@ int lb_ingress(struct xdp_md *ctx)
 			f.backend = hashed_backend(&k);
 			count(MPS_LB_C_NEW_FLOWS);
 		}
-		/* A retransmitted SYN finds its entry again and keeps the backend it had. */
+		/* A retransmitted SYN finds its entry again and keeps the backend it had, while
+		 * that backend is still live. */
 		struct mps_lb_flow *old = bpf_map_lookup_elem(&lb_flows, &k);
-		if (old && !joff)
+		struct mps_lb_backend *was =
+		    old ? bpf_map_lookup_elem(&lb_backends, &old->backend) : NULL;
+		if (old && !joff && was && (was->flags & MPS_LB_BACKEND_LIVE))
 			f.backend = old->backend;
 		else if (f.backend < MPS_LB_MAX_BACKENDS)
 			bpf_map_update_elem(&lb_flows, &k, &f, BPF_ANY);

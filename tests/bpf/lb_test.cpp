@@ -299,6 +299,16 @@ TEST_CASE("lb: a backend added takes new flows only; a drained one keeps its flo
     fx.b.set_backends(removed);
     CHECK(fx.b.index_of("b2") == -1);
     CHECK(fx.b.index_of("b4") == 3);  // indices stay with their names
+    for (auto& [p, was] : before) {
+        if (was != "b2") continue;
+        Packet data = p;
+        data.tcp.options.clear();
+        data.flags(tcpf::ACK).payload(50);
+        CHECK(run(fx.b, data.build()).action == XDP_DROP);  // its connection is gone
+        // A SYN of the same 4-tuple again (a new connection reusing the port) is hashed anew.
+        CHECK(sent_to(run(fx.b, p.build())) == fx.hashed(p, removed));
+    }
+    CHECK(fx.b.counters()[MPS_LB_C_NO_BACKEND] > 0);
 }
 
 TEST_CASE("lb: malformed options on a SYN to a VIP are dropped, counted", "[lb]") {
