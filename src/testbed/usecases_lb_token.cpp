@@ -16,6 +16,7 @@
 
 #include "lab/lab.h"
 #include "lab/token_balancer.h"
+#include "net/stats.h"
 #include "testbed/usecases.h"
 
 namespace mpsteer::cli::usecases {
@@ -39,6 +40,7 @@ struct TokenTally {
     uint64_t joins_received = 0, joins_no_token = 0, forged_received = 0;
     uint64_t joins_unknown = 0, joins_routed = 0;  // the balancer's counters (mpsteer only)
     unsigned runs_cut_short = 0;                   // a connect failed: the run counts nothing
+    std::vector<double> stream_gbps;               // one bulk stream through the router per run
 
     TokenTally& operator+=(const TokenTally& o) {
         connections += o.connections;
@@ -55,6 +57,7 @@ struct TokenTally {
         joins_unknown += o.joins_unknown;
         joins_routed += o.joins_routed;
         runs_cut_short += o.runs_cut_short;
+        stream_gbps.insert(stream_gbps.end(), o.stream_gbps.begin(), o.stream_gbps.end());
         return *this;
     }
     // The largest deviation of a backend's share of the new connections from an equal one.
@@ -127,6 +130,11 @@ TokenTally token_run(const std::string& tag, int family, bool with_mpsteer, int 
     const auto c0 = tb ? tb->counters() : lb::Counters{};
     const std::string vip = LoadBalancerLab::vip(family);
     TokenTally t;
+
+    // What the router forwards at most: one bulk MPTCP stream to the VIP (both subflows through
+    // the router; CPU-bound on veths), plain forwarding against the balancer.
+    const TrafficStats bulk = send_stream(lab.client_ns(), vip, kPort, SendOptions::of_time(3s));
+    t.stream_gbps.push_back(bulk.seconds > 0 ? bulk.bytes * 8 / bulk.seconds / 1e9 : 0);
 
     ConnectionSet before(lab.client_ns(), vip, kPort, kBefore);
     exchange({&before}, 10);
@@ -276,6 +284,11 @@ Report token_balancer(const Options& opt) {
          [&](const TokenTally& t, bool) { return number(t.joins_unknown); }},
         {"runs_cut_short", "runs ended by a connect that was reset (not counted above)", "0",
          [&](const TokenTally& t, bool m) { return zero(t.runs_cut_short, m); }},
+        {"stream_gbps", "one bulk MPTCP stream to the VIP, median of the runs, Gbit/s", "",
+         [](const TokenTally& t, bool) {
+             const double g = t.stream_gbps.empty() ? 0 : net::median(t.stream_gbps);
+             return Cell{g, fixed(g, 2), std::nullopt};
+         }},
     };
     for (const char* family : {"ipv4", "ipv6"})
         for (const char* mode : {"kernel", "mpsteer"})
