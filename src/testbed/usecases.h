@@ -5,6 +5,8 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+
+#include "testbed/agent_process.h"
 #include <optional>
 #include <string>
 #include <utility>
@@ -79,6 +81,20 @@ public:
 private:
     void remove();
     std::string dir_;
+};
+
+// The real agent (`mpsteer run`, ShippedAgent) inside `netns` on adapted copies of shipped
+// files, Ready when constructed; stopped, and the copies removed, when destroyed. `name` names
+// its runtime files (/run/mpsteer-<name>, its pins, the copies in /run/mpsteer-<name>-share).
+class PolicyAgent {
+public:
+    PolicyAgent(const Options& opt, const std::string& netns, const std::string& name,
+                const std::vector<std::pair<std::string, AdaptedShare::Replacements>>& files);
+    ShippedAgent& process() { return agent_; }
+
+private:
+    AdaptedShare share_;  // declared first: outlives the agent that reads it
+    ShippedAgent agent_;
 };
 
 // The use cases.

@@ -84,6 +84,14 @@ AdaptedShare::AdaptedShare(const std::string& share, const std::string& dir,
     }
 }
 
+PolicyAgent::PolicyAgent(
+    const Options& opt, const std::string& netns, const std::string& name,
+    const std::vector<std::pair<std::string, AdaptedShare::Replacements>>& files)
+    : share_(opt.share, "/run/mpsteer-" + name + "-share", files),
+      agent_(share_.share(), netns, name) {
+    agent_.wait_ready();
+}
+
 AdaptedShare::~AdaptedShare() {
     remove();
 }

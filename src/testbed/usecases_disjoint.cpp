@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <spdlog/spdlog.h>
 #include <string>
 #include <thread>
@@ -158,17 +159,11 @@ Report disjoint_subflows(const Options& opt) {
                 must({"ip", "-n", cli, "mptcp", "endpoint", "add", Lab::client_addr(2), "dev",
                       lab.client_if(2), "subflow", "fullmesh"});
             }
-            std::unique_ptr<AdaptedShare> share;
-            std::unique_ptr<ShippedAgent> agent;
-            if (m == 1) {
-                const std::string name = "uc-" + tag;
-                share = std::make_unique<AdaptedShare>(
-                    opt.share, "/run/mpsteer-" + name + "-share",
-                    std::vector<std::pair<std::string, AdaptedShare::Replacements>>{
-                        {"policies/disjoint-subflows.yaml", {}}});
-                agent = std::make_unique<ShippedAgent>(share->share(), cli, name);
-                agent->wait_ready();
-            }
+            std::optional<PolicyAgent> agent;
+            if (m == 1)
+                agent.emplace(opt, cli, "uc-" + tag,
+                              std::vector<std::pair<std::string, AdaptedShare::Replacements>>{
+                                  {"policies/disjoint-subflows.yaml", {}}});
             for (size_t g = 0; g < kRegimeCount; g++) {
                 check_stop();
                 const Regime& rg = kRegimes[g];

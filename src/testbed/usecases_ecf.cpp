@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <optional>
 #include <spdlog/spdlog.h>
 #include <thread>
 
@@ -200,18 +201,12 @@ std::vector<double> paced_stream(const Lab& lab, uint16_t port) {
 // Every regime once in one mode (the agent, when there, runs across all of them).
 void ecf_run(Lab& lab, bool with_mpsteer, const Options& opt, const std::string& tag, int round,
              const std::string& rmem_default, uint16_t& port, Samples& out) {
-    std::unique_ptr<AdaptedShare> share;
-    std::unique_ptr<ShippedAgent> agent;
-    if (with_mpsteer) {
-        const std::string name = "uc-" + tag + "-ecf";
-        share = std::make_unique<AdaptedShare>(
-            opt.share, "/run/mpsteer-" + name + "-share",
-            std::vector<std::pair<std::string, AdaptedShare::Replacements>>{
-                {"policies/ecf-scheduler.yaml", {{"wwan0", lab.client_if(2)}}},
-                {"lua/ecf.lua", {}}});
-        agent = std::make_unique<ShippedAgent>(share->share(), lab.client_ns(), name);
-        agent->wait_ready();
-    }
+    std::optional<PolicyAgent> agent;
+    if (with_mpsteer)
+        agent.emplace(opt, lab.client_ns(), "uc-" + tag + "-ecf",
+                      std::vector<std::pair<std::string, AdaptedShare::Replacements>>{
+                          {"policies/ecf-scheduler.yaml", {{"wwan0", lab.client_if(2)}}},
+                          {"lua/ecf.lua", {}}});
     const char* mode = with_mpsteer ? "mpsteer" : "kernel";
     for (const auto& rg : kRegimes) {
         check_stop();
@@ -245,7 +240,7 @@ void ecf_run(Lab& lab, bool with_mpsteer, const Options& opt, const std::string&
     lab.shape(2, kLte);
     set_rmem(lab, rmem_default);
     if (agent)
-        for (const auto& h : agent->status().value("lua_hooks", nlohmann::json::array()))
+        for (const auto& h : agent->process().status().value("lua_hooks", nlohmann::json::array()))
             spdlog::info("ecf round {} mpsteer: hook {} {}, {} calls, {} failures, {} writes",
                          round + 1, h.value("policy", ""), h.value("state", ""),
                          h.value("calls", 0), h.value("failures", 0), h.value("writes", 0));

@@ -15,6 +15,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <optional>
 #include <spdlog/spdlog.h>
 #include <string>
 #include <thread>
@@ -239,17 +240,12 @@ Report path_resilience(const Options& opt) {
     uint16_t port = 7400;  // one per download: no connection meets a TIME_WAIT of the last one
     for (int round = 0; round < opt.rounds; round++)
         for (bool policy : {round % 2 == 1, round % 2 == 0}) {  // which mode goes first alternates
-            std::unique_ptr<AdaptedShare> share;
-            std::unique_ptr<ShippedAgent> agent;
-            if (policy) {
-                const std::string name = "uc-" + tag;
-                share = std::make_unique<AdaptedShare>(
-                    opt.share, "/run/mpsteer-" + name + "-share",
+            std::optional<PolicyAgent> agent;
+            if (policy)
+                agent.emplace(
+                    opt, cli, "uc-" + tag,
                     std::vector<std::pair<std::string, AdaptedShare::Replacements>>{
                         {"policies/path-resilience.yaml", {}}, {"lua/path_resilience.lua", {}}});
-                agent = std::make_unique<ShippedAgent>(share->share(), cli, name);
-                agent->wait_ready();
-            }
             for (size_t c = 0; c < columns.size(); c++) {
                 if (columns[c].policy != policy) continue;
                 check_stop();
@@ -265,7 +261,7 @@ Report path_resilience(const Options& opt) {
                     run.failed_mbit, after(run.used_after_s), after(run.new_after_s));
                 runs[c].push_back(std::move(run));
             }
-            if (agent) agent->stop();
+            if (agent) agent->process().stop();
         }
 
     for (const auto& c : columns)

@@ -149,17 +149,11 @@ struct Round {
 
 Round run_mode(const Lab& lab, bool with_mpsteer, const Options& opt, const std::string& tag,
                int round) {
-    std::unique_ptr<AdaptedShare> share;
-    std::unique_ptr<ShippedAgent> agent;
-    if (with_mpsteer) {
-        const std::string name = "uc-" + tag;
-        share = std::make_unique<AdaptedShare>(
-            opt.share, "/run/mpsteer-" + name + "-share",
-            std::vector<std::pair<std::string, AdaptedShare::Replacements>>{
-                {"policies/small-flow-pm.yaml", {}}, {"lua/small_flow_pm.lua", {}}});
-        agent = std::make_unique<ShippedAgent>(share->share(), lab.client_ns(), name);
-        agent->wait_ready();
-    }
+    std::optional<PolicyAgent> agent;
+    if (with_mpsteer)
+        agent.emplace(opt, lab.client_ns(), "uc-" + tag,
+                      std::vector<std::pair<std::string, AdaptedShare::Replacements>>{
+                          {"policies/small-flow-pm.yaml", {}}, {"lua/small_flow_pm.lua", {}}});
     Round r;
     // Ports differ per round and mode: no connection meets a TIME_WAIT of the last one.
     const uint16_t port0 = uint16_t(6000 + 100 * (2 * round + with_mpsteer));
