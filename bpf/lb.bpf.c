@@ -324,7 +324,7 @@ int lb_ingress(struct xdp_md *ctx)
 	}
 
 	if (syn) {
-		struct mps_lb_flow f = {.probes = MPS_LB_KEY_PROBES};
+		struct mps_lb_flow entry = {.probes = MPS_LB_KEY_PROBES};
 		__u32 joff = loc.off[OPT_JOIN];
 		if (joff) {
 			__u8 *o = (__u8 *)tcp + (joff & 0x3f);
@@ -343,12 +343,12 @@ int lb_ingress(struct xdp_md *ctx)
 				return XDP_DROP;
 			}
 			__sync_fetch_and_add(&t->joins, 1);
-			f.backend = t->backend;
-			f.token = token;
-			f.probes = 0; /* a join carries no keys */
+			entry.backend = t->backend;
+			entry.token = token;
+			entry.probes = 0; /* a join carries no keys */
 			count(MPS_LB_C_JOINS_ROUTED);
 		} else {
-			f.backend = hashed_backend(&k);
+			entry.backend = hashed_backend(&k);
 			count(MPS_LB_C_NEW_FLOWS);
 		}
 		/* A retransmitted SYN finds its entry again and keeps the backend it had, while
@@ -357,10 +357,10 @@ int lb_ingress(struct xdp_md *ctx)
 		struct mps_lb_backend *was =
 		    old ? bpf_map_lookup_elem(&lb_backends, &old->backend) : NULL;
 		if (old && !joff && was && (was->flags & MPS_LB_BACKEND_LIVE))
-			f.backend = old->backend;
-		else if (f.backend < MPS_LB_MAX_BACKENDS)
-			bpf_map_update_elem(&lb_flows, &k, &f, BPF_ANY);
-		return forward(ctx, f.backend);
+			entry.backend = old->backend;
+		else if (entry.backend < MPS_LB_MAX_BACKENDS)
+			bpf_map_update_elem(&lb_flows, &k, &entry, BPF_ANY);
+		return forward(ctx, entry.backend);
 	}
 
 	__u32 backend;
