@@ -335,6 +335,10 @@ struct TrafficStats {
     unsigned subflows = 0;  // additional subflows open at the end (MPTCP_INFO)
     bool fallback = false;  // the connection fell back to plain TCP
 };
+// Every byte the sender sent arrived, in order (same checksum), over MPTCP to the end.
+inline bool arrived_intact(const TrafficStats& sent, const TrafficStats& got) {
+    return got.bytes == sent.bytes && got.checksum == sent.checksum && !got.fallback;
+}
 
 // An MPTCP listener inside `netns` that accepts one connection and reads it to the end in a
 // thread. Construct it before the sender starts.

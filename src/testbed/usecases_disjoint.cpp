@@ -108,7 +108,7 @@ Run download(const Lab& lab, uint16_t port, bool trace) {
     for (int p = 0; p < 2; p++) r.link[p] = rx_bytes(p + 1) - rx0[p];
     r.bytes = rx.bytes;
     r.seconds = rx.seconds;
-    r.intact = rx.bytes == tx.bytes && rx.checksum == tx.checksum && !rx.fallback;
+    r.intact = arrived_intact(tx, rx);
     return r;
 }
 

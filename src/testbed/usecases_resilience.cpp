@@ -154,7 +154,7 @@ Run download(Lab& lab, Failure failure, int family, uint16_t port) {
         throw Error("resilience: interactive stream on port " + std::to_string(echo_port) + ": " +
                     echo_error);
     const TrafficStats tx = source.wait(30s);
-    r.intact = rx.bytes == tx.bytes && rx.checksum == tx.checksum && !rx.fallback && !echo_fallback;
+    r.intact = arrived_intact(tx, rx) && !echo_fallback;
     // The stall: the longest time without a read that ends after the failure began (also
     // after the return: a subflow that comes back late can hold the stream up then).
     Clock::time_point prev = fail_at;
