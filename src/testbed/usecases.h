@@ -7,6 +7,8 @@
 #include <nlohmann/json.hpp>
 
 #include "testbed/agent_process.h"
+#include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -57,6 +59,35 @@ struct Report {
 // Writes the plot's data as <dir>/<file>.json and draws <dir>/<file>.png from it with
 // tools/plot_usecases.py under `share` (matplotlib); returns the PNG's path.
 std::string draw_plot(const Plot& p, const std::string& dir, const std::string& share);
+
+// A count as it is, and a count mpsteer must keep at 0 (the kernel's column only shows it).
+Cell count_cell(uint64_t v);
+Cell zero_cell(uint64_t v, bool mpsteer);
+
+// The figures of a use case whose columns are IPv4 and IPv6, each the kernel alone and with
+// mpsteer: `cell` makes one column's cell from that column's tally.
+template <class Tally>
+struct FamilyFigure {
+    const char* key;
+    const char* label;
+    const char* target;
+    std::function<Cell(const Tally&, bool mpsteer)> cell;
+};
+// Adds the columns "ipv4 kernel", "ipv4 mpsteer", "ipv6 kernel", "ipv6 mpsteer" and the
+// figures; sum[family][mode]: [IPv4, IPv6][kernel, mpsteer].
+template <class Tally>
+void add_family_figures(Report& r, const std::vector<FamilyFigure<Tally>>& specs,
+                        const Tally (&sum)[2][2]) {
+    for (const char* family : {"ipv4", "ipv6"})
+        for (const char* mode : {"kernel", "mpsteer"})
+            r.columns.push_back(std::string(family) + " " + mode);
+    for (const auto& s : specs) {
+        Figure fig{s.key, s.label, s.target, {}};
+        for (int f = 0; f < 2; f++)
+            for (int m = 0; m < 2; m++) fig.cells.push_back(s.cell(sum[f][m], m == 1));
+        r.figures.push_back(std::move(fig));
+    }
+}
 
 // "12 (30 %)"
 std::string percent(unsigned part, unsigned whole);

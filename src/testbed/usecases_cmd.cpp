@@ -41,6 +41,16 @@ bool Report::met() const {
     return true;
 }
 
+Cell count_cell(uint64_t v) {
+    return Cell{v, std::to_string(v), std::nullopt};
+}
+
+Cell zero_cell(uint64_t v, bool mpsteer) {
+    Cell c = count_cell(v);
+    if (mpsteer) c.met = v == 0;
+    return c;
+}
+
 std::string percent(unsigned part, unsigned whole) {
     char b[64];
     std::snprintf(b, sizeof b, "%u (%.0f %%)", part, whole ? 100.0 * part / whole : 0.0);

@@ -160,24 +160,9 @@ Report load_balancer(const Options& opt) {
             for (int m : {round % 2, 1 - round % 2})
                 sum[f][m] += lb_run(lab, f ? 6 : 4, m == 1, opt, tag, round);
 
-    struct Spec {
-        const char* key;
-        const char* label;
-        const char* target;
-        std::function<Cell(const LbTally&, bool mpsteer)> cell;
-    };
-    auto number = [](uint64_t v) { return Cell{v, std::to_string(v), std::nullopt}; };
-    // A count mpsteer must keep at zero (the kernel's column only shows it).
-    auto zero_with_mpsteer = [&](uint64_t (*count)(const LbTally&)) {
-        return [&number, count](const LbTally& t, bool mpsteer) {
-            Cell c = number(count(t));
-            if (mpsteer) c.met = count(t) == 0;
-            return c;
-        };
-    };
-    const std::vector<Spec> specs = {
+    const std::vector<FamilyFigure<LbTally>> specs = {
         {"connections", "connections", "",
-         [&](const LbTally& t, bool) { return number(t.connections); }},
+         [](const LbTally& t, bool) { return count_cell(t.connections); }},
         {"with_extra_subflow", "connections with >= 2 subflows", "100 %",
          [](const LbTally& t, bool mpsteer) {
              Cell c{t.with_extra_subflow, percent(t.with_extra_subflow, t.connections), {}};
@@ -185,15 +170,15 @@ Report load_balancer(const Options& opt) {
              return c;
          }},
         {"joins_received", "MP_JOIN SYNs at the backends (MIB)", "",
-         [&](const LbTally& t, bool) { return number(t.joins_received); }},
+         [](const LbTally& t, bool) { return count_cell(t.joins_received); }},
         {"joins_failed", "joins failed: no token (MIB)", "0",
-         zero_with_mpsteer([](const LbTally& t) -> uint64_t { return t.joins_failed; })},
+         [](const LbTally& t, bool m) { return zero_cell(t.joins_failed, m); }},
         {"unique_address_subflows", "subflows to a unique address (either family)", "",
-         [&](const LbTally& t, bool) { return number(t.unique_subflows); }},
+         [](const LbTally& t, bool) { return count_cell(t.unique_subflows); }},
         {"resets", "connections reset", "0",
-         zero_with_mpsteer([](const LbTally& t) -> uint64_t { return t.resets; })},
+         [](const LbTally& t, bool m) { return zero_cell(t.resets, m); }},
         {"fallbacks", "connections fallen back to TCP", "0",
-         zero_with_mpsteer([](const LbTally& t) -> uint64_t { return t.fallbacks; })},
+         [](const LbTally& t, bool m) { return zero_cell(t.fallbacks, m); }},
         {"vip_subflow_backup", "VIP subflow backup", "yes",
          [](const LbTally& t, bool mpsteer) {
              const bool all = t.vip_subflows && t.vip_subflows_backup == t.vip_subflows;
@@ -209,15 +194,7 @@ Report load_balancer(const Options& opt) {
              return c;
          }},
     };
-    for (const char* family : {"ipv4", "ipv6"})
-        for (const char* mode : {"kernel", "mpsteer"})
-            r.columns.push_back(std::string(family) + " " + mode);
-    for (const auto& s : specs) {
-        Figure fig{s.key, s.label, s.target, {}};
-        for (int f = 0; f < 2; f++)
-            for (int m = 0; m < 2; m++) fig.cells.push_back(s.cell(sum[f][m], m == 1));
-        r.figures.push_back(std::move(fig));
-    }
+    add_family_figures(r, specs, sum);
     return r;
 }
 

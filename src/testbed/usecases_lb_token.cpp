@@ -231,21 +231,9 @@ Report token_balancer(const Options& opt) {
                     sum[f][m].runs_cut_short++;
                 }
 
-    auto number = [](uint64_t v) { return Cell{v, std::to_string(v), std::nullopt}; };
-    auto zero = [&](uint64_t v, bool mpsteer) {
-        Cell c = number(v);
-        if (mpsteer) c.met = v == 0;
-        return c;
-    };
-    struct Spec {
-        const char* key;
-        const char* label;
-        const char* target;
-        std::function<Cell(const TokenTally&, bool)> cell;
-    };
-    const std::vector<Spec> specs = {
+    const std::vector<FamilyFigure<TokenTally>> specs = {
         {"connections", "connections", "",
-         [&](const TokenTally& t, bool) { return number(t.connections); }},
+         [](const TokenTally& t, bool) { return count_cell(t.connections); }},
         {"joined", "connections with >= 2 subflows", ">= 99.9 %",
          [](const TokenTally& t, bool mpsteer) {
              Cell c{t.joined, percent(t.joined, t.connections), {}};
@@ -253,12 +241,12 @@ Report token_balancer(const Options& opt) {
              return c;
          }},
         {"joins_received", "MP_JOIN SYNs at the backends (MIB)", "",
-         [&](const TokenTally& t, bool) { return number(t.joins_received); }},
+         [](const TokenTally& t, bool) { return count_cell(t.joins_received); }},
         {"joins_no_token", "joins failed: no token (MIB MPJoinNoTokenFound)", "0",
-         [&](const TokenTally& t, bool m) { return zero(t.joins_no_token, m); }},
+         [](const TokenTally& t, bool m) { return zero_cell(t.joins_no_token, m); }},
         {"rsts_after_add",
          "resets from backends that got an existing connection's segment, after the 4th came", "0",
-         [&](const TokenTally& t, bool m) { return zero(t.rsts_after_add, m); }},
+         [](const TokenTally& t, bool m) { return zero_cell(t.rsts_after_add, m); }},
         {"spread_after_add", "new connections per backend after the add (largest deviation)",
          "<= 10 %",
          [](const TokenTally& t, bool mpsteer) {
@@ -271,34 +259,26 @@ Report token_balancer(const Options& opt) {
              return c;
          }},
         {"to_drained", "new connections to the drained backend", "0",
-         [&](const TokenTally& t, bool m) { return zero(t.to_drained, m); }},
+         [](const TokenTally& t, bool m) { return zero_cell(t.to_drained, m); }},
         {"rsts_after_drain", "... after the drain", "0",
-         [&](const TokenTally& t, bool m) { return zero(t.rsts_after_drain, m); }},
+         [](const TokenTally& t, bool m) { return zero_cell(t.rsts_after_drain, m); }},
         {"resets", "connections reset (in all)", "0",
-         [&](const TokenTally& t, bool m) { return zero(t.resets, m); }},
+         [](const TokenTally& t, bool m) { return zero_cell(t.resets, m); }},
         {"fallbacks", "connections fallen back to TCP", "0",
-         [&](const TokenTally& t, bool m) { return zero(t.fallbacks, m); }},
+         [](const TokenTally& t, bool m) { return zero_cell(t.fallbacks, m); }},
         {"forged_received", "forged joins (random tokens) that reached a backend", "0",
-         [&](const TokenTally& t, bool m) { return zero(t.forged_received, m); }},
+         [](const TokenTally& t, bool m) { return zero_cell(t.forged_received, m); }},
         {"joins_unknown", "joins the balancer found no token for (forged ones included)", "",
-         [&](const TokenTally& t, bool) { return number(t.joins_unknown); }},
+         [](const TokenTally& t, bool) { return count_cell(t.joins_unknown); }},
         {"runs_cut_short", "runs ended by a connect that was reset (not counted above)", "0",
-         [&](const TokenTally& t, bool m) { return zero(t.runs_cut_short, m); }},
+         [](const TokenTally& t, bool m) { return zero_cell(t.runs_cut_short, m); }},
         {"stream_gbps", "one bulk MPTCP stream to the VIP, median of the runs, Gbit/s", "",
          [](const TokenTally& t, bool) {
              const double g = t.stream_gbps.empty() ? 0 : net::median(t.stream_gbps);
              return Cell{g, fixed(g, 2), std::nullopt};
          }},
     };
-    for (const char* family : {"ipv4", "ipv6"})
-        for (const char* mode : {"kernel", "mpsteer"})
-            r.columns.push_back(std::string(family) + " " + mode);
-    for (const auto& s : specs) {
-        Figure fig{s.key, s.label, s.target, {}};
-        for (int f = 0; f < 2; f++)
-            for (int m = 0; m < 2; m++) fig.cells.push_back(s.cell(sum[f][m], m == 1));
-        r.figures.push_back(std::move(fig));
-    }
+    add_family_figures(r, specs, sum);
     return r;
 }
 
