@@ -96,7 +96,7 @@ private:
     void log_summary() const;
     // The Lua hooks follow the running revision's policies.
     void configure_hooks(const manifest::Model& model, const std::string& revision);
-    void configure_hooks_from_dir();
+    void configure_hooks_from_dir();  // and the balancer
 
     Config cfg_;
     datapath::StateMaps state_;
@@ -145,7 +145,8 @@ void Agent::configure_hooks(const manifest::Model& model, const std::string& rev
     hooks_configured_ = true;
 }
 
-// After a restart that adopted the running generation without an apply.
+// After a restart that adopted the running generation without an apply: its hooks and its
+// balancer.
 void Agent::configure_hooks_from_dir() {
     try {
         auto rev = snapshot(cfg_.policies_dir);
@@ -153,9 +154,12 @@ void Agent::configure_hooks_from_dir() {
         mo.repo_root = rev.root;
         mo.known_interfaces = present_interfaces();
         auto res = manifest::load_paths({rev.root}, mo);
-        if (res.ok()) configure_hooks(res.model, status_.applied_revision);
+        if (!res.ok()) return;
+        configure_hooks(res.model, status_.applied_revision);
+        // The balancer goes with the agent that ran it; this one starts it again.
+        rollout_.start_balancer(res.model.balancer);
     } catch (const std::exception& e) {
-        spdlog::warn("lua hooks: {}", e.what());
+        spdlog::warn("after adopting the running generation: {}", e.what());
     }
 }
 

@@ -288,6 +288,27 @@ std::string to_prometheus(const nlohmann::json& s) {
             out += "mpsteer_endpoint_renewals_total{address=\"" + esc(r.value("address", "")) +
                    "\"} " + num(r["renewals"]) + "\n";
     }
+    if (s.contains("balancer") && s["balancer"].is_object()) {
+        const auto& b = s["balancer"];
+        const auto& c = b.value("counters", nlohmann::json::object());
+        metric(
+            "mpsteer_lb_packets_total", "counter",
+            "Packets the balancer handled, by what it did (bpf/README.md, \"The load balancer\")");
+        for (const auto& [what, v] : c.items())
+            if (v.is_number())
+                out += "mpsteer_lb_packets_total{balancer=\"" + esc(b.value("name", "")) +
+                       "\",counter=\"" + esc(what) + "\"} " + num(v) + "\n";
+        metric("mpsteer_lb_tokens_learnt_total", "counter",
+               "Connection tokens the balancer learnt from third ACKs");
+        out += "mpsteer_lb_tokens_learnt_total{balancer=\"" + esc(b.value("name", "")) + "\"} " +
+               num(b["tokens_learnt"]) + "\n";
+        metric("mpsteer_lb_backend_draining", "gauge",
+               "1 while a backend takes no new connections");
+        for (const auto& be : b.value("backends", nlohmann::json::array()))
+            out += "mpsteer_lb_backend_draining{balancer=\"" + esc(b.value("name", "")) +
+                   "\",backend=\"" + esc(be.value("name", "")) + "\"} " +
+                   (be.value("draining", false) ? "1" : "0") + "\n";
+    }
     if (s.contains("event_thread") && s["event_thread"].contains("latency_us")) {
         const auto& e = s["event_thread"];
         const auto& l = e["latency_us"];

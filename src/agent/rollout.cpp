@@ -108,8 +108,9 @@ std::optional<Rollout::Adopted> Rollout::adopt() {
     return adopted;
 }
 
-std::set<Rollout::LinkKey> Rollout::desired_links(const datapath::ChainSet& c,
-                                                  const std::set<std::string>& present) const {
+std::set<Rollout::LinkKey> Rollout::desired_links(
+    const datapath::ChainSet& c, const std::set<std::string>& present,
+    const std::vector<std::string>& balancer_interfaces) const {
     std::set<std::string> managed;
     if (!cfg_.interfaces.empty()) {
         managed.insert(cfg_.interfaces.begin(), cfg_.interfaces.end());
@@ -121,7 +122,10 @@ std::set<Rollout::LinkKey> Rollout::desired_links(const datapath::ChainSet& c,
     for (const auto& a : c.attachments) {
         if (a.ifname.empty()) {
             for (const auto& i : managed)
-                if (present.count(i)) out.insert({i, a.hook});
+                if (present.count(i) &&
+                    !(a.hook == Hook::xdp && std::binary_search(balancer_interfaces.begin(),
+                                                                balancer_interfaces.end(), i)))
+                    out.insert({i, a.hook});
         } else if (present.count(a.ifname) &&
                    (cfg_.interfaces.empty() || managed.count(a.ifname))) {
             // -i bounds what a policy may name: the operator's choice, not the committer's.
@@ -133,7 +137,7 @@ std::set<Rollout::LinkKey> Rollout::desired_links(const datapath::ChainSet& c,
 
 bool Rollout::interfaces_changed(const std::set<std::string>& present) const {
     if (!current_) return false;
-    auto want = desired_links(current_->chains(), present);
+    auto want = desired_links(current_->chains(), present, balancer_.interfaces());
     std::set<LinkKey> have;
     for (const auto& [k, l] : links_) have.insert(k);
     return want != have || present != built_with_ifaces_;
@@ -214,10 +218,25 @@ Rollout::Outcome Rollout::apply(const Revision& rev) {
     datapath::ChainSet chains = out.chains;
     std::erase_if(chains.entries,
                   [&](const auto& e) { return !e.ifname.empty() && !present.count(e.ifname); });
-    auto desired = desired_links(chains, present);
-
     std::unique_ptr<Generation> gen;
     const uint32_t n = next_gen_++;
+    BalancerHost::Plan balancer;
+    try {
+        balancer = balancer_.prepare(res.model.balancer);
+    } catch (const std::exception& e) {
+        o.errors.push_back(e.what());
+        return failed(Stall::build_failed, e.what());
+    }
+    std::optional<BalancerHost::Plan> balancer_before;  // what a failed switch puts back
+    try {
+        balancer_before = balancer_.prepare(balancer_.spec());
+    } catch (const std::exception& e) {
+        spdlog::warn("the running balancer could not be put back if this apply fails: {}",
+                     e.what());
+    }
+    const std::vector<std::string> no_interfaces;
+    auto desired =
+        desired_links(chains, present, balancer.spec ? balancer.spec->interfaces : no_interfaces);
     try {
         if (!dp_) {  // once per process (verifying every program takes about a second)
             auto dp = datapath::Datapath::load(state_);
@@ -240,7 +259,18 @@ Rollout::Outcome Rollout::apply(const Revision& rev) {
     gen->activate();
     std::vector<std::pair<LinkKey, datapath::Fd>> moved;  // and the program each ran before
     std::vector<LinkKey> added;
+    std::vector<std::pair<LinkKey, datapath::Fd>> yielded;  // XDP hooks the balancer now takes
+    bool balancer_changed = false;
     try {
+        if (balancer.spec)
+            for (const auto& i : balancer.spec->interfaces)
+                if (auto it = links_.find({i, Hook::xdp}); it != links_.end()) {
+                    yielded.emplace_back(it->first, it->second->program());
+                    it->second->detach();
+                    links_.erase(it);
+                }
+        balancer_changed = true;
+        balancer_.commit(balancer);  // puts itself back when it throws
         for (const auto& key : desired) {
             int fd = gen->entry_fd(key.hook, key.ifname);
             if (auto it = links_.find(key); it != links_.end()) {
@@ -268,6 +298,18 @@ Rollout::Outcome Rollout::apply(const Revision& rev) {
             links_[key]->detach();
             links_.erase(key);
         }
+        if (balancer_changed && balancer_before) try {
+                balancer_.commit(*balancer_before);
+            } catch (const std::exception& e2) {
+                spdlog::error("putting the balancer back: {}", e2.what());
+            }
+        for (auto& [key, prog] : yielded) try {
+                auto link = HookLink::attach(key.ifname, key.hook, prog.get());
+                link->pin(link_dir() + "/" + key.pin_name());
+                links_[key] = std::move(link);
+            } catch (const std::exception& e2) {
+                spdlog::error("re-attaching {}: {}", key.pin_name(), e2.what());
+            }
         o.errors.push_back(e.what());
         return failed(Stall::switch_failed, e.what());
     }
@@ -414,8 +456,19 @@ std::map<std::string, PolicyCounters> Rollout::policy_counters(const Generation&
 
 // Totals since the agent started (earlier generations included); missed_tail_calls (the
 // Degraded condition) is the running generation's only.
+void Rollout::start_balancer(const std::optional<manifest::Balancer>& spec) {
+    owner_only("start_balancer");
+    auto plan = balancer_.prepare(spec);
+    for (const auto& i : plan.spec ? plan.spec->interfaces : std::vector<std::string>{})
+        if (links_.count({i, Hook::xdp}))
+            throw std::runtime_error("balancer '" + spec->name + "': " + i +
+                                     " runs the policies' XDP entry");
+    balancer_.commit(std::move(plan));
+}
+
 DatapathStatus Rollout::report() const {
     DatapathStatus r;
+    r.balancer = balancer_.status();
     r.running = current_ != nullptr;
     r.generation = current_ ? current_->number() : 0;
     std::map<std::string, PolicyCounters> pols = retired_;

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "agent/agent.h"
+#include "agent/balancer_host.h"
 #include "agent/status.h"
 #include "datapath/datapath.h"
 #include "lua/step_writes.h"
@@ -73,6 +74,9 @@ public:
     uint32_t generation() const { return current_ ? current_->number() : 0; }
     std::optional<lua::RunningGeneration> running_generation() const;
     DatapathStatus report() const;
+    // After adopting a generation without an apply: the balancer of the revision it runs
+    // (the balancer does not outlive the agent). Throws like apply's build step.
+    void start_balancer(const std::optional<manifest::Balancer>& spec);
 
     // On exit: keep the links pinned (the datapath keeps running) or detach them.
     void release_links(bool detach);
@@ -93,8 +97,11 @@ private:
         auto operator<=>(const LinkKey&) const = default;
         std::string pin_name() const;
     };
+    // The links a chain set calls for; a policy on every interface leaves out the XDP hook of
+    // the balancer's (`balancer_interfaces`, sorted).
     std::set<LinkKey> desired_links(const datapath::ChainSet& c,
-                                    const std::set<std::string>& present) const;
+                                    const std::set<std::string>& present,
+                                    const std::vector<std::string>& balancer_interfaces) const;
     void preflight(const datapath::Generation& g);
     std::map<std::string, PolicyCounters> policy_counters(const datapath::Generation& g) const;
     void retire(std::unique_ptr<datapath::Generation>& g);
@@ -111,6 +118,7 @@ private:
     std::shared_ptr<datapath::Datapath> dp_;  // loaded (or adopted) once per process
     std::unique_ptr<datapath::Generation> current_, previous_;
     std::map<LinkKey, std::unique_ptr<datapath::HookLink>> links_;
+    BalancerHost balancer_;  // the revision's load balancer, changed with its policies
     std::set<std::string> built_with_ifaces_;  // interfaces present when current_ was built
     uint32_t next_gen_ = 1;
     // Counters of generations gone from their slot, so totals never go backwards.

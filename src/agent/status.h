@@ -73,6 +73,7 @@ struct DatapathStatus {
     };
     std::vector<Link> links;
     std::vector<datapath::TableInfo> tables;  // the state tables' sizes and memory
+    nlohmann::json balancer;                  // BalancerHost::status(); null: none runs
 };
 
 // The Lua hooks, read on the event thread.

@@ -110,6 +110,25 @@ int print_status_text(nlohmann::json s) {
                         p.value("selected", 0UL), p.value("applied", 0UL), p.value("drops", 0UL),
                         p.value("missed_tail_calls", 0UL));
     }
+    if (const auto b = s.value("balancer", nlohmann::json()); b.is_object()) {
+        std::cout << "balancer:   " << b.value("name", "") << " on";
+        for (const auto& i : b.value("interfaces", nlohmann::json::array()))
+            std::cout << ' ' << i.value("interface", "") << " (" << i.value("mode", "") << ")";
+        std::cout << ", " << b.value("services", nlohmann::json::array()).size() << " services, "
+                  << b.value("tokens_learnt", 0UL) << " tokens learnt\n";
+        for (const auto& be : b.value("backends", nlohmann::json::array()))
+            std::cout << "  backend:  " << be.value("name", "") << " via "
+                      << be.value("interface", "") << ", weight " << be.value("weight", 0)
+                      << (be.value("draining", false) ? ", draining" : "") << '\n';
+        const auto c = b.value("counters", nlohmann::json::object());
+        std::cout << "  packets " << c.value("packets", 0UL) << ", new flows "
+                  << c.value("new_flows", 0UL) << ", joins routed " << c.value("joins_routed", 0UL)
+                  << ", joins with an unknown token " << c.value("joins_unknown", 0UL)
+                  << ", no backend " << c.value("no_backend", 0UL) << ", malformed "
+                  << c.value("malformed", 0UL) << '\n';
+        if (!b.value("learn_error", "").empty())
+            std::cout << "  learning tokens failed: " << b.value("learn_error", "") << '\n';
+    }
     if (const auto hp = s.value("hook_process", nlohmann::json::object()); hp.value("pid", 0) > 0) {
         std::cout << "hook process: pid " << hp.value("pid", 0) << ", user " << hp.value("user", "")
                   << (hp.value("seccomp", false) ? ", seccomp" : ", no seccomp") << ", "

@@ -45,7 +45,10 @@ int run_validate(const std::vector<std::string>& paths, const std::string& outpu
         auto limits = compile::check_limits(result.model);
         result.diagnostics.insert(result.diagnostics.end(), limits.begin(), limits.end());
         manifest::sort_diagnostics(result.diagnostics);
-        if (!limits.empty()) result.model.policies.clear();
+        if (!limits.empty()) {
+            result.model.policies.clear();
+            result.model.balancer.reset();
+        }
     }
     size_t errors = 0, warnings = 0;
     for (const auto& d : result.diagnostics)
@@ -56,13 +59,18 @@ int run_validate(const std::vector<std::string>& paths, const std::string& outpu
         j["files"] = result.files;
         j["policies"] = nlohmann::json::array();
         for (const auto& p : result.model.policies) j["policies"].push_back(p.name);
+        j["balancer"] =
+            result.model.balancer ? nlohmann::json(result.model.balancer->name) : nlohmann::json();
         j["diagnostics"] = nlohmann::json::array();
         for (const auto& d : result.diagnostics) j["diagnostics"].push_back(diag_json(d));
         std::cout << j.dump(2) << '\n';
     } else {
         for (const auto& d : result.diagnostics) std::cout << d.format() << '\n';
         std::cerr << result.files.size() << " file(s), " << result.model.policies.size()
-                  << " policies: " << errors << " error(s), " << warnings << " warning(s)\n";
+                  << " policies"
+                  << (result.model.balancer ? ", balancer '" + result.model.balancer->name + "'"
+                                            : std::string())
+                  << ": " << errors << " error(s), " << warnings << " warning(s)\n";
     }
     return errors == 0 ? 0 : 1;
 }

@@ -191,6 +191,14 @@ int Balancer::owner_of(uint32_t token) const {
     return static_cast<int>(t.backend);
 }
 
+const char* counter_name(uint32_t counter) {
+    static constexpr const char* names[] = {
+        "packets",       "new_flows", "flow_hits",   "hashed",     "joins_routed",
+        "joins_unknown", "keys_seen", "events_lost", "no_backend", "malformed"};
+    static_assert(std::size(names) == MPS_LB_C_MAX, "a name for every counter of lb.h");
+    return counter < MPS_LB_C_MAX ? names[counter] : "unknown";
+}
+
 Counters Balancer::counters() const {
     Counters out{};
     const int ncpu = libbpf_num_possible_cpus();

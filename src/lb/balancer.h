@@ -48,6 +48,8 @@ struct Sizes {
 };
 
 using Counters = std::array<uint64_t, MPS_LB_C_MAX>;
+// A counter's name in status and metrics ("joins_routed"): its enum name, lower-case.
+const char* counter_name(uint32_t counter);
 
 class Balancer {
 public:

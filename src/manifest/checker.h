@@ -17,7 +17,7 @@ namespace mpsteer::manifest::detail {
 
 std::string fmt_pos(const Position& p);  // "FILE:LINE:COL"
 
-// A Policy, SelectorSet or ActionChain by name.
+// A Policy, SelectorSet, ActionChain or Balancer by name.
 struct Named {
     const Doc* doc = nullptr;
     bool valid = false;  // passed the schema
@@ -62,6 +62,8 @@ struct Checker {
 
     // One policy (policy.cpp).
     std::optional<Policy> policy(const Doc& d);
+    // The balancer (balancer.cpp).
+    std::optional<Balancer> balancer(const Doc& d);
 };
 
 // Inlines selector_set and action_chain references; false (with a diagnostic) on an unknown

@@ -171,8 +171,35 @@ struct Policy {
     size_t steps() const;
 };
 
+// The load balancer (kind: Balancer; bpf/lb.bpf.c): what the agent runs beside the policies.
+struct Balancer {
+    struct Service {
+        IpAddr vip;
+        uint16_t port = 0;
+        auto operator<=>(const Service&) const = default;
+    };
+    struct Backend {
+        std::string name;
+        std::array<uint8_t, 6> mac{};
+        std::string interface;  // this host's, towards the backend
+        uint32_t weight = 1;
+        bool draining = false;
+        bool operator==(const Backend&) const = default;
+    };
+    std::string name;
+    Position pos;                         // the document
+    std::vector<std::string> interfaces;  // sorted: the clients' side, XDP
+    std::vector<Service> services;        // one per VIP and port, sorted
+    std::vector<Backend> backends;        // as written
+    bool reset_unknown_tokens = false;    // `unknown_token: reset`
+    uint32_t subflow_table = 65536;
+    uint32_t token_table = 65536;
+    bool operator==(const Balancer&) const = default;
+};
+
 struct Model {
-    std::vector<Policy> policies;  // sorted by name
+    std::vector<Policy> policies;      // sorted by name
+    std::optional<Balancer> balancer;  // at most one per revision
 };
 
 struct Options {

@@ -123,7 +123,7 @@ Result load_docs(std::vector<Doc> docs, std::vector<Diagnostic> diags,
 
     // Schema first; a document that fails it still reserves its name so that references to
     // it do not produce a second, misleading error.
-    std::map<std::string, Named> policy_names, set_names, chain_names;
+    std::map<std::string, Named> policy_names, set_names, chain_names, balancer_names;
     std::set<const Doc*> script_refused;  // by the schema
     for (const auto& d : docs) {
         size_t before = diags.size();
@@ -145,14 +145,24 @@ Result load_docs(std::vector<Doc> docs, std::vector<Diagnostic> diags,
         auto* names = kind == "Policy"        ? &policy_names
                       : kind == "SelectorSet" ? &set_names
                       : kind == "ActionChain" ? &chain_names
+                      : kind == "Balancer"    ? &balancer_names
                                               : nullptr;
         if (!names) continue;
         std::string name = j["metadata"]["name"];
+        if (names == &balancer_names && !balancer_names.empty() && !balancer_names.count(name)) {
+            const auto& first = *balancer_names.begin();
+            ck.error(d, "/metadata/name",
+                     "a revision runs one balancer; '" + first.first + "' is defined at " +
+                         fmt_pos(first.second.doc->root) +
+                         " (one balancer takes several services and backends)");
+            continue;
+        }
         auto [it, fresh] = names->emplace(name, Named{&d, valid});
         if (!fresh) {
             std::string what = kind == "Policy"        ? "policy"
                                : kind == "SelectorSet" ? "selector set"
-                                                       : "action chain";
+                               : kind == "ActionChain" ? "action chain"
+                                                       : "balancer";
             ck.error(
                 d, "/metadata/name",
                 what + " '" + name + "' is already defined at " + fmt_pos(it->second.doc->root));
@@ -277,6 +287,28 @@ Result load_docs(std::vector<Doc> docs, std::vector<Diagnostic> diags,
         policies.emplace_back(std::move(*p), &d);
     }
 
+    // The balancer, and its interfaces' XDP hook: the balancer's alone.
+    for (auto& [name, n] : balancer_names) {
+        if (!n.valid) continue;
+        result.model.balancer = ck.balancer(*n.doc);
+        if (!result.model.balancer) continue;
+        const auto& lb_ifs = result.model.balancer->interfaces;
+        for (const auto& [p, d] : policies) {
+            if (!std::binary_search(p.hooks.begin(), p.hooks.end(), Hook::xdp) ||
+                p.interfaces.empty())
+                continue;  // on every managed interface: the balancer's are left out
+            for (const auto& i : p.interfaces)
+                if (std::binary_search(lb_ifs.begin(), lb_ifs.end(), i)) {
+                    ck.error(*d, "/spec/attach",
+                             "policy '" + p.name + "' attaches xdp to '" + i +
+                                 "', where balancer '" + name + "' (" +
+                                 fmt_pos(result.model.balancer->pos) +
+                                 ") runs; use tc_ingress there");
+                    break;
+                }
+        }
+    }
+
     // Priorities: unique among policies that can meet on one hook and interface.
     std::sort(policies.begin(), policies.end(),
               [](const auto& a, const auto& b) { return a.first.pos < b.first.pos; });
@@ -364,7 +396,10 @@ Result load_docs(std::vector<Doc> docs, std::vector<Diagnostic> diags,
     result.diagnostics = std::move(diags);
     result.files = std::move(files);
     // A model is only handed out whole: with any error the caller must not compile it.
-    if (!result.ok()) result.model.policies.clear();
+    if (!result.ok()) {
+        result.model.policies.clear();
+        result.model.balancer.reset();
+    }
     return result;
 }
 

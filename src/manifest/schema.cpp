@@ -65,8 +65,9 @@ struct Schemas {
             docs[name] = json::parse(text);
             drop_unique_items(for_valijson[name] = docs[name]);
         }
-        for (const char* root : {"manifest.schema.json", "policy.schema.json",
-                                 "selector-set.schema.json", "action-chain.schema.json"}) {
+        for (const char* root :
+             {"manifest.schema.json", "policy.schema.json", "selector-set.schema.json",
+              "action-chain.schema.json", "balancer.schema.json"}) {
             auto s = std::make_unique<valijson::Schema>();
             valijson::SchemaParser parser(valijson::SchemaParser::kDraft7);
             valijson::adapters::NlohmannJsonAdapter adapter(for_valijson.at(root));
@@ -232,6 +233,8 @@ bool schema_validate(const Doc& doc, std::vector<Diagnostic>& diags) {
             root = "selector-set.schema.json";
         else if (k == "ActionChain")
             root = "action-chain.schema.json";
+        else if (k == "Balancer")
+            root = "balancer.schema.json";
     }
     std::vector<std::string> path;
     const bool unique = unique_items(S, root, doc, doc.json, path, "", diags);

@@ -2,7 +2,7 @@
 // The MPTCP-aware balancer (bpf/lb.bpf.c) on a router in front of backends that have no address
 // of their own to announce: every join the clients' path managers send to the VIP reaches the
 // backend that owns its connection (0 MPJoinNoTokenFound), IPv4 and IPv6; forged joins reach
-// no backend.
+// no backend. The agent running the balancer a revision declares.
 #include <catch2/catch.hpp>
 
 #include <arpa/inet.h>
@@ -10,14 +10,20 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <memory>
 #include <random>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
+#include "agent_harness.h"
 #include "lab/lab.h"
+#include "datapath/datapath.h"
 #include "lab/token_balancer.h"
+#include "lb/balancer.h"
 
 using namespace mpsteer;
 using namespace mpsteer::lab;
@@ -107,4 +113,197 @@ TEST_CASE("lb: forged joins with random tokens reach no backend", "[e2e][lb]") {
     CHECK(tb.counters()[MPS_LB_C_JOINS_UNKNOWN] == 100);
     CHECK(mib_sum(lab, "MPJoinSynRx") - syn_rx0 == 0);
     CHECK(s1.accepted() + s2.accepted() == 0);
+}
+
+namespace {
+
+std::string mac_in(const std::string& netns, const std::string& ifname) {
+    const auto j = nlohmann::json::parse(must({"ip", "-n", netns, "-j", "link", "show", ifname}));
+    return j.at(0).at("address").get<std::string>();
+}
+
+// A Balancer manifest for the lab's router: both client-facing interfaces, the VIP in both
+// families, backends 1..n (draining the ones listed), their interfaces as given.
+std::string balancer_manifest(const LoadBalancerLab& lab, int n,
+                              const std::vector<int>& draining = {},
+                              const std::string& backend_if_override = "") {
+    std::string m =
+        "apiVersion: mpsteer.dev/v1\nkind: Balancer\nmetadata: {name: web}\nspec:\n"
+        "  interfaces: [" +
+        lab.router_client_if(1) + ", " + lab.router_client_if(2) +
+        "]\n  services:\n    - {vip: " + LoadBalancerLab::vip(4) +
+        ", ports: [443]}\n    - {vip: \"" + LoadBalancerLab::vip(6) +
+        "\", ports: [443]}\n  backends:\n";
+    for (int b = 1; b <= n; ++b) {
+        const bool drain = std::find(draining.begin(), draining.end(), b) != draining.end();
+        m += "    - {name: backend-" + std::to_string(b) + ", mac: \"" +
+             mac_in(lab.backend_ns(b), lab.backend_if(b)) + "\", interface: " +
+             (backend_if_override.empty() ? lab.router_backend_if(b) : backend_if_override) +
+             (drain ? ", draining: true" : "") + "}\n";
+    }
+    return m;
+}
+
+// A policy on every interface, XDP included: the balancer's interfaces are left out of its XDP.
+const char* kEverywhere = R"(apiVersion: mpsteer.dev/v1
+kind: Policy
+metadata: {name: count-all}
+spec:
+  attach: {hooks: [xdp, tc_ingress]}
+  priority: 10
+  actions:
+    - record: {}
+)";
+
+// Whether status.json lists the policies' entry on an interface's hook.
+bool policy_link(const nlohmann::json& status, const std::string& ifname, const char* hook) {
+    for (const auto& a : status["attachments"])
+        if (a.value("interface", "") == ifname && a.value("hook", "") == hook) return true;
+    return false;
+}
+
+bool xdp_on(const std::string& netns, const std::string& ifname) {
+    const auto j = nlohmann::json::parse(must({"ip", "-n", netns, "-j", "link", "show", ifname}));
+    return j.at(0).contains("xdp");
+}
+
+}  // namespace
+
+// The agent runs the balancer a revision declares (kind: Balancer) on the router: joins reach
+// their backend, status and metrics show it; a revision naming an interface the router lacks is
+// refused whole while the balancer runs on; a drain is a new revision; removing the document
+// leaves the interfaces.
+TEST_CASE("lb: the agent runs a Balancer manifest, refuses a broken one whole and removes it",
+          "[e2e][lb]") {
+    datapath::init_libbpf_logging();
+    LoadBalancerLab lab("lba" + std::to_string(getpid() % 1000), 2, false);
+    // What TokenBalancer does for a test bed, the agent does not: the client's veths checksum
+    // their own frames, and the backends' veths take redirected frames (their peer runs XDP).
+    for (int p = 1; p <= 2; ++p)
+        must_in(lab.client_ns(), {"ethtool", "-K", lab.client_if(p), "tx", "off"});
+    lb::Balancer for_its_pass_program;
+    std::vector<std::unique_ptr<datapath::HookLink>> peer_links;
+    for (int b = 1; b <= 2; ++b) {
+        NetnsGuard in(lab.backend_ns(b));
+        peer_links.push_back(datapath::HookLink::attach(lab.backend_if(b), datapath::Hook::xdp,
+                                                        for_its_pass_program.veth_peer_prog_fd()));
+    }
+    agent_e2e::AgentHarness agent(lab.router_ns(), {}, "lba");
+    agent.metrics_port = 19000 + getpid() % 1000;
+    agent.publish({{"balancer.yaml", balancer_manifest(lab, 2)}, {"policy.yaml", kEverywhere}});
+    agent.start();
+    auto balancer_with = [](size_t backends) {
+        return [backends](const nlohmann::json& s) {
+            return s.value("ready", false) && s["balancer"].is_object() &&
+                   s["balancer"]["backends"].size() == backends;
+        };
+    };
+    REQUIRE(agent.wait_status(balancer_with(2), 60s, 20ms));
+    CHECK(xdp_on(lab.router_ns(), lab.router_client_if(1)));
+    CHECK(xdp_on(lab.router_ns(), lab.router_client_if(2)));
+    {
+        const auto st = agent.status();
+        INFO(st["attachments"].dump());
+        CHECK_FALSE(policy_link(st, lab.router_client_if(1), "xdp"));
+        CHECK(policy_link(st, lab.router_client_if(1), "tc_ingress"));
+        CHECK(policy_link(st, lab.router_backend_if(1), "xdp"));
+    }
+
+    Discard s1(lab.backend_ns(1), kPort, false), s2(lab.backend_ns(2), kPort, false);
+    auto joins_through = [&](unsigned n) {
+        const uint64_t no_token0 = mib_sum(lab, "MPJoinNoTokenFound");
+        const uint64_t syn_rx0 = mib_sum(lab, "MPJoinSynRx");
+        ConnectionSet conns(lab.client_ns(), LoadBalancerLab::vip(4), kPort, n);
+        for (int tick = 0; tick < 30; ++tick) {
+            conns.send_each(4096);
+            std::this_thread::sleep_for(100ms);
+        }
+        unsigned joined = 0;
+        for (const auto& st : conns.states()) joined += st.error == 0 && st.subflows == 1;
+        CHECK(joined == n);
+        CHECK(mib_sum(lab, "MPJoinNoTokenFound") - no_token0 == 0);
+        CHECK(mib_sum(lab, "MPJoinSynRx") - syn_rx0 == n);
+    };
+    joins_through(20);
+    CHECK(s1.accepted() > 0);
+    CHECK(s2.accepted() > 0);
+    REQUIRE(agent.wait_status(
+        [](const nlohmann::json& s) {
+            return s["balancer"].is_object() &&
+                   s["balancer"]["counters"].value("joins_routed", 0) >= 20 &&
+                   s["balancer"].value("tokens_learnt", 0) >= 20;
+        },
+        5s, 50ms));
+    const std::string metrics = must_in(
+        lab.router_ns(),
+        {"curl", "-s", "http://127.0.0.1:" + std::to_string(agent.metrics_port) + "/metrics"});
+    CHECK(metrics.find("mpsteer_lb_packets_total{balancer=\"web\",counter=\"joins_routed\"}") !=
+          std::string::npos);
+    const std::string text =
+        must({agent_e2e::mpsteer_bin(), "status", "--state-dir", agent.state_dir()});
+    CHECK(text.find("balancer:   web on") != std::string::npos);
+
+    // A backend behind an interface the router lacks: refused, the running balancer untouched.
+    const nlohmann::json before = agent.status();
+    agent.publish({{"balancer.yaml", balancer_manifest(lab, 2, {}, "nosuch0")},
+                   {"policy.yaml", kEverywhere}});
+    REQUIRE(agent.wait_status([](const nlohmann::json& s) { return !s.value("ready", true); }, 20s,
+                              20ms));
+    const nlohmann::json refused = agent.status();
+    INFO(refused.dump());
+    CHECK(refused["errors"].dump().find("interface 'nosuch0' does not exist on this host") !=
+          std::string::npos);
+    CHECK(refused["errors"].dump().find("balancer.yaml") != std::string::npos);
+    CHECK(refused["generation"] == before["generation"]);
+    CHECK(refused["balancer"]["backends"] == before["balancer"]["backends"]);
+    joins_through(10);
+
+    // Draining backend 2: a new revision, the same balancer (its tokens stay).
+    agent.publish(
+        {{"balancer.yaml", balancer_manifest(lab, 2, {2})}, {"policy.yaml", kEverywhere}});
+    REQUIRE(agent.wait_status(
+        [](const nlohmann::json& s) {
+            return s.value("ready", false) && s["balancer"].is_object() &&
+                   s["balancer"]["backends"][1].value("draining", false);
+        },
+        20s, 20ms));
+    const unsigned at_two = s2.accepted();
+    joins_through(10);
+    CHECK(s2.accepted() == at_two);
+
+    // A restarted agent adopts the running generation and starts the balancer again.
+    CHECK(agent.stop() == 0);
+    CHECK_FALSE(xdp_on(lab.router_ns(), lab.router_client_if(1)));  // it went with the agent
+    agent.start();
+    REQUIRE(agent.wait_status(
+        [](const nlohmann::json& s) {
+            return s.value("ready", false) && s["balancer"].is_object() &&
+                   s["balancer"]["backends"][1].value("draining", false);
+        },
+        60s, 20ms));
+    joins_through(10);
+    CHECK(s2.accepted() == at_two);
+
+    // No balancer in the revision: its interfaces go to the policy's XDP entry.
+    agent.publish({{"policy.yaml", kEverywhere}});
+    REQUIRE(agent.wait_status(
+        [](const nlohmann::json& s) { return s.value("ready", false) && s["balancer"].is_null(); },
+        20s, 20ms));
+    CHECK(policy_link(agent.status(), lab.router_client_if(1), "xdp"));
+    CHECK(policy_link(agent.status(), lab.router_client_if(2), "xdp"));
+
+    // And back: the policy's entry yields them to the balancer, which serves again.
+    agent.publish({{"balancer.yaml", balancer_manifest(lab, 2)}, {"policy.yaml", kEverywhere}});
+    REQUIRE(agent.wait_status(balancer_with(2), 20s, 20ms));
+    CHECK_FALSE(policy_link(agent.status(), lab.router_client_if(1), "xdp"));
+    joins_through(10);
+
+    // Without a revision naming it, nothing of the balancer stays.
+    agent.publish({{"README.txt", "nothing here\n"}});
+    REQUIRE(agent.wait_status(
+        [](const nlohmann::json& s) { return s.value("ready", false) && s["balancer"].is_null(); },
+        20s, 20ms));
+    CHECK_FALSE(xdp_on(lab.router_ns(), lab.router_client_if(1)));
+    CHECK_FALSE(xdp_on(lab.router_ns(), lab.router_client_if(2)));
+    CHECK(agent.alive());
 }

@@ -395,3 +395,93 @@ TEST_CASE("each action is accepted on exactly the hooks of its table, and the hi
         }
     }
 }
+
+TEST_CASE("a balancer loads into the model: services per VIP and port, backends as written",
+          "[manifest][balancer]") {
+    auto r = load_text(R"(apiVersion: mpsteer.dev/v1
+kind: Balancer
+metadata: {name: web}
+spec:
+  interfaces: [eth1, eth0]
+  services:
+    - {vip: 203.0.113.10, ports: [443, 80]}
+    - {vip: "2001:db8::10", ports: [443]}
+  backends:
+    - {name: web2, mac: "02:00:00:00:00:0B", interface: eth1, weight: 3}
+    - {name: web1, mac: "02:00:00:00:00:0a", interface: eth1, draining: true}  # one-armed
+  unknown_token: reset
+  tables: {subflows: 2097152, tokens: 1048576}
+---
+apiVersion: mpsteer.dev/v1
+kind: Policy
+metadata: {name: p}
+spec:
+  attach: {hooks: [xdp, tc_egress]}  # every interface: the balancer's XDP is left out
+  priority: 10
+  actions:
+    - record: {}
+)");
+    std::string diags;
+    for (const auto& d : r.diagnostics) diags += d.format() + "\n";
+    INFO(diags);
+    REQUIRE(r.ok());
+    CHECK(r.diagnostics.empty());
+    REQUIRE(r.model.balancer);
+    const Balancer& b = *r.model.balancer;
+    CHECK(b.name == "web");
+    CHECK(b.interfaces == std::vector<std::string>{"eth0", "eth1"});
+    REQUIRE(b.services.size() == 3);  // sorted: IPv4 before IPv6, ports ascending
+    CHECK(to_string(b.services[0].vip) == "203.0.113.10");
+    CHECK(b.services[0].port == 80);
+    CHECK(b.services[1].port == 443);
+    CHECK(to_string(b.services[2].vip) == "2001:db8::10");
+    REQUIRE(b.backends.size() == 2);
+    CHECK(b.backends[0].name == "web2");
+    CHECK(b.backends[0].mac == std::array<uint8_t, 6>{2, 0, 0, 0, 0, 0x0b});
+    CHECK(b.backends[0].weight == 3);
+    CHECK_FALSE(b.backends[0].draining);
+    CHECK(b.backends[1].draining);
+    CHECK(b.backends[1].weight == 1);
+    CHECK(b.reset_unknown_tokens);
+    CHECK(b.subflow_table == 2097152);
+    CHECK(b.token_table == 1048576);
+    REQUIRE(r.model.policies.size() == 1);
+
+    // Any error anywhere: no balancer is handed out either.
+    auto bad = load_text(R"(apiVersion: mpsteer.dev/v1
+kind: Balancer
+metadata: {name: web}
+spec:
+  interfaces: [eth0]
+  services: [{vip: 203.0.113.10, ports: [443]}]
+  backends: [{name: web1, mac: "02:00:00:00:00:01", interface: eth1}]
+---
+apiVersion: mpsteer.dev/v1
+kind: Policy
+metadata: {name: p}
+spec:
+  attach: {hooks: [xdp]}
+  priority: 100000
+  actions: [{record: {}}]
+)");
+    CHECK_FALSE(bad.ok());
+    CHECK_FALSE(bad.model.balancer);
+}
+
+TEST_CASE("a balancer on an interface this host lacks is a warning at validation, not an error",
+          "[manifest][balancer]") {
+    auto r = load_text(R"(apiVersion: mpsteer.dev/v1
+kind: Balancer
+metadata: {name: web}
+spec:
+  interfaces: [eth9]
+  services: [{vip: 203.0.113.10, ports: [443]}]
+  backends: [{name: web1, mac: "02:00:00:00:00:01", interface: eth0}]
+)");
+    REQUIRE(r.ok());
+    REQUIRE(r.diagnostics.size() == 1);
+    CHECK(r.diagnostics[0].format() ==
+          (kManifests / "inline.yaml").string() +
+              ":5:16: warning: /spec/interfaces/0: interface 'eth9' does not exist on this host; "
+              "did you mean 'eth0'?");
+}
