@@ -6,17 +6,24 @@
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 
+#include <bpf/bpf.h>
+
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <stdexcept>
 
 #include <spdlog/spdlog.h>
 
+#include "agent/status.h"
 #include "datapath/datapath.h"
 #include "net/fd.h"
 
 namespace mpsteer::agent {
+
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -40,9 +47,68 @@ std::string where(const manifest::Balancer& b) {
 
 }  // namespace
 
+BalancerHost::BalancerHost(std::string pin_dir, std::string state_file)
+    : pin_dir_(std::move(pin_dir)), state_file_(std::move(state_file)) {}
+
 BalancerHost::~BalancerHost() {
     stop_learner();
-    links_.clear();  // detaches
+    links_.clear();  // pinned: they keep running the balancer
+}
+
+void BalancerHost::detach() {
+    stop_learner();
+    for (auto& [name, link] : links_) link->detach();
+    links_.clear();
+    remove_pins(pin_dir_);
+    std::error_code ec;
+    fs::remove(state_file_, ec);
+}
+
+void BalancerHost::remove_pins(const std::string& pin_dir) {
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(pin_dir + "/links", ec))
+        if (net::Fd fd(bpf_obj_get(entry.path().c_str())); fd) bpf_link_detach(fd.get());
+    fs::remove_all(pin_dir, ec);
+}
+
+std::unique_ptr<lb::Balancer> BalancerHost::load(const manifest::Balancer& spec) {
+    lb::Sizes sizes;
+    sizes.flows = spec.subflow_table;
+    sizes.tokens = spec.token_table;
+    std::map<std::string, uint32_t> indices;
+    bool fits = false;  // what an earlier agent left, for the same sizes
+    try {
+        std::ifstream in(state_file_);
+        const auto j = nlohmann::json::parse(in);
+        fits = j.at("subflows") == spec.subflow_table && j.at("tokens") == spec.token_table;
+        indices = j.at("backends").get<std::map<std::string, uint32_t>>();
+    } catch (const std::exception&) {
+        fits = false;
+    }
+    if (!fits) remove_pins(pin_dir_);
+    auto b = std::make_unique<lb::Balancer>(sizes, pin_dir_);
+    if (!b->reused()) return b;
+    b->restore_backend_indices(std::move(indices));
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(pin_dir_ + "/links", ec)) {
+        const std::string ifname = entry.path().filename().string();
+        try {
+            links_[ifname] =
+                datapath::HookLink::adopt(entry.path().string(), ifname, datapath::Hook::xdp);
+        } catch (const std::exception& e) {
+            spdlog::warn("balancer: {}", e.what());
+        }
+    }
+    spdlog::info("balancer '{}': took over the tables and {} interface(s) an earlier agent left",
+                 spec.name, links_.size());
+    return b;
+}
+
+void BalancerHost::record() const {
+    nlohmann::json j = {{"subflows", spec_->subflow_table},
+                        {"tokens", spec_->token_table},
+                        {"backends", lb_->backend_indices()}};
+    write_atomic(state_file_, j.dump() + "\n", 0600);
 }
 
 BalancerHost::Plan BalancerHost::prepare(const std::optional<manifest::Balancer>& spec) const {
@@ -93,10 +159,10 @@ const std::vector<std::string>& BalancerHost::interfaces() const {
 
 void BalancerHost::commit(Plan plan) {
     if (!plan.spec) {
-        if (!lb_) return;
-        spdlog::info("balancer '{}' removed: leaving {} interface(s)", spec_->name, links_.size());
-        stop_learner();
-        links_.clear();
+        if (lb_)
+            spdlog::info("balancer '{}' removed: leaving {} interface(s)", spec_->name,
+                         links_.size());
+        detach();  // also what an earlier agent left pinned
         std::lock_guard lock(mu_);
         lb_.reset();
         spec_.reset();
@@ -108,16 +174,21 @@ void BalancerHost::commit(Plan plan) {
     std::unique_ptr<lb::Balancer> fresh;
     lb::Balancer* target = lb_.get();
     if (reload) {
-        lb::Sizes sizes;
-        sizes.flows = spec.subflow_table;
-        sizes.tokens = spec.token_table;
-        fresh = std::make_unique<lb::Balancer>(sizes);  // throws: nothing changed yet
-        target = fresh.get();
-        if (lb_)
+        if (lb_) {
             spdlog::warn(
                 "balancer '{}': new table sizes, so a new balancer; the subflows and "
                 "tokens it followed are forgotten",
                 spec.name);
+            std::error_code ec;  // the running one keeps its maps by descriptor
+            for (const auto& e : fs::directory_iterator(pin_dir_, ec))
+                if (e.path().filename() != "links") fs::remove(e.path(), ec);
+            fs::remove(state_file_, ec);
+            fresh = std::make_unique<lb::Balancer>(
+                lb::Sizes{spec.subflow_table, spec.token_table, lb::kDefaultTableSize}, pin_dir_);
+        } else {
+            fresh = load(spec);  // throws: nothing changed yet
+        }
+        target = fresh.get();
     }
     // A fresh balancer is filled before any interface runs it; a running one keeps serving:
     // services are added before stale ones go, backends switch with one table swap.
@@ -127,27 +198,35 @@ void BalancerHost::commit(Plan plan) {
         target->set_backends(plan.targets);
     }
     // Interfaces: new ones attached, running ones moved to a fresh balancer; undone on failure.
-    std::vector<std::string> added, moved;
+    std::vector<std::string> added;
+    std::vector<std::pair<std::string, datapath::Fd>> moved;  // and what each ran before
     try {
         for (const auto& i : spec.interfaces) {
             if (auto it = links_.find(i); it != links_.end()) {
-                if (fresh) {
-                    it->second->update(fresh->prog_fd());
-                    moved.push_back(i);
+                if (fresh && !it->second->runs(fresh->prog_fd())) {
+                    auto before = it->second->program();
+                    it->second->update(fresh->prog_fd(), false);
+                    moved.emplace_back(i, std::move(before));
                 }
                 continue;
             }
-            links_[i] = datapath::HookLink::attach(i, datapath::Hook::xdp, target->prog_fd());
+            auto link = datapath::HookLink::attach(i, datapath::Hook::xdp, target->prog_fd());
+            fs::create_directories(pin_dir_ + "/links");
+            link->pin(link_pin(i));
+            links_[i] = std::move(link);
             added.push_back(i);
             spdlog::info("balancer '{}' attached to {} ({})", spec.name, i, links_[i]->mode());
         }
     } catch (const std::exception& e) {
-        for (const auto& i : moved) try {
-                links_[i]->update(lb_->prog_fd(), false);
+        for (const auto& [i, before] : moved) try {
+                links_[i]->update(before.get(), false);
             } catch (const std::exception& e2) {
                 spdlog::error("balancer: putting {} back: {}", i, e2.what());
             }
-        for (const auto& i : added) links_.erase(i);
+        for (const auto& i : added) {
+            links_[i]->detach();
+            links_.erase(i);
+        }
         if (lb_ && !fresh) try {  // the running balancer's services and backends as they were
                 auto was = prepare(spec_);
                 std::lock_guard lock(mu_);
@@ -164,6 +243,7 @@ void BalancerHost::commit(Plan plan) {
             continue;
         }
         spdlog::info("balancer '{}' left {}", spec.name, it->first);
+        it->second->detach();
         it = links_.erase(it);
     }
     if (fresh) {
@@ -175,6 +255,11 @@ void BalancerHost::commit(Plan plan) {
         start_learner();
     }
     spec_ = std::move(plan.spec);
+    try {
+        record();
+    } catch (const std::exception& e) {  // the balancer runs; the next agent starts afresh
+        spdlog::warn("balancer: recording its backends: {}", e.what());
+    }
 }
 
 void BalancerHost::start_learner() {

@@ -3,7 +3,9 @@
 // is asked for, XDP on the clients' interfaces, the backends' interfaces and this host's MACs
 // on them looked up, and a thread that learns the tokens. The Rollout changes it together with
 // the policies, as one revision: prepare() finds everything the host must have before the
-// switch, commit() cannot half-apply.
+// switch, commit() cannot half-apply. Its maps and links are pinned (PIN_ROOT/lb) and the
+// backends' indices recorded (STATE/state/balancer.json): it keeps forwarding while the agent
+// is away, and the next agent takes it over with its subflows and tokens.
 #pragma once
 
 #include <atomic>
@@ -36,8 +38,8 @@ public:
         std::vector<lb::Target> targets;
     };
 
-    BalancerHost() = default;
-    ~BalancerHost();
+    BalancerHost(std::string pin_dir, std::string state_file);
+    ~BalancerHost();  // leaves the pinned balancer running
     BalancerHost(const BalancerHost&) = delete;
     BalancerHost& operator=(const BalancerHost&) = delete;
 
@@ -50,6 +52,11 @@ public:
     // after putting everything back when an attach fails.
     void commit(Plan plan);
 
+    // On exit with --detach-on-exit: the balancer's links and pins go too.
+    void detach();
+    // Detaches the pinned links under `pin_dir` and removes it (mpsteer reset).
+    static void remove_pins(const std::string& pin_dir);
+
     bool running() const { return lb_ != nullptr; }
     const std::optional<manifest::Balancer>& spec() const { return spec_; }
     // The interfaces whose XDP hook the balancer holds (the policies' entries stay off them).
@@ -61,7 +68,13 @@ public:
 private:
     void start_learner();
     void stop_learner();
+    // A balancer for `spec`'s table sizes: the one an earlier agent left pinned when its sizes
+    // and record match (its links adopted), else a new one (stale pins removed first).
+    std::unique_ptr<lb::Balancer> load(const manifest::Balancer& spec);
+    void record() const;  // the table sizes and the backends' indices, for the next agent
+    std::string link_pin(const std::string& ifname) const { return pin_dir_ + "/links/" + ifname; }
 
+    std::string pin_dir_, state_file_;
     std::optional<manifest::Balancer> spec_;
     std::unique_ptr<lb::Balancer> lb_;
     std::map<std::string, std::unique_ptr<datapath::HookLink>> links_;  // by interface

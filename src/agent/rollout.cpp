@@ -37,7 +37,10 @@ std::string Rollout::LinkKey::pin_name() const {
     return ifname + "@" + std::string(to_string(hook));
 }
 
-Rollout::Rollout(const Config& cfg, const datapath::StateMaps& state) : cfg_(cfg), state_(state) {}
+Rollout::Rollout(const Config& cfg, const datapath::StateMaps& state)
+    : cfg_(cfg),
+      state_(state),
+      balancer_(cfg.pin_root + "/lb", cfg.state_dir + "/state/balancer.json") {}
 Rollout::~Rollout() = default;
 
 // The loaded programs and the generation slots, per build of the BPF object.
@@ -523,12 +526,14 @@ void Rollout::release_links(bool detach) {
     if (detach) {
         for (auto& [k, l] : links_) l->detach();
         links_.clear();
+        balancer_.detach();
     } else {
         for (auto& [k, l] : links_) l->release();  // pinned: the datapath keeps running
     }
 }
 
 void Rollout::remove_pins(const std::string& pin_root) {
+    BalancerHost::remove_pins(pin_root + "/lb");
     std::error_code ec;
     for (const auto& entry : fs::directory_iterator(pin_root + "/links", ec)) {
         if (net::Fd fd(bpf_obj_get(entry.path().c_str())); fd) bpf_link_detach(fd.get());

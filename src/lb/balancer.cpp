@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <set>
 #include <stdexcept>
 
@@ -29,7 +30,7 @@ void Balancer::SkelDeleter::operator()(mps_lb* s) const {
     mps_lb__destroy(s);
 }
 
-Balancer::Balancer(const Sizes& sizes) : table_size_(sizes.table) {
+Balancer::Balancer(const Sizes& sizes, const std::string& pin_dir) : table_size_(sizes.table) {
     if (sizes.table > MPS_LB_TABLE_MAX)
         throw std::invalid_argument("balancer: a table of " + std::to_string(sizes.table) +
                                     " slots (at most " + std::to_string(MPS_LB_TABLE_MAX) + ")");
@@ -39,7 +40,28 @@ Balancer::Balancer(const Sizes& sizes) : table_size_(sizes.table) {
         fail("sizing the flow table", err);
     if (int err = bpf_map__set_max_entries(skel_->maps.lb_tokens, std::max(sizes.tokens, 1024u)))
         fail("sizing the token table", err);
-    if (int err = mps_lb__load(skel_.get())) fail("loading the datapath", err);
+    if (!pin_dir.empty()) {
+        std::error_code ec;
+        std::filesystem::create_directories(pin_dir, ec);
+        reused_ = std::filesystem::exists(pin_dir + "/lb_flows", ec);
+        bpf_map* m;
+        bpf_object__for_each_map(m, skel_->obj) {
+            if (bpf_map__is_internal(m)) continue;
+            const std::string path = pin_dir + "/" + bpf_map__name(m);
+            if (int err = bpf_map__set_pin_path(m, path.c_str())) fail("pinning " + path, err);
+        }
+    }
+    if (int err = mps_lb__load(skel_.get()))
+        fail(reused_ ? "taking over the tables pinned in " + pin_dir + " (other sizes?)"
+                     : "loading the datapath",
+             err);
+    if (reused_) {
+        const uint32_t zero = 0;
+        mps_lb_params p{};
+        if (!bpf_map_lookup_elem(bpf_map__fd(skel_->maps.lb_params), &zero, &p) &&
+            p.table_size == table_size_)
+            active_ = p.active;
+    }
     rb_ = ring_buffer__new(bpf_map__fd(skel_->maps.lb_learn), &Balancer::on_learn, this, nullptr);
     if (!rb_) fail("opening the key ring", errno);
 }
@@ -150,6 +172,14 @@ void Balancer::set_backends(const std::vector<Target>& targets) {
             mps_lb_backend gone{};
             bpf_map_update_elem(bfd, &i, &gone, BPF_ANY);
         }
+    index_ = std::move(index);
+}
+
+void Balancer::restore_backend_indices(std::map<std::string, uint32_t> index) {
+    for (const auto& [name, i] : index)
+        if (i >= MPS_LB_MAX_BACKENDS)
+            throw std::invalid_argument("balancer: backend '" + name + "' at index " +
+                                        std::to_string(i));
     index_ = std::move(index);
 }
 

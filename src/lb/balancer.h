@@ -53,8 +53,15 @@ const char* counter_name(uint32_t counter);
 
 class Balancer {
 public:
-    // Loads the datapath (not attached). Throws std::runtime_error naming what failed.
-    explicit Balancer(const Sizes& sizes = {});
+    // Loads the datapath (not attached). Throws std::runtime_error naming what failed. With
+    // `pin_dir`, its maps are pinned there, and the ones an earlier balancer pinned there are
+    // taken over when their sizes are the same (reused()): its subflows, tokens, backends,
+    // tables and counters go on. The backends' indices by name are the caller's to keep
+    // (backend_indices) and give back (restore_backend_indices).
+    explicit Balancer(const Sizes& sizes = {}, const std::string& pin_dir = "");
+    bool reused() const { return reused_; }
+    const std::map<std::string, uint32_t>& backend_indices() const { return index_; }
+    void restore_backend_indices(std::map<std::string, uint32_t> index);
     ~Balancer();
     Balancer(const Balancer&) = delete;
     Balancer& operator=(const Balancer&) = delete;
@@ -101,6 +108,7 @@ private:
     uint32_t active_ = 0;
     std::map<std::string, uint32_t> index_;  // backend name -> its index in lb_backends
     size_t learnt_ = 0;
+    bool reused_ = false;
 };
 
 }  // namespace mpsteer::lb

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <random>
 #include <thread>
@@ -24,6 +25,7 @@
 #include "datapath/datapath.h"
 #include "lab/token_balancer.h"
 #include "lb/balancer.h"
+#include "net/mptcp_pm.h"
 
 using namespace mpsteer;
 using namespace mpsteer::lab;
@@ -171,8 +173,9 @@ bool xdp_on(const std::string& netns, const std::string& ifname) {
 
 // The agent runs the balancer a revision declares (kind: Balancer) on the router: joins reach
 // their backend, status and metrics show it; a revision naming an interface the router lacks is
-// refused whole while the balancer runs on; a drain is a new revision; removing the document
-// leaves the interfaces.
+// refused whole while the balancer runs on; a drain is a new revision; the balancer outlives a
+// restart with its tokens; removing the document leaves the interfaces, and `mpsteer reset`
+// takes down what a stopped agent left.
 TEST_CASE("lb: the agent runs a Balancer manifest, refuses a broken one whole and removes it",
           "[e2e][lb]") {
     datapath::init_libbpf_logging();
@@ -271,18 +274,45 @@ TEST_CASE("lb: the agent runs a Balancer manifest, refuses a broken one whole an
     joins_through(10);
     CHECK(s2.accepted() == at_two);
 
-    // A restarted agent adopts the running generation and starts the balancer again.
-    CHECK(agent.stop() == 0);
-    CHECK_FALSE(xdp_on(lab.router_ns(), lab.router_client_if(1)));  // it went with the agent
-    agent.start();
-    REQUIRE(agent.wait_status(
-        [](const nlohmann::json& s) {
-            return s.value("ready", false) && s["balancer"].is_object() &&
-                   s["balancer"]["backends"][1].value("draining", false);
-        },
-        60s, 20ms));
-    joins_through(10);
-    CHECK(s2.accepted() == at_two);
+    // The balancer outlives its agent, and the next agent takes it over: connections opened
+    // before the restart still have their tokens, so joins they open after it (the client's
+    // path-2 endpoint renewed: every connection joins again) reach their backend.
+    {
+        const uint64_t no_token0 = mib_sum(lab, "MPJoinNoTokenFound");
+        const uint64_t syn_rx0 = mib_sum(lab, "MPJoinSynRx");
+        constexpr unsigned kOld = 10;
+        ConnectionSet conns(lab.client_ns(), LoadBalancerLab::vip(4), kPort, kOld);
+        for (int tick = 0; tick < 20; ++tick) {
+            conns.send_each(1024);
+            std::this_thread::sleep_for(100ms);
+        }
+        CHECK(agent.stop() == 0);
+        CHECK(xdp_on(lab.router_ns(), lab.router_client_if(1)));  // still forwarding
+        conns.send_each(1024);
+        agent.start();
+        REQUIRE(agent.wait_status(
+            [](const nlohmann::json& s) {
+                return s.value("ready", false) && s["balancer"].is_object() &&
+                       s["balancer"]["backends"][1].value("draining", false);
+            },
+            60s, 20ms));
+        {
+            NetnsGuard in(lab.client_ns());
+            net::MptcpPathManager pm;
+            REQUIRE(pm.renew(LoadBalancerLab::client_addr(2, 4)));
+        }
+        for (int tick = 0; tick < 30; ++tick) {
+            conns.send_each(1024);
+            std::this_thread::sleep_for(100ms);
+        }
+        for (const auto& st : conns.states()) {
+            CHECK(st.error == 0);
+            CHECK(st.subflows == 1);
+        }
+        CHECK(mib_sum(lab, "MPJoinNoTokenFound") - no_token0 == 0);
+        CHECK(mib_sum(lab, "MPJoinSynRx") - syn_rx0 == 2 * kOld);
+        CHECK(s2.accepted() == at_two);
+    }
 
     // No balancer in the revision: its interfaces go to the policy's XDP entry.
     agent.publish({{"policy.yaml", kEverywhere}});
@@ -306,4 +336,16 @@ TEST_CASE("lb: the agent runs a Balancer manifest, refuses a broken one whole an
     CHECK_FALSE(xdp_on(lab.router_ns(), lab.router_client_if(1)));
     CHECK_FALSE(xdp_on(lab.router_ns(), lab.router_client_if(2)));
     CHECK(agent.alive());
+
+    // `mpsteer reset` takes down a balancer its stopped agent left running.
+    agent.publish({{"balancer.yaml", balancer_manifest(lab, 2)}});
+    REQUIRE(agent.wait_status(balancer_with(2), 20s, 20ms));
+    CHECK(agent.stop() == 0);
+    REQUIRE(xdp_on(lab.router_ns(), lab.router_client_if(1)));
+    // From the host's namespaces: `ip netns exec` would hide the bpffs.
+    must({agent_e2e::mpsteer_bin(), "reset", "--pin-root", agent.pin_root(), "--state-dir",
+          agent.state_dir()});
+    CHECK_FALSE(xdp_on(lab.router_ns(), lab.router_client_if(1)));
+    CHECK_FALSE(xdp_on(lab.router_ns(), lab.router_client_if(2)));
+    CHECK_FALSE(std::filesystem::exists(agent.pin_root() + "/lb"));
 }
