@@ -96,7 +96,7 @@ private:
     void log_summary() const;
     // The Lua hooks follow the running revision's policies.
     void configure_hooks(const manifest::Model& model, const std::string& revision);
-    void configure_hooks_from_dir();  // and the balancer
+    void configure_hooks_from_dir();  // and takes over the balancer
 
     Config cfg_;
     datapath::StateMaps state_;
@@ -156,8 +156,14 @@ void Agent::configure_hooks_from_dir() {
         auto res = manifest::load_paths({rev.root}, mo);
         if (!res.ok()) return;
         configure_hooks(res.model, status_.applied_revision);
-        // The balancer goes with the agent that ran it; this one starts it again.
-        rollout_.start_balancer(res.model.balancer);
+        try {  // the balancer the last agent left pinned, taken over
+            rollout_.start_balancer(res.model.balancer);
+        } catch (const std::exception& e) {
+            // Applied again as a whole, so that what fails is reported like any apply.
+            spdlog::error("taking over the balancer: {}; applying the revision again", e.what());
+            applied_content_.clear();
+            reconcile();
+        }
     } catch (const std::exception& e) {
         spdlog::warn("after adopting the running generation: {}", e.what());
     }

@@ -342,6 +342,19 @@ TEST_CASE("lb: the agent runs a Balancer manifest, refuses a broken one whole an
     REQUIRE(agent.wait_status(balancer_with(2), 20s, 20ms));
     CHECK(agent.stop() == 0);
     REQUIRE(xdp_on(lab.router_ns(), lab.router_client_if(1)));
+    // A backend's interface gone while no agent ran: the next agent cannot take the balancer
+    // over, applies the revision again and reports why it stalls.
+    must({"ip", "-n", lab.router_ns(), "link", "del", lab.router_backend_if(2)});
+    agent.start();
+    REQUIRE(agent.wait_status(
+        [&](const nlohmann::json& s) {
+            return !s.value("ready", true) &&
+                   s["errors"].dump().find("interface '" + lab.router_backend_if(2) +
+                                           "' does not exist on this host") != std::string::npos;
+        },
+        60s, 20ms));
+    CHECK(agent.stop() == 0);
+
     // From the host's namespaces: `ip netns exec` would hide the bpffs.
     must({agent_e2e::mpsteer_bin(), "reset", "--pin-root", agent.pin_root(), "--state-dir",
           agent.state_dir()});
