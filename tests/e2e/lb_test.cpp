@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <random>
 #include <thread>
@@ -242,6 +243,14 @@ TEST_CASE("lb: the agent runs a Balancer manifest, refuses a broken one whole an
         {"curl", "-s", "http://127.0.0.1:" + std::to_string(agent.metrics_port) + "/metrics"});
     CHECK(metrics.find("mpsteer_lb_packets_total{balancer=\"web\",counter=\"joins_routed\"}") !=
           std::string::npos);
+    {  // Prometheus's own linter on the whole page, the balancer's series with the rest.
+        const std::string page = "/tmp/mpsteer-lba-metrics-" + std::to_string(getpid());
+        std::ofstream(page) << metrics;
+        const auto lint = run({"sh", "-c", "promtool check metrics < " + page});
+        std::filesystem::remove(page);
+        INFO(lint.out);
+        CHECK(lint.status == 0);
+    }
     const std::string text =
         must({agent_e2e::mpsteer_bin(), "status", "--state-dir", agent.state_dir()});
     CHECK(text.find("balancer:   web on") != std::string::npos);
