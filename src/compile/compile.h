@@ -62,6 +62,9 @@ struct PlanPolicy {
 struct PlanModel {
     std::string revision;
     std::vector<PlanPolicy> policies;  // sorted by name
+    // The balancer (kind: Balancer) as canonical JSON text, "" when the revision has none:
+    // two revisions run the same balancer when this text is the same.
+    std::string balancer;
     datapath::ChainSet chains;
     std::vector<std::string> step_text;
 };
@@ -72,6 +75,7 @@ PlanModel make_plan_model(const manifest::Model& model, const Output& out,
                           std::string revision = "");
 // JSON form of applied.json (format version 1):
 // {"format": 1, "revision": "...", "policies": [{"name", "priority", "hooks", "canonical"}],
+//  "balancer": {canonical} (absent: none),
 //  "steps": [{"pc", "prog", "on_match", "on_miss", "policy", "flags", "text", "raw"}],
 //  "entries": [{"hook", "ifname", "pc"}], "attachments": [{"hook", "ifname"}],
 //  "step_ifnames": [{"pc", "ifname"}], "policy_table": ["name", ...]}
@@ -91,10 +95,15 @@ struct HookPlan {
 
 struct PlanDiff {
     std::vector<std::string> added, changed, removed, unchanged;  // policy names, sorted
-    std::vector<HookPlan> hooks;                                  // by hook, then interface
+    std::string balancer;  // "added", "changed", "removed", "unchanged"; "": none either side
+    std::string balancer_name;
+    std::vector<HookPlan> hooks;  // by hook, then interface
     // Attachments of the new set with no chain, there to learn handshakes for a rate_limit.
     std::vector<datapath::Attachment> learning;
-    bool empty() const { return added.empty() && changed.empty() && removed.empty(); }
+    bool empty() const {
+        return added.empty() && changed.empty() && removed.empty() &&
+               (balancer.empty() || balancer == "unchanged");
+    }
 };
 
 PlanDiff diff(const PlanModel& running, const PlanModel& next);

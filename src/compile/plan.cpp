@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 // The plan model (what a generation runs, stored in applied.json) and the diff `mpsteer plan`
-// prints: policies added, changed and removed, and per hook the chain of steps.
+// prints: policies (and the balancer) added, changed and removed, and per hook the chain of
+// steps.
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
@@ -53,11 +54,30 @@ std::string rel(uint16_t pc, uint16_t base) {
     return pc == MPS_PC_END ? "end" : "+" + std::to_string(int(pc) - int(base));
 }
 
+json balancer_json(const manifest::Balancer& b) {
+    json services = json::array(), backends = json::array();
+    for (const auto& s : b.services)
+        services.push_back(manifest::to_string(s.vip) + " port " + std::to_string(s.port));
+    for (const auto& be : b.backends)
+        backends.push_back({{"name", be.name},
+                            {"mac", hex(be.mac.data(), be.mac.size())},
+                            {"interface", be.interface},
+                            {"weight", be.weight},
+                            {"draining", be.draining}});
+    return {{"name", b.name},
+            {"interfaces", b.interfaces},
+            {"services", services},
+            {"backends", backends},
+            {"unknown_token", b.reset_unknown_tokens ? "reset" : "drop"},
+            {"tables", {{"subflows", b.subflow_table}, {"tokens", b.token_table}}}};
+}
+
 }  // namespace
 
 PlanModel make_plan_model(const manifest::Model& model, const Output& out, std::string revision) {
     PlanModel m;
     m.revision = std::move(revision);
+    if (model.balancer) m.balancer = balancer_json(*model.balancer).dump();
     for (const auto& p : model.policies) {
         PlanPolicy pp{p.name, p.canonical, {}, p.priority};
         for (auto h : p.hooks) pp.hooks.emplace_back(to_string(h));
@@ -80,6 +100,7 @@ json to_json(const PlanModel& m) {
                                  {"priority", p.priority},
                                  {"hooks", p.hooks},
                                  {"canonical", p.canonical}});
+    if (!m.balancer.empty()) j["balancer"] = json::parse(m.balancer);
     j["policy_table"] = m.chains.policies;
     j["steps"] = json::array();
     for (size_t pc = 0; pc < m.chains.steps.size(); ++pc) {
@@ -116,6 +137,7 @@ PlanModel plan_model_from_json(const json& j) {
             m.policies.push_back({p.at("name"), p.at("canonical"),
                                   p.at("hooks").get<std::vector<std::string>>(),
                                   p.at("priority").get<uint32_t>()});
+        if (j.contains("balancer")) m.balancer = j.at("balancer").dump();
         m.chains.policies = j.at("policy_table").get<std::vector<std::string>>();
         for (const auto& s : j.at("steps")) {
             mps_step st;
@@ -194,6 +216,14 @@ PlanDiff diff(const PlanModel& running, const PlanModel& next) {
     }
     for (const auto& [name, p] : old_p)
         if (!new_p.count(name)) d.removed.push_back(name);
+    if (!running.balancer.empty() || !next.balancer.empty()) {
+        d.balancer = running.balancer.empty()            ? "added"
+                     : next.balancer.empty()             ? "removed"
+                     : running.balancer == next.balancer ? "unchanged"
+                                                         : "changed";
+        d.balancer_name =
+            json::parse(next.balancer.empty() ? running.balancer : next.balancer).value("name", "");
+    }
 
     using Key = std::pair<uint8_t, std::string>;
     std::map<Key, const datapath::EntryPoint*> old_e, new_e;
@@ -238,6 +268,11 @@ std::string to_text(const PlanDiff& d) {
     list("+", "added", d.added);
     list("~", "changed", d.changed);
     list("-", "removed", d.removed);
+    if (!d.balancer.empty() && d.balancer != "unchanged")
+        o << (d.balancer == "added"     ? "+"
+              : d.balancer == "removed" ? "-"
+                                        : "~")
+          << " balancer " << d.balancer_name << " (" << d.balancer << ")\n";
     if (d.empty()) o << "no policy changes\n";
     for (const auto& h : d.hooks) {
         o << "\nhook " << h.hook << " on " << (h.ifname.empty() ? "every interface" : h.ifname)
@@ -268,6 +303,7 @@ json to_json(const PlanDiff& d) {
     j["changed"] = d.changed;
     j["removed"] = d.removed;
     j["unchanged"] = d.unchanged;
+    if (!d.balancer.empty()) j["balancer"] = {{"name", d.balancer_name}, {"status", d.balancer}};
     j["hooks"] = json::array();
     for (const auto& h : d.hooks) {
         json x = {{"hook", h.hook}, {"ifname", h.ifname}, {"status", h.status}, {"steps", h.steps}};

@@ -302,6 +302,41 @@ TEST_CASE("plan model round-trips through JSON and diffs", "[compile][plan]") {
     CHECK_THROWS_AS(compile::plan_model_from_json(nlohmann::json::object()), compile::Error);
 }
 
+TEST_CASE("the plan shows the balancer added, changed and removed", "[compile][plan]") {
+    const std::string lb =
+        "apiVersion: mpsteer.dev/v1\nkind: Balancer\nmetadata: {name: web}\n"
+        "spec:\n  interfaces: [eth0]\n"
+        "  services: [{vip: 203.0.113.10, ports: [443]}]\n  backends:\n"
+        "    - {name: web1, mac: \"02:00:00:00:00:01\", interface: eth1}\n";
+    const std::string keep = policy("keep", "{hooks: [tc_egress]}", 1, "", "    - record: {}\n");
+    auto without = model_of(keep);
+    auto with = model_of(keep + "---\n" + lb);
+    auto drained = with;
+    drained.balancer->backends[0].draining = true;
+    auto plan = [](const auto& m, const char* rev) {
+        return compile::make_plan_model(m, compile::compile(m), rev);
+    };
+    const auto p0 = plan(without, "r0"), p1 = plan(with, "r1"), p2 = plan(drained, "r2");
+    CHECK(p0.balancer.empty());
+    auto back = compile::plan_model_from_json(nlohmann::json::parse(compile::to_json(p1).dump()));
+    CHECK(back.balancer == p1.balancer);
+
+    auto added = compile::diff(p0, p1);
+    CHECK(added.balancer == "added");
+    CHECK_FALSE(added.empty());
+    CHECK(compile::to_text(added).find("+ balancer web (added)") != std::string::npos);
+    auto changed = compile::diff(p1, p2);
+    CHECK(changed.balancer == "changed");
+    CHECK(compile::to_text(changed).find("~ balancer web (changed)") != std::string::npos);
+    CHECK(compile::to_json(changed)["balancer"]["status"] == "changed");
+    auto removed = compile::diff(p2, p0);
+    CHECK(removed.balancer == "removed");
+    auto same = compile::diff(p1, p1);
+    CHECK(same.balancer == "unchanged");
+    CHECK(same.empty());
+    CHECK(compile::diff(p0, p0).balancer.empty());
+}
+
 TEST_CASE("every action's program is the registry's act_<its key>", "[compile]") {
     for (const char* key :
          {"pass", "drop", "record", "get_connect", "get_subflow", "rate_limit", "blk_subflow",
