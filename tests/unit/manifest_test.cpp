@@ -63,6 +63,16 @@ spec:
     - record: {}
 )";
 
+// A Balancer on `clients` with one service and one backend behind `backend_if`.
+std::string one_backend_balancer(const std::string& clients, const std::string& backend_if) {
+    return "apiVersion: mpsteer.dev/v1\nkind: Balancer\nmetadata: {name: web}\nspec:\n"
+           "  interfaces: [" +
+           clients +
+           "]\n  services: [{vip: 203.0.113.10, ports: [443]}]\n"
+           "  backends: [{name: web1, mac: \"02:00:00:00:00:01\", interface: " +
+           backend_if + "}]\n";
+}
+
 }  // namespace
 
 TEST_CASE("every invalid manifest reports exactly its expected errors", "[manifest]") {
@@ -448,14 +458,7 @@ spec:
     REQUIRE(r.model.policies.size() == 1);
 
     // Any error anywhere: no balancer is handed out either.
-    auto bad = load_text(R"(apiVersion: mpsteer.dev/v1
-kind: Balancer
-metadata: {name: web}
-spec:
-  interfaces: [eth0]
-  services: [{vip: 203.0.113.10, ports: [443]}]
-  backends: [{name: web1, mac: "02:00:00:00:00:01", interface: eth1}]
----
+    auto bad = load_text(one_backend_balancer("eth0", "eth1") + R"(---
 apiVersion: mpsteer.dev/v1
 kind: Policy
 metadata: {name: p}
@@ -470,14 +473,7 @@ spec:
 
 TEST_CASE("a balancer on an interface this host lacks is a warning at validation, not an error",
           "[manifest][balancer]") {
-    auto r = load_text(R"(apiVersion: mpsteer.dev/v1
-kind: Balancer
-metadata: {name: web}
-spec:
-  interfaces: [eth9]
-  services: [{vip: 203.0.113.10, ports: [443]}]
-  backends: [{name: web1, mac: "02:00:00:00:00:01", interface: eth0}]
-)");
+    auto r = load_text(one_backend_balancer("eth9", "eth0"));
     REQUIRE(r.ok());
     REQUIRE(r.diagnostics.size() == 1);
     CHECK(r.diagnostics[0].format() ==
