@@ -323,6 +323,19 @@ TEST_CASE("lb: the agent runs a Balancer manifest, refuses a broken one whole an
         CHECK(s2.accepted() == at_two);
     }
 
+    // A record of the backends that makes no sense (a local file is not trusted): the next
+    // agent starts a new balancer instead of taking the pinned one over, and it serves.
+    CHECK(agent.stop() == 0);
+    std::ofstream(agent.state_dir() + "/state/balancer.json") << "{\"subflows\": [\x01";
+    agent.start();
+    REQUIRE(agent.wait_status(
+        [](const nlohmann::json& s) {
+            return s.value("ready", false) && s["balancer"].is_object() &&
+                   s["balancer"]["counters"].value("packets", 1) == 0;  // new tables
+        },
+        60s, 20ms));
+    joins_through(5);
+
     // No balancer in the revision: its interfaces go to the policy's XDP entry.
     agent.publish({{"policy.yaml", kEverywhere}});
     REQUIRE(agent.wait_status(
