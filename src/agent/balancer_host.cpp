@@ -6,7 +6,6 @@
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 
-#include <bpf/bpf.h>
 
 #include <cerrno>
 #include <chrono>
@@ -65,9 +64,8 @@ void BalancerHost::detach() {
 }
 
 void BalancerHost::remove_pins(const std::string& pin_dir) {
+    datapath::detach_pinned_links(pin_dir + "/links");
     std::error_code ec;
-    for (const auto& entry : fs::directory_iterator(pin_dir + "/links", ec))
-        if (net::Fd fd(bpf_obj_get(entry.path().c_str())); fd) bpf_link_detach(fd.get());
     fs::remove_all(pin_dir, ec);
 }
 

@@ -534,11 +534,9 @@ void Rollout::release_links(bool detach) {
 
 void Rollout::remove_pins(const std::string& pin_root) {
     BalancerHost::remove_pins(pin_root + "/lb");
+    for (const auto& name : datapath::detach_pinned_links(pin_root + "/links"))
+        spdlog::info("detached {}", name);
     std::error_code ec;
-    for (const auto& entry : fs::directory_iterator(pin_root + "/links", ec)) {
-        if (net::Fd fd(bpf_obj_get(entry.path().c_str())); fd) bpf_link_detach(fd.get());
-        spdlog::info("detached {}", entry.path().filename().string());
-    }
     fs::remove_all(pin_root, ec);
 }
 

@@ -283,6 +283,10 @@ private:
 // in any mode, TCX links (a clsact filter is not listed). In the caller's network namespace.
 std::vector<uint32_t> attached_programs(const std::string& ifname, Hook hook);
 
+// Detaches every link pinned in `dir` (one file per link) and returns the names of the files:
+// what `mpsteer reset` does with the links an agent left.
+std::vector<std::string> detach_pinned_links(const std::string& dir);
+
 // An attachment of a generation's entry program to one interface and hook. XDP through a
 // bpf_link (native, generic as fallback), TC through a TCX link where the kernel has it and a
 // clsact filter otherwise. Destroying the object detaches unless release() was called.

@@ -171,6 +171,16 @@ void HookLink::pin(const std::string& path) {
     pin_path_ = path;
 }
 
+std::vector<std::string> detach_pinned_links(const std::string& dir) {
+    std::vector<std::string> names;
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+        if (Fd fd(bpf_obj_get(entry.path().c_str())); fd) bpf_link_detach(fd.get());
+        names.push_back(entry.path().filename().string());
+    }
+    return names;
+}
+
 void HookLink::detach() {
     if (!pin_path_.empty()) unlink(pin_path_.c_str());
     if (link_) {
