@@ -6,7 +6,6 @@
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 
-
 #include <cerrno>
 #include <chrono>
 #include <cstring>
