@@ -186,11 +186,15 @@ int run_bench(bool json, uint32_t repeat, int rounds) {
     auto frame = mptcp_data_frame();
 
     std::vector<Case> cases;
-    auto base =
-        Generation::build(chain(2, false), 1, state, {"bench_bare_pass", "bench_parse_only"});
-    int bare = base->prog_fd("bench_bare_pass"), parse = base->prog_fd("bench_parse_only");
-    cases.push_back({"bare_pass_ns", nullptr, bare, {}, {}, 2});
-    cases.push_back({"parse_only_ns", nullptr, parse, {}, {}, 2});
+    auto base = Generation::build(chain(2, false), 1, state,
+                                  {"bench_bare_pass", "bench_parse_only", "bench_flow_key",
+                                   "bench_flow_lookup", "bench_flow_cache_hit"});
+    for (auto [key, prog] : {std::pair{"bare_pass_ns", "bench_bare_pass"},
+                             {"parse_only_ns", "bench_parse_only"},
+                             {"flow_key_ns", "bench_flow_key"},
+                             {"flow_lookup_ns", "bench_flow_lookup"},
+                             {"flow_cache_hit_ns", "bench_flow_cache_hit"}})
+        cases.push_back({key, nullptr, base->prog_fd(prog), {}, {}, 2});
     // A kernel that refuses the compiled entries runs every chain in the entry program: the
     // compiled cases are then reported as refused, with the kernel's reason, not measured.
     std::string refused;
@@ -271,18 +275,26 @@ int run_bench(bool json, uint32_t repeat, int rounds) {
             c.samples.push_back(test_run(c.fd, c.frame, true, repeat).duration_ns);
     nlohmann::ordered_json out;
     for (auto& c : cases) out[c.key] = median(c.samples);
-    // Ratios per round (both figures from the same round), then their median: a round that
-    // another task disturbed moves both sides of its ratio.
-    // A ratio is left out when a case was not measured (compiled entries refused).
-    auto ratio_of = [&](const std::string& key, const std::string& num, const std::string& den) {
+    // Ratios and differences per round (both figures from the same round), then their median:
+    // a round that another task disturbed moves both sides. Left out when a case was not
+    // measured (compiled entries refused).
+    auto per_round = [&](const std::string& key, const std::string& x, const std::string& y,
+                         auto op) {
         auto find = [&](const std::string& k) {
             return std::find_if(cases.begin(), cases.end(), [&](auto& c) { return c.key == k; });
         };
-        auto a = find(num), b = find(den);
+        auto a = find(x), b = find(y);
         if (a == cases.end() || b == cases.end()) return;
         std::vector<double> r;
-        for (size_t i = 0; i < a->samples.size(); ++i) r.push_back(a->samples[i] / b->samples[i]);
+        for (size_t i = 0; i < a->samples.size(); ++i)
+            r.push_back(op(a->samples[i], b->samples[i]));
         out[key] = median(r);
+    };
+    auto ratio_of = [&](const std::string& key, const std::string& num, const std::string& den) {
+        per_round(key, num, den, [](double a, double b) { return a / b; });
+    };
+    auto extra_of = [&](const std::string& key, const std::string& more, const std::string& less) {
+        per_round(key, more, less, [](double a, double b) { return a - b; });
     };
     ratio_of("chain4_match_ratio", "chain4_match_ns", "bare_pass_ns");
     ratio_of("chain4_nomatch_ratio", "chain4_nomatch_ns", "bare_pass_ns");
@@ -292,6 +304,13 @@ int run_bench(bool json, uint32_t repeat, int rounds) {
     ratio_of("flows64k_vs_1k_ratio", "chain4_flows64k_ns", "chain4_flows1k_ns");
     for (const char* k : {"lb_syn", "lb_data", "lb_join"})
         ratio_of(std::string(k) + "_ratio", std::string(k) + "_ns", "bare_pass_ns");
+    // record's cost taken apart: the step as a whole (the same chain ending in pass instead),
+    // parsing the packet and building its flow key, looking that key up in the flow table, and
+    // what a per-CPU last-flow cache's hit would cost instead of the lookup.
+    extra_of("record_step_extra_ns", "chain4_flows1k_ns", "chain4_match_ns");
+    extra_of("flow_key_extra_ns", "flow_key_ns", "bare_pass_ns");
+    extra_of("flow_lookup_extra_ns", "flow_lookup_ns", "flow_key_ns");
+    extra_of("flow_cache_hit_extra_ns", "flow_cache_hit_ns", "flow_key_ns");
     if (lbc) {
         // 20,000 new connections: a third of the flow table, so no eviction in the figure.
         const auto cost = lbc->new_syn_cost(20000);
