@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -230,6 +231,10 @@ bool readable(int fd) {
 }  // namespace
 
 int run_hook_host(int fd) {
+    // Only the agent stops it: a stop meant for the agent's whole group (a terminal's Ctrl-C or
+    // hang-up, the service manager's SIGTERM, `pkill mpsteer`) would otherwise reach it first
+    // and show as a crash the agent restarts it from.
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1}) signal(sig, SIG_IGN);
     // Nothing of the agent's but the socket and the slot (posix_spawn keeps descriptors
     // without CLOEXEC).
     const int first_other = std::max(fd, wire::kSlotFd) + 1;

@@ -301,6 +301,30 @@ TEST_CASE("hook process: a process killed from outside is started again", "[lua]
     CHECK_FALSE(find(hp.status(), "good")->disabled);
 }
 
+TEST_CASE("hook process: stop signals meant for the agent's group leave it to the agent",
+          "[lua][hook_process]") {
+    FakeBackend be;
+    HookProcess hp(be, options());
+    hp.configure({spec("good", kGood)}, "r1", 1);
+    REQUIRE(tick_until(
+        hp, [&] { return find(hp.status(), "good")->calls > 0; }, 5s));
+    const pid_t pid = hp.info().pid;
+    // What Ctrl-C, a hang-up, systemd's stop and `pkill -USR1 mpsteer` send every process.
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1}) REQUIRE(kill(pid, sig) == 0);
+    auto calls = [&]() -> uint64_t {
+        const auto all = hp.status();  // a restarted process starts its scripts afresh
+        const ScriptStatus* good = find(all, "good");
+        return good ? good->calls : 0;
+    };
+    const uint64_t before = calls();
+    tick_until(
+        hp, [&] { return calls() > before + 3; }, 3s);
+    CHECK(hp.info().restarts == 0);
+    CHECK(calls() > before + 3);
+    CHECK(hp.info().pid == pid);
+    CHECK(kill(pid, 0) == 0);
+}
+
 TEST_CASE("hook process: a process that breaks the protocol is refused", "[lua][hook_process]") {
     // Stand-ins for the hook host: one that sends an oversized frame, one that answers its
     // setup with a frame of another version.
