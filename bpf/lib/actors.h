@@ -108,68 +108,54 @@ static __always_inline int act_get_subflow(void *ctx, bool xdp, struct mps_pkt_c
 }
 
 /*
- * The window rate_limit advertises on a segment acknowledging `ack` (window direction d): up
- * to a right edge that moves at `rate` with time, never more than `most` ahead of the ack
- * (the bucket's depth, abi.h).
+ * The window rate_limit advertises on a segment of flow f acknowledging `ack` (window
+ * direction d): up to a right edge (kept in the flow entry) that moves at `rate` with time,
+ * never more than `most` ahead of the ack (the bucket's depth, abi.h).
  * A window of rate x RTT holds the rate only where it spans several segments: under two the
  * peer waits for delayed ACKs, and the rate it reaches depends on the window's granularity
  * more than on the RTT. An edge that moves with time lets through exactly what the rate
  * allows by now, whatever the RTT: on a short path the peer sends it in bursts, stops at the
  * edge, and goes on at the next ACK or window probe.
  */
-static __always_inline __u64 rate_window(void *ctx, bool xdp, struct mps_pkt_ctx *pc, __u32 d,
-					 __u32 ack, __u64 rate, __u64 most)
+static __always_inline __u64 rate_window(struct mps_flow *f, __u32 d, __u32 ack, __u64 rate,
+					 __u64 most)
 {
-	struct tuple t;
-	struct mps_flow_key k;
-	__u8 from_a;
-	if (load_tuple(ctx, xdp, pc, &t))
-		return most;
-	flow_key(&t, pc->family, &k, &from_a);
-	struct rate_edge *e = bpf_map_lookup_elem(&rate_edges, &k);
-	if (!e) {
-		struct rate_edge fresh = {};
-		bpf_map_update_elem(&rate_edges, &k, &fresh, BPF_NOEXIST);
-		e = bpf_map_lookup_elem(&rate_edges, &k);
-		if (!e)
-			return most;
-	}
 	d &= 1;
 	if (most > MPS_RATE_WINDOW_MAX)
 		most = MPS_RATE_WINDOW_MAX;
 	__u64 now = bpf_ktime_get_ns();
-	__u64 elapsed = now - e->edge_ns[d];
-	/* Unset, or idle long enough (a SYN starting the 4-tuple afresh deletes it): the subflow
+	__u64 elapsed = now - f->rate_edge_ns[d];
+	/* Unset, or idle long enough (a SYN starting the 4-tuple afresh clears it): the subflow
 	 * starts with all the credit an idle one keeps. */
-	if (!e->edge_ns[d] || elapsed > 2000000000ull) {
-		e->edge[d] = ack + most;
-		e->edge_ns[d] = now;
-		e->most[d] = most;
+	if (!f->rate_edge_ns[d] || elapsed > 2000000000ull) {
+		f->rate_edge[d] = ack + most;
+		f->rate_edge_ns[d] = now;
+		f->rate_most[d] = most;
 		return most;
 	}
 	/* The ack a live subflow sends lies at most the credit of the last update behind the
 	 * edge (stored as ack + at most that, and acks only grow): an older one (reordered,
 	 * duplicated or forged) changes nothing, and its window the peer ignores anyway. */
-	if ((__s32)(e->edge[d] - ack) > (__s64)e->most[d])
+	if ((__s32)(f->rate_edge[d] - ack) > (__s64)f->rate_most[d])
 		return most;
-	e->most[d] = most;	     /* a lower rate (or RTT) caps the credit below */
+	f->rate_most[d] = most;	     /* a lower rate (or RTT) caps the credit below */
 	if (elapsed > 1000000000ull) /* no overflow below: rate <= 5e10 */
 		elapsed = 1000000000ull;
 	__u64 grown = rate * elapsed / 1000000000ull;
 	if (grown) { /* the remainder stays: the clock moves by what the bytes took */
-		e->edge_ns[d] += grown * 1000000000ull / rate;
-		if (now - e->edge_ns[d] > 1000000000ull)
-			e->edge_ns[d] = now;
-		e->edge[d] += grown;
+		f->rate_edge_ns[d] += grown * 1000000000ull / rate;
+		if (now - f->rate_edge_ns[d] > 1000000000ull)
+			f->rate_edge_ns[d] = now;
+		f->rate_edge[d] += grown;
 	}
 	/* Only time moves the edge forward: an ack past it (in flight before the cap applied, or
 	 * forged) owes until time catches up, and gets a zero window meanwhile. */
-	__s64 ahead = (__s32)(e->edge[d] - ack);
+	__s64 ahead = (__s32)(f->rate_edge[d] - ack);
 	if (ahead < 0)
 		return 0;
 	if (ahead > (__s64)most) { /* idle, or a lower rate: no credit beyond `most` */
 		ahead = most;
-		e->edge[d] = ack + most;
+		f->rate_edge[d] = ack + most;
 	}
 	return ahead;
 }
@@ -214,10 +200,7 @@ static __always_inline int rate_limit_flow(void *ctx, bool xdp, struct mps_pkt_c
 		win = st->p.rate.min_window;
 	if (win < rate * MPS_RATE_BURST_MS / 1000)
 		win = rate * MPS_RATE_BURST_MS / 1000;
-	win = rate_window(ctx, xdp, pc, d, bpf_ntohl(tcp->ack_seq), rate, win);
-	tcp = view_tcp(ctx, xdp, pc);
-	if (!tcp)
-		return -1;
+	win = rate_window(f, d, bpf_ntohl(tcp->ack_seq), rate, win);
 	/* Rounded down to the unit the window is counted in (up to 16 KB): a window rounded up
 	 * would let the peer past the edge. Zero too: the peer then probes (after its RTO). */
 	win >>= shift & 15;

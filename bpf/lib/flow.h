@@ -18,21 +18,6 @@
 #include "options.h"
 #include "events.h"
 
-/* rate_limit's right edge, per flow and direction of the window: how far the peer may send
- * (a sequence number) as of edge_ns (0: not set). Soft state with the loaded datapath, like
- * prio_tmpl. */
-struct rate_edge {
-	__u64 edge_ns[2];
-	__u32 edge[2];
-	__u32 most[2]; /* the credit the edge was last capped to (rate_window()'s `most`) */
-};
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, MPS_TABLE_PLACEHOLDER);
-	__type(key, struct mps_flow_key);
-	__type(value, struct rate_edge);
-} rate_edges SEC(".maps");
-
 /* Both sides' SYNs seen (SYN and SYN/ACK). */
 static __always_inline bool handshake_done(const struct mps_flow *f)
 {
@@ -75,7 +60,6 @@ static __always_inline void learn_syn(void *ctx, bool xdp, struct mps_pkt_ctx *p
 		/* A SYN (not SYN/ACK) starts the flow afresh: older state is from a dead flow. */
 		if (bpf_map_update_elem(&flows, &k, &zero_flow, BPF_ANY) == 0 && !f)
 			count_insert(MPS_TI_FLOWS);
-		bpf_map_delete_elem(&rate_edges, &k);
 		f = bpf_map_lookup_elem(&flows, &k);
 		if (!f)
 			return;

@@ -168,7 +168,7 @@ MPS_ABI_FIELD(mps_flow_dir, wscale_known, 33);
 MPS_ABI_FIELD(mps_flow_dir, wscale_sent, 34);
 MPS_ABI_FIELD(mps_flow_dir, pad, 35);
 
-MPS_ABI_SIZE(mps_flow, 184);
+MPS_ABI_SIZE(mps_flow, 216);
 MPS_ABI_FIELD(mps_flow, dir_ab, 0);
 MPS_ABI_FIELD(mps_flow, last_ns, 40);
 MPS_ABI_FIELD(mps_flow, conn_token, 48);
@@ -187,6 +187,9 @@ MPS_ABI_FIELD(mps_flow, token, 120);
 MPS_ABI_FIELD(mps_flow, dir_ba, 128);
 MPS_ABI_FIELD(mps_flow, conn_packets, 168);
 MPS_ABI_FIELD(mps_flow, conn_bytes, 176);
+MPS_ABI_FIELD(mps_flow, rate_edge_ns, 184);
+MPS_ABI_FIELD(mps_flow, rate_edge, 200);
+MPS_ABI_FIELD(mps_flow, rate_most, 208);
 // The directions' counters, written from two CPUs, never share a cache line.
 static_assert(offsetof(mps_flow, dir_ba) - sizeof(mps_flow_dir) >= 64, "flow directions too close");
 

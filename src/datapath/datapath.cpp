@@ -86,10 +86,6 @@ std::shared_ptr<Datapath> Datapath::load(const StateMaps& state,
     // set_backup's templates: one per subflow direction it signalled, like prio_sent.
     if (int err = bpf_map__set_max_entries(s->maps.prio_tmpl, state.sizes().prio_sent()))
         fail("sizing prio_tmpl", err);
-    // rate_limit's right edges: as many as set_backup's templates (LRU: a subflow evicted starts
-    // afresh).
-    if (int err = bpf_map__set_max_entries(s->maps.rate_edges, state.sizes().prio_sent()))
-        fail("sizing rate_edges", err);
     {
         std::set<std::string> wanted(only.begin(), only.end());
         wanted.insert(std::begin(kAlwaysLoaded), std::end(kAlwaysLoaded));
@@ -188,7 +184,6 @@ std::vector<std::pair<std::string, std::string>> Datapath::refused_programs(cons
         mps_dp* s = obj.get();
         detail::reuse_state_maps(s->obj, state);
         bpf_map__set_max_entries(s->maps.prio_tmpl, state.sizes().prio_sent());
-        bpf_map__set_max_entries(s->maps.rate_edges, state.sizes().prio_sent());
         bpf_program* p;
         size_t n = 0;
         bpf_object__for_each_program(p, s->obj) {

@@ -139,23 +139,19 @@ uint64_t memlock_of(int fd) {
 }
 
 // ---- carrying state over from the previous layout --------------------------------------------
-// Layout 2 of struct mps_flow is layout 3 without conn_packets and conn_bytes at its end. Its
-// connection entries counted every linked packet as it came, so a carried flow's counters are
-// all held by its connection already (an unlinked flow's, none).
-constexpr int kPreviousLayout = 2;
+// Layout 3 of struct mps_flow is layout 4 without rate_limit's right edges at its end (they were
+// a table of the loaded datapath's own then): a carried flow's edges start unset, as after a
+// datapath reload before, so its rate_limit starts with a full bucket.
+constexpr int kPreviousLayout = 3;
 static_assert(MPS_STATE_LAYOUT == kPreviousLayout + 1,
               "carry over from the layout before this one");
-constexpr size_t kPreviousFlowSize = offsetof(mps_flow, conn_packets);
-static_assert(kPreviousFlowSize == 168 && sizeof(mps_flow) == kPreviousFlowSize + 16,
-              "layout 2 as it was pinned, extended at its end");
+constexpr size_t kPreviousFlowSize = offsetof(mps_flow, rate_edge_ns);
+static_assert(kPreviousFlowSize == 184 && sizeof(mps_flow) == kPreviousFlowSize + 32,
+              "layout 3 as it was pinned, extended at its end");
 
 mps_flow from_previous_layout(const uint8_t* in) {
     mps_flow f{};
     std::memcpy(&f, in, kPreviousFlowSize);
-    if (f.conn_token) {
-        f.conn_packets = MPS_FLOW_PACKETS(&f);
-        f.conn_bytes = MPS_FLOW_BYTES(&f);
-    }
     return f;
 }
 

@@ -314,19 +314,19 @@ TEST_CASE("state tables: a previous-layout pin of another shape is never read, o
 
 TEST_CASE("state tables: an upgrade carries the previous layout's flows and connections over",
           "[bpf][rollout]") {
-    // What an agent of layout 2 left pinned: flows of 168 bytes (this layout without the
-    // connection's share at its end), one linked to a connection and one not.
-    static_assert(MPS_STATE_LAYOUT == 3, "this test pins the layout before this one");
+    // What an agent of layout 3 left pinned: flows of 184 bytes (this layout without
+    // rate_limit's edges at its end), one linked to a connection and one not.
+    static_assert(MPS_STATE_LAYOUT == 4, "this test pins the layout before this one");
     test::PinRoot pins;
     const std::string maps_dir = pins.path() + "/maps";
     std::filesystem::create_directories(maps_dir);
     auto pinned = [&](const char* name, bpf_map_type type, uint32_t key, uint32_t value) {
         int fd = bpf_map_create(type, name, key, value, 1024, nullptr);
         REQUIRE(fd >= 0);
-        REQUIRE(bpf_obj_pin(fd, (maps_dir + "/" + name + "_v2").c_str()) == 0);
+        REQUIRE(bpf_obj_pin(fd, (maps_dir + "/" + name + "_v3").c_str()) == 0);
         return fd;
     };
-    int old_flows = pinned("flows", BPF_MAP_TYPE_LRU_HASH, sizeof(mps_flow_key), 168);
+    int old_flows = pinned("flows", BPF_MAP_TYPE_LRU_HASH, sizeof(mps_flow_key), 184);
     int old_conns = pinned("conns", BPF_MAP_TYPE_LRU_HASH, sizeof(__u32), sizeof(mps_conn));
     mps_flow_key linked{}, unlinked{};
     linked.a[0] = unlinked.a[0] = 0x0100000a;
@@ -335,8 +335,8 @@ TEST_CASE("state tables: an upgrade carries the previous layout's flows and conn
     unlinked.port_a = 40001;
     linked.port_b = unlinked.port_b = 443;
     linked.family = unlinked.family = 4;
-    uint8_t v2[168] = {};
-    auto put = [&](size_t off, auto value) { std::memcpy(v2 + off, &value, sizeof value); };
+    uint8_t v3[184] = {};
+    auto put = [&](size_t off, auto value) { std::memcpy(v3 + off, &value, sizeof value); };
     put(0, uint64_t{7});                    // dir_ab.packets
     put(8, uint64_t{100});                  // dir_ab.bytes
     put(128, uint64_t{3});                  // dir_ba.packets
@@ -347,9 +347,11 @@ TEST_CASE("state tables: an upgrade carries the previous layout's flows and conn
     put(52, uint32_t{21000});               // srtt_us
     put(64, uint64_t{125000});              // rate_bps
     put(72, uint8_t{MPS_ROLE_JOIN});        // role
-    REQUIRE(bpf_map_update_elem(old_flows, &unlinked, v2, BPF_ANY) == 0);
+    REQUIRE(bpf_map_update_elem(old_flows, &unlinked, v3, BPF_ANY) == 0);
     put(48, uint32_t{0x01020304});  // conn_token
-    REQUIRE(bpf_map_update_elem(old_flows, &linked, v2, BPF_ANY) == 0);
+    put(168, uint64_t{8});          // conn_packets: what the connection holds of its counts
+    put(176, uint64_t{4100});       // conn_bytes
+    REQUIRE(bpf_map_update_elem(old_flows, &linked, v3, BPF_ANY) == 0);
     __u32 token = 0x01020304;
     mps_conn conn{};
     conn.bytes = 123456;
@@ -373,18 +375,21 @@ TEST_CASE("state tables: an upgrade carries the previous layout's flows and conn
         CHECK(f.srtt_us == 21000u);
         CHECK(f.rate_bps == 125000u);
         CHECK(f.role == MPS_ROLE_JOIN);
-        // The previous layout's connection counted each linked packet already: nothing of the
-        // flow's counters is still to be handed over, and all of an unlinked flow's is.
-        CHECK(f.conn_packets == (is_linked ? 10u : 0u));
-        CHECK(f.conn_bytes == (is_linked ? 5100u : 0u));
+        CHECK(f.conn_packets == (is_linked ? 8u : 0u));
+        CHECK(f.conn_bytes == (is_linked ? 4100u : 0u));
+        // rate_limit's edges start unset: its first ACK gets a full bucket.
+        CHECK(f.rate_edge_ns[0] == 0);
+        CHECK(f.rate_edge_ns[1] == 0);
+        CHECK(f.rate_edge[0] == 0);
+        CHECK(f.rate_most[1] == 0);
     }
     mps_conn c{};
     REQUIRE(bpf_map_lookup_elem(maps.conns(), &token, &c) == 0);
     CHECK(c.bytes == 123456u);
     CHECK(c.subflows == 2u);
     // The old pins are gone; the programs still holding them keep their own references.
-    CHECK_FALSE(std::filesystem::exists(maps_dir + "/flows_v2"));
-    CHECK_FALSE(std::filesystem::exists(maps_dir + "/conns_v2"));
+    CHECK_FALSE(std::filesystem::exists(maps_dir + "/flows_v3"));
+    CHECK_FALSE(std::filesystem::exists(maps_dir + "/conns_v3"));
     CHECK(std::filesystem::exists(maps_dir + "/flows_v" + std::to_string(MPS_STATE_LAYOUT)));
 }
 

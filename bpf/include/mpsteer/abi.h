@@ -22,7 +22,7 @@
  * entries. */
 
 /* Bumped whenever a shared (cross-generation) map changes layout; pinned names carry it. */
-#define MPS_STATE_LAYOUT 3
+#define MPS_STATE_LAYOUT 4
 
 /* The shared hash maps are sized by the agent when it creates them (TableSizes in
  * src/datapath/datapath.h); every load reuses them, so the objects' own sizes are placeholders. */
@@ -391,6 +391,13 @@ struct mps_flow {
 	 * datapath adds the rest once per clock tick and at a FIN or RST, not per packet, so a
 	 * connection's exact count is its entry's plus each linked flow's counters minus these. */
 	__u64 conn_packets, conn_bytes;
+	/* rate_limit's right edge per direction of the window (rate_window()): how far the peer
+	 * may send (a sequence number) as of rate_edge_ns (0: not set), and the credit the edge
+	 * was last capped to. In the flow entry so rate_limit finds it with the flow record
+	 * looked up, not with a lookup of its own. */
+	__u64 rate_edge_ns[2];
+	__u32 rate_edge[2];
+	__u32 rate_most[2];
 };
 /* A pointer to direction d (0: a to b, 1: b to a) of the flow f points to. */
 #define MPS_FLOW_DIR(f, d)  ((d) ? &(f)->dir_ba : &(f)->dir_ab)
