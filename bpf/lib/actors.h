@@ -138,26 +138,33 @@ static __always_inline __u64 rate_window(struct mps_flow *f, __u32 d, __u32 ack,
 	 * duplicated or forged) changes nothing, and its window the peer ignores anyway. */
 	if ((__s32)(f->rate_edge[d] - ack) > (__s64)f->rate_most[d])
 		return most;
-	f->rate_most[d] = most;	     /* a lower rate (or RTT) caps the credit below */
-	if (elapsed > 1000000000ull) /* no overflow below: rate <= 5e10 */
+	f->rate_most[d] = most; /* a lower rate (or RTT) caps the credit below */
+	/* Growth past 2^31 bytes is capped to `most` (<= 2^30) below anyway; bounding it keeps
+	 * rate * elapsed in 64 bits and the edge within a signed 32-bit distance of the ack at
+	 * any rate (2^31 bytes take 43 ms at MPS_RATE_MAX, so only a fast subflow's pause
+	 * pays the division). */
+	if (elapsed > 1000000000ull)
 		elapsed = 1000000000ull;
+	if (elapsed > (1ull << 31) * 1000000000ull / MPS_RATE_MAX) {
+		__u64 span = (1ull << 31) * 1000000000ull / rate;
+		if (elapsed > span)
+			elapsed = span;
+	}
 	__u64 grown = rate * elapsed / 1000000000ull;
 	if (grown) { /* the remainder stays: the clock moves by what the bytes took */
 		f->rate_edge_ns[d] += grown * 1000000000ull / rate;
 		if (now - f->rate_edge_ns[d] > 1000000000ull)
 			f->rate_edge_ns[d] = now;
-		f->rate_edge[d] += grown;
 	}
 	/* Only time moves the edge forward: an ack past it (in flight before the cap applied, or
 	 * forged) owes until time catches up, and gets a zero window meanwhile. */
-	__s64 ahead = (__s32)(f->rate_edge[d] - ack);
-	if (ahead < 0)
-		return 0;
+	__s64 ahead = (__s64)(__s32)(f->rate_edge[d] - ack) + (__s64)grown;
 	if (ahead > (__s64)most) { /* idle, or a lower rate: no credit beyond `most` */
-		ahead = most;
 		f->rate_edge[d] = ack + most;
+		return most;
 	}
-	return ahead;
+	f->rate_edge[d] += grown;
+	return ahead < 0 ? 0 : ahead;
 }
 
 /*

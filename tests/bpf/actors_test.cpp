@@ -627,6 +627,33 @@ TEST_CASE(
     }
 }
 
+TEST_CASE("actor rate_limit: a fast subflow back from a pause keeps its whole credit",
+          "[bpf][actor]") {
+    // Above 2^30 bytes a second the credit (at most 2^30 bytes, 65536 units at scale 14)
+    // grows past 2^31 bytes within a second: the edge must not wrap around the ack and close
+    // the window. The pause is made by moving the edge's clock back.
+    for (uint64_t rate : {uint64_t{1250000000} /* 10 Gbit/s */, uint64_t{MPS_RATE_MAX}}) {
+        for (Hook h : kCaseHooks) {
+            INFO(name_of(h) << ", " << rate << " bytes/s");
+            RateCase c{"", rate, 1000, 0, 14, 14, true, 65535, false};
+            c.port = static_cast<uint16_t>(32000 + static_cast<int>(h));
+            Env env(chain_of({act_rate(c.rate, c.rtt_us, c.min_window)}));
+            handshake(env, h, c);
+            const Bytes ack = cli(false, c.port).seq(5001).ack(9001).window(65535).build();
+            expect_untouched(env.run(h, ack), ack, h);  // the bucket: more than 65535 units
+            for (int pause_ms : {30, 100, 500, 1500}) {
+                INFO("a pause of " << pause_ms << " ms");
+                auto f = env.flow(cli(false, c.port));
+                REQUIRE(f);
+                for (auto& at : f->rate_edge_ns)
+                    if (at) at -= uint64_t(pause_ms) * 1000000;
+                env.put_flow(flow_key_of(cli(false, c.port)), *f);
+                expect_untouched(env.run(h, ack), ack, h);
+            }
+        }
+    }
+}
+
 TEST_CASE("actor rate_limit: never touches SYN, RST, non-ACK or unknown flows", "[bpf][actor]") {
     for (bool v6 : {false, true}) {
         for (Hook h : kCaseHooks) {
