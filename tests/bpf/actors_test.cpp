@@ -639,8 +639,23 @@ TEST_CASE("actor rate_limit: a fast subflow back from a pause keeps its whole cr
             c.port = static_cast<uint16_t>(32000 + static_cast<int>(h));
             Env env(chain_of({act_rate(c.rate, c.rtt_us, c.min_window)}));
             handshake(env, h, c);
-            const Bytes ack = cli(false, c.port).seq(5001).ack(9001).window(65535).build();
-            expect_untouched(env.run(h, ack), ack, h);  // the bucket: more than 65535 units
+            auto ack_of = [&](uint32_t acked) {
+                return cli(false, c.port).seq(5001).ack(9001 + acked).window(65535).build();
+            };
+            const Bytes first = ack_of(0);
+            expect_untouched(env.run(h, first), first, h);  // the bucket: 65536 units
+            // Below its rate (what is left covers the window asked for) a segment leaves the
+            // edge as it was: no clock read, no write.
+            const auto before = env.flow(cli(false, c.port));
+            REQUIRE(before);
+            const Bytes below = ack_of(1000);
+            expect_untouched(env.run(h, below), below, h);
+            const auto after = env.flow(cli(false, c.port));
+            REQUIRE(after);
+            CHECK(std::memcmp(after->rate_edge_ns, before->rate_edge_ns,
+                              sizeof before->rate_edge_ns) == 0);
+            CHECK(std::memcmp(after->rate_edge, before->rate_edge, sizeof before->rate_edge) == 0);
+            uint32_t acked = 1000;
             for (int pause_ms : {30, 100, 500, 1500}) {
                 INFO("a pause of " << pause_ms << " ms");
                 auto f = env.flow(cli(false, c.port));
@@ -648,6 +663,10 @@ TEST_CASE("actor rate_limit: a fast subflow back from a pause keeps its whole cr
                 for (auto& at : f->rate_edge_ns)
                     if (at) at -= uint64_t(pause_ms) * 1000000;
                 env.put_flow(flow_key_of(cli(false, c.port)), *f);
+                // 20 KB more acknowledged: less left than the window asks for, so the edge
+                // grows by the pause, up to the whole bucket again.
+                acked += 20000;
+                const Bytes ack = ack_of(acked);
                 expect_untouched(env.run(h, ack), ack, h);
             }
         }
