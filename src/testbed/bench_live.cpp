@@ -198,7 +198,7 @@ struct Case {
 
 struct Sample {
     double gbps = 0, cpu_s_per_gb = 0, gb = 0;
-    int extra_subflows = 0;  // the receiver's, open at the end of the transfer
+    int extra_subflows = 0;  // the receiver's (iperf3: the joins it received meanwhile)
 };
 
 // Frames the interfaces of a host received: what its XDP programs ran on, one by one.
@@ -230,15 +230,18 @@ Sample transfer(const Lab& lab, std::chrono::seconds length) {
     return s;
 }
 
-// The same upload by iperf3, MPTCP on both ends through the shim (mptcp_shim.c), nothing
-// attached: what the paths carry with a sender built for speed, beside the lab's own.
-Sample iperf3_transfer(const Lab& lab, std::chrono::seconds length) {
+// The same upload by iperf3 (MPTCP on both ends through the shim, mptcp_shim.c) to `port`:
+// what the paths carry with a sender built for speed, beside the lab's own.
+Sample iperf3_transfer(const Lab& lab, std::chrono::seconds length, uint16_t port_number) {
     const std::string shim = companion_binary("libmpsteer-mptcp-shim.so");
     if (shim.empty())
         throw lab::Error(
             "bench: the iperf3 case needs libmpsteer-mptcp-shim.so beside mpsteer-lab (the "
             "build tree's src/cli; it is not packaged)");
-    const std::string port = std::to_string(kPort + 1), limit = std::to_string(length.count() + 30);
+    const std::string port = std::to_string(port_number),
+                      limit = std::to_string(length.count() + 30);
+    // Its control connection is MPTCP too and may be joined as well: both count.
+    const uint64_t joins0 = mptcp_counters(lab.server_ns())["MPJoinAckRx"];
     std::string server_error;
     std::thread server([&] {
         try {
@@ -272,6 +275,7 @@ Sample iperf3_transfer(const Lab& lab, std::chrono::seconds length) {
     s.gb = got.at("bytes").get<double>() / 1e9;
     s.gbps = got.at("bits_per_second").get<double>() / 1e9;
     s.cpu_s_per_gb = s.gb > 0 ? cpu / s.gb : 0;
+    s.extra_subflows = int(mptcp_counters(lab.server_ns())["MPJoinAckRx"] - joins0);
     return s;
 }
 
@@ -302,7 +306,11 @@ const std::vector<std::string>& live_bench_cases() {
 }
 
 int run_live_bench(bool json, int rounds, int seconds, const std::string& share,
-                   const std::vector<std::string>& chosen, bool prog_times) {
+                   const std::vector<std::string>& chosen, bool prog_times, bool by_iperf3) {
+    if (by_iperf3 && std::find(chosen.begin(), chosen.end(), "iperf3") != chosen.end())
+        throw std::invalid_argument(
+            "--sender iperf3 moves every case's data with iperf3: the iperf3 case would repeat "
+            "none");
     for (const auto& n : chosen)
         if (std::find(live_bench_cases().begin(), live_bench_cases().end(), n) ==
             live_bench_cases().end())
@@ -411,8 +419,9 @@ int run_live_bench(bool json, int rounds, int seconds, const std::string& share,
                 rx0[h] = rx_frames(hosts[h].netns, hosts[h].ifs);
                 if (prog_times) times0[h] = prog_times_of(hosts[h].netns, hosts[h].ifs);
             }
-            Sample s = c.iperf3 ? iperf3_transfer(lab, std::chrono::seconds(seconds))
-                                : transfer(lab, std::chrono::seconds(seconds));
+            Sample s = by_iperf3  ? iperf3_transfer(lab, std::chrono::seconds(seconds), kPort)
+                       : c.iperf3 ? iperf3_transfer(lab, std::chrono::seconds(seconds), kPort + 1)
+                                  : transfer(lab, std::chrono::seconds(seconds));
             if (c.bare || c.chains || c.shipped)
                 for (size_t h = 0; h < hosts.size(); ++h)
                     c.counts[hosts[h].name + "_xdp_frames"].push_back(
@@ -454,7 +463,7 @@ int run_live_bench(bool json, int rounds, int seconds, const std::string& share,
                     c.counts["applied_" + name].push_back(double(n - was));
                 }
             }
-            if (!c.iperf3) c.counts["extra_subflows"].push_back(s.extra_subflows);
+            c.counts["extra_subflows"].push_back(s.extra_subflows);
             c.gbps.push_back(s.gbps);
             c.cpu_s_per_gb.push_back(s.cpu_s_per_gb);
             if (!json)
@@ -486,6 +495,7 @@ int run_live_bench(bool json, int rounds, int seconds, const std::string& share,
     nlohmann::ordered_json out;
     out["rounds"] = rounds;
     out["seconds_per_transfer"] = seconds;
+    out["sender"] = by_iperf3 ? "iperf3" : "lab";
     for (const auto& c : cases) {
         nlohmann::ordered_json j;
         j["gbit_per_s"] = median(c.gbps);
@@ -539,6 +549,7 @@ void add_live_bench_command(CLI::App& app) {
         "--live: a real MPTCP transfer through the lab: no program, a bare XDP_PASS and chains "
         "on both hosts, the agent with the shipped policies, in alternating rounds (needs root)");
     static bool json = false, live = true, prog_times = false;
+    static std::string sender = "lab";
     static int rounds = 9, seconds = 4;
     cmd->add_flag("--live", live, "the live benchmark (this binary's only one: implied)");
     cmd->add_flag("--json", json, "print one JSON object");
@@ -562,13 +573,20 @@ void add_live_bench_command(CLI::App& app) {
         ->check(CLI::IsMember(live_bench_cases()))
         ->delimiter(',')
         ->capture_default_str();
+    cmd->add_option("--sender", sender,
+                    "what moves each case's data: lab (the lab's sender and receiver, checking the "
+                    "stream arrives intact) or iperf3 (MPTCP through the shim beside mpsteer-lab, "
+                    "build tree only: a sender fast enough to make the path CPU-bound)")
+        ->check(CLI::IsMember({"lab", "iperf3"}))
+        ->capture_default_str();
     static std::string share = default_share();
     cmd->add_option("--share", share, "where the shipped policies/ and lua/ are")
         ->check(CLI::ExistingDirectory)
         ->capture_default_str();
     cmd->callback([] {
         try {
-            set_exit_code(run_live_bench(json, rounds, seconds, share, cases, prog_times));
+            set_exit_code(run_live_bench(json, rounds, seconds, share, cases, prog_times,
+                                         sender == "iperf3"));
         } catch (const std::exception& e) {
             spdlog::error("bench: {}", e.what());
             set_exit_code(1);

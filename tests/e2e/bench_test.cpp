@@ -48,3 +48,31 @@ TEST_CASE("bench --live: one round prints every case's figures, the programs' ti
     CHECK(rec.contains("machine_cpu_s_per_gb_over_bare"));
     CHECK(out.at("agent_idle").at("rss_mb").get<double>() > 0);
 }
+
+TEST_CASE("bench --live --sender iperf3: every case's data moved by iperf3 over MPTCP", "[bench]") {
+    lab::Lab::cleanup_stale();
+    const auto refused = lab::run({"sh", "-c",
+                                   mpsteer_bin() + " bench --live --rounds 1 --seconds 1 "
+                                                   "--sender iperf3 --cases iperf3 2>&1"});
+    CHECK(refused.status != 0);
+    CHECK(refused.out.find("the iperf3 case would repeat none") != std::string::npos);
+
+    const auto r = lab::run({"sh", "-c",
+                             mpsteer_bin() + " bench --live --rounds 1 --seconds 1 --prog-times "
+                                             "--sender iperf3 --cases record_only --json "
+                                             "2>/dev/null"});
+    INFO(r.out);
+    REQUIRE(r.status == 0);
+    const json out = json::parse(r.out);
+    CHECK(out.at("sender") == "iperf3");
+    for (const char* c : {"none", "bare_xdp", "record_only"}) {
+        INFO(c);
+        CHECK(out.at(c).at("gbit_per_s").get<double>() > 0);
+        // The client's subflow endpoint joins iperf3's connections like the lab's own.
+        CHECK(out.at(c).at("extra_subflows").get<double>() >= 1);
+    }
+    const json& rec = out.at("record_only");
+    CHECK(rec.at("client_chain_packets").get<double>() > 0);
+    CHECK(rec.at("programs_cpu_s_per_gb").get<double>() >
+          out.at("bare_xdp").at("programs_cpu_s_per_gb").get<double>());
+}
