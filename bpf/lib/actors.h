@@ -144,7 +144,7 @@ static __always_inline __u64 rate_window(struct mps_flow *f, __u32 d, __u32 ack,
 	/* The ack a live subflow sends lies at most the credit of the last update behind the
 	 * edge (stored as ack + at most that, and acks only grow): an older one (reordered,
 	 * duplicated or forged) changes nothing, and its window the peer ignores anyway. */
-	if ((__s32)(f->rate_edge[d] - ack) > (__s64)f->rate_most[d])
+	if (left > (__s64)f->rate_most[d])
 		return most;
 	f->rate_most[d] = most; /* a lower rate (or RTT) caps the credit below */
 	/* Growth past 2^31 bytes is capped to `most` (<= 2^30) below anyway; bounding it keeps
@@ -166,7 +166,7 @@ static __always_inline __u64 rate_window(struct mps_flow *f, __u32 d, __u32 ack,
 	}
 	/* Only time moves the edge forward: an ack past it (in flight before the cap applied, or
 	 * forged) owes until time catches up, and gets a zero window meanwhile. */
-	__s64 ahead = (__s64)(__s32)(f->rate_edge[d] - ack) + (__s64)grown;
+	__s64 ahead = left + (__s64)grown;
 	if (ahead > (__s64)most) { /* idle, or a lower rate: no credit beyond `most` */
 		f->rate_edge[d] = ack + most;
 		return most;

@@ -419,9 +419,10 @@ int run_live_bench(bool json, int rounds, int seconds, const std::string& share,
                 rx0[h] = rx_frames(hosts[h].netns, hosts[h].ifs);
                 if (prog_times) times0[h] = prog_times_of(hosts[h].netns, hosts[h].ifs);
             }
-            Sample s = by_iperf3  ? iperf3_transfer(lab, std::chrono::seconds(seconds), kPort)
-                       : c.iperf3 ? iperf3_transfer(lab, std::chrono::seconds(seconds), kPort + 1)
-                                  : transfer(lab, std::chrono::seconds(seconds));
+            // The iperf3 case beside the lab's sender on a port of its own.
+            Sample s = by_iperf3 || c.iperf3 ? iperf3_transfer(lab, std::chrono::seconds(seconds),
+                                                               by_iperf3 ? kPort : kPort + 1)
+                                             : transfer(lab, std::chrono::seconds(seconds));
             if (c.bare || c.chains || c.shipped)
                 for (size_t h = 0; h < hosts.size(); ++h)
                     c.counts[hosts[h].name + "_xdp_frames"].push_back(
