@@ -314,6 +314,7 @@ int run_hook_host(int fd) {
             if (t == "connection" || t == "subflow" || t == "subflow_closed" ||
                 t == "add_addr_blocked")
                 done["next"] = wire::to_ns(hooks.wake(Clock::now()));
+            if (t == "configure" || t == "disable") done["hooks"] = hooks.defined_hooks();
             done["calls"] = hooks.calls();
             done["writes"] = backend.take_returned();
             wire::send(fd, done);

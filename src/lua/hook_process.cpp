@@ -21,6 +21,7 @@
 #include <iterator>
 #include <new>
 
+#include "lua/sandbox.h"
 #include "net/text.h"
 
 namespace mpsteer::lua {
@@ -79,7 +80,8 @@ json HookProcessInfo::to_json() const {
             {"restarts", restarts},
             {"last_restart", last_restart},
             {"log_lines_dropped", log_lines_dropped},
-            {"writes_refused", writes_refused}};
+            {"writes_refused", writes_refused},
+            {"requests", requests}};
 }
 
 HookProcess::HookProcess(Backend& backend, HookProcessOptions opts)
@@ -199,6 +201,7 @@ std::vector<ScriptSpec> HookProcess::runnable() {
         if (it == disabled_.end() || it->second.source != s.source) out.push_back(s);
     }
     runnable_ = out.size();
+    idle_ticks_ = std::any_of(out.begin(), out.end(), [](auto& s) { return s.idle_every_ms; });
     std::lock_guard lock(info_mu_);
     slot_names_.clear();
     for (const auto& s : out) slot_names_.emplace_back(s.policy, s.name);
@@ -365,6 +368,10 @@ std::optional<json> HookProcess::exchange(const json& request) {
     Clock::duration served{0};       // the agent's time serving calls is not the scripts'
     auto deadline = [&] { return std::min(cap, began + budget + served); };
     std::string failure;
+    {
+        std::lock_guard lock(info_mu_);
+        ++info_.requests;
+    }
     try {
         wire::send(fd_.get(), request);
         for (;;) {
@@ -396,6 +403,12 @@ std::optional<json> HookProcess::exchange(const json& request) {
                                           r["error"].get<std::string>());
                     }
                 calls_ = m->at("calls").get<uint64_t>();
+                if (m->contains("hooks")) {
+                    defined_hooks_ = 0;
+                    for (const auto& h : m->at("hooks"))
+                        if (int i = hook_index(h.get_ref<const std::string&>().c_str()); i >= 0)
+                            defined_hooks_ |= 1u << i;
+                }
                 if (m->contains("next")) next_tick_ = wire::from_ns(m->at("next").get<int64_t>());
                 // Scripts that went on writing past their budget for a second second.
                 for (const auto& policy : std::exchange(to_disable_, {})) {
@@ -462,20 +475,24 @@ std::vector<std::string> HookProcess::configure(const std::vector<ScriptSpec>& s
     return r->value("loaded", std::vector<std::string>{});
 }
 
+bool HookProcess::wanted(const char* hook) const {
+    return idle_ticks_ || (defined_hooks_ >> hook_index(hook) & 1);
+}
+
 void HookProcess::on_connection(const Connection& c) {
-    exchange({{"t", "connection"}, {"v", c}});
+    if (wanted("on_connection")) exchange({{"t", "connection"}, {"v", c}});
 }
 void HookProcess::on_subflow(const Subflow& s) {
-    exchange({{"t", "subflow"}, {"v", s}});
+    if (wanted("on_subflow")) exchange({{"t", "subflow"}, {"v", s}});
 }
 void HookProcess::on_subflow_closed(const Subflow& s) {
-    exchange({{"t", "subflow_closed"}, {"v", s}});
+    if (wanted("on_subflow_closed")) exchange({{"t", "subflow_closed"}, {"v", s}});
 }
 void HookProcess::on_add_addr_blocked(const AddAddr& a) {
-    exchange({{"t", "add_addr_blocked"}, {"v", a}});
+    if (wanted("on_add_addr_blocked")) exchange({{"t", "add_addr_blocked"}, {"v", a}});
 }
 void HookProcess::on_link(const Link& l) {
-    exchange({{"t", "link"}, {"v", l}});
+    if (wanted("on_link")) exchange({{"t", "link"}, {"v", l}});
 }
 
 Clock::time_point HookProcess::tick(Clock::time_point now) {

@@ -57,6 +57,7 @@ struct HookProcessInfo {
     std::string last_restart;  // why the last restart happened
     uint64_t log_lines_dropped = 0;
     uint64_t writes_refused = 0;
+    uint64_t requests = 0;  // sent to it (an event no script has a hook for is not sent)
     nlohmann::json to_json() const;
 };
 
@@ -100,6 +101,9 @@ private:
     nlohmann::json serve_call(const nlohmann::json& call);
     void log_line(const nlohmann::json& m);
     std::vector<ScriptSpec> runnable();  // the specs minus the disabled ones (counted)
+    // Whether an event for `hook` is worth a request: some script defines it, or a script
+    // ticks slower while idle (the process wakes those after any event).
+    bool wanted(const char* hook) const;
     void finish_writes_second();
 
     Backend& backend_;
@@ -112,6 +116,9 @@ private:
     bool restarting_ = false;
     uint64_t calls_ = 0;
     size_t runnable_ = 0;  // scripts the process was last configured with
+    bool idle_ticks_ = false;  // one of them has idle_every
+    // The hooks its scripts define, as the process last said (bit i: kHookNames[i]).
+    uint32_t defined_hooks_ = 0;
     std::chrono::steady_clock::time_point next_tick_ = std::chrono::steady_clock::time_point::max();
     // What configure() was last given, to configure a restarted process again.
     std::vector<ScriptSpec> specs_;

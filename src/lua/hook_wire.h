@@ -8,8 +8,9 @@
 //   setup {limits, uid, gid, as}        hello {uid, gid, no_new_privs, seccomp, ...}
 //   configure {specs, revision, gen}    call {fn, ...}                 (a Backend method)
 //   connection / subflow /              log {level, text}
-//     subflow_closed / add_addr_blocked done {calls, next, ...}        (the request's answer)
-//     / link
+//     subflow_closed / add_addr_blocked done {calls, next, writes, ...}  (the request's answer;
+//     / link                              after configure and disable also `hooks`, the ones the
+//                                         scripts define: the agent sends no event without one)
 //   tick {now}, status, disable
 //   ret {value} | ret {error}
 //

@@ -321,6 +321,17 @@ Clock::time_point HookSet::wake(Clock::time_point now) {
     return next;
 }
 
+std::vector<std::string> HookSet::defined_hooks() const {
+    std::vector<std::string> out;
+    for (const char* hook : kHookNames)
+        for (const auto& [name, s] : scripts_)
+            if (!s->disabled() && s->has(hook)) {
+                out.push_back(hook);
+                break;
+            }
+    return out;
+}
+
 bool HookSet::collect_step() {
     for (auto& [name, s] : scripts_)
         if (s->collect_step()) return true;

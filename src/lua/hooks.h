@@ -303,6 +303,8 @@ public:
     CallWatch& watch() { return watch_; }
 
     size_t size() const override { return scripts_.size(); }
+    // The hooks (kHookNames) some script that may run defines.
+    std::vector<std::string> defined_hooks() const;
     Script* find(const std::string& policy);
     // Disables a policy's script (the agent's verdict: it flooded the writes); false: no such
     // script.

@@ -146,6 +146,39 @@ TEST_CASE("hook process: the scripts run confined, their calls served by the age
     CHECK(be.last_rate == 1005);
 }
 
+TEST_CASE("hook process: an event no script has a hook for is not sent to it",
+          "[lua][hook_process]") {
+    FakeBackend be;
+    HookProcess hp(be, options());
+    hp.configure({spec("returner", "function on_subflow(s) return {rate = 1000 + s.id} end")}, "r1",
+                 1);
+    Subflow sf;
+    sf.id = 5;
+    const auto before = hp.info().requests;
+    hp.on_subflow_closed(sf);
+    hp.on_connection(Connection{});
+    hp.on_link(Link{"c1", true});
+    CHECK(hp.info().requests == before);
+    hp.on_subflow(sf);
+    CHECK(hp.info().requests == before + 1);
+    CHECK(be.last_rate == 1005);
+    // A script that ticks slower while idle hears every event: the process wakes it after one.
+    ScriptSpec idle = spec("idle", kGood);
+    idle.idle_every_ms = 60000;
+    hp.configure({spec("returner", "function on_subflow(s) return {rate = 1000 + s.id} end"), idle},
+                 "r2", 2);
+    const auto configured = hp.info().requests;
+    hp.on_subflow_closed(sf);
+    CHECK(hp.info().requests == configured + 1);
+    // The hooks a revision's scripts define replace the last ones.
+    hp.configure({spec("closer", "function on_subflow_closed(s) end")}, "r3", 3);
+    const auto third = hp.info().requests;
+    hp.on_subflow(sf);
+    CHECK(hp.info().requests == third);
+    hp.on_subflow_closed(sf);
+    CHECK(hp.info().requests == third + 1);
+}
+
 TEST_CASE(
     "hook process: a call stuck in one library call is killed at its budget, the script "
     "disabled, the others run on",
