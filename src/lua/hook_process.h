@@ -115,7 +115,7 @@ private:
     net::Fd fd_;
     bool restarting_ = false;
     uint64_t calls_ = 0;
-    size_t runnable_ = 0;  // scripts the process was last configured with
+    size_t runnable_ = 0;      // scripts the process was last configured with
     bool idle_ticks_ = false;  // one of them has idle_every
     // The hooks its scripts define, as the process last said (bit i: kHookNames[i]).
     uint32_t defined_hooks_ = 0;
