@@ -33,11 +33,12 @@ enum walk_result { WALK_PASS, WALK_DROP, WALK_PROG, WALK_SCAN, WALK_MALFORMED, W
 
 /*
  * Run the inline steps from pc->pc: the cheap selectors and the verdicts. Stops at a step
- * that needs its own program (WALK_PROG), the option walk (WALK_SCAN, for packet_type: the
+ * that needs its own program (WALK_PROG), the option walk (WALK_SCAN, for a test of the
+ * packet's kinds: the
  * walk runs once, between two copies of this loop, so the verifier sees it from a handful of
  * states rather than once per iteration) or after MPS_INLINE_STEPS steps (WALK_MORE).
  */
-static __always_inline int walk(void *ctx, bool xdp, struct mps_pkt_ctx *pc, const struct tuple *t)
+static __always_inline int walk(void *ctx, bool xdp, struct mps_pkt_ctx *pc, struct match_tuple *mt)
 {
 	for (int i = 0; i < MPS_INLINE_STEPS; i++) {
 		__u32 at = pc->pc;
@@ -46,25 +47,16 @@ static __always_inline int walk(void *ctx, bool xdp, struct mps_pkt_ctx *pc, con
 		const struct mps_step *st = load_step(pc);
 		__u64 m;
 		switch (st->prog) {
-		case MPS_SEL_SUBFLOW:
-			m = m_pair(t, pc->family, &st->p.pair, true);
-			break;
-		case MPS_SEL_IP_PAIR:
-			m = m_pair(t, pc->family, &st->p.pair, false);
-			break;
-		case MPS_SEL_SRC:
-			m = m_cidr(t, pc->family, &st->p.cidr, false);
-			break;
-		case MPS_SEL_DST:
-			m = m_cidr(t, pc->family, &st->p.cidr, true);
-			break;
-		case MPS_SEL_PORT:
-			m = m_port(t, &st->p.port);
-			break;
-		case MPS_SEL_PACKET_TYPE:
-			if (!(pc->flags & MPS_CTXF_SCANNED))
-				return WALK_SCAN;
-			m = is_zero(pc->kinds & st->p.kinds.any_of) ^ 1;
+		case MPS_SEL_MATCH:
+			if (st->p.match.flags & (MPS_MATCHF_KINDS | MPS_MATCHF_IP)) {
+				if ((st->p.match.flags & MPS_MATCHF_KINDS) &&
+				    !(pc->flags & MPS_CTXF_SCANNED))
+					return WALK_SCAN;
+				if ((st->p.match.flags & MPS_MATCHF_IP) && !mt->have_ip &&
+				    load_match_ip(ctx, xdp, pc, mt))
+					return WALK_MALFORMED;
+			}
+			m = m_match(mt, &st->p.match);
 			break;
 		case MPS_ACT_PASS:
 			step_count(pc, at, true, false);
@@ -99,12 +91,18 @@ static __always_inline int scan_kinds_ctx(void *ctx, bool xdp, struct mps_pkt_ct
 
 static __always_inline int run_chain(void *ctx, bool xdp, struct mps_pkt_ctx *pc)
 {
-	struct tuple t;
-	if (load_tuple(ctx, xdp, pc, &t))
+	struct match_tuple mt;
+	if (load_match_tuple(ctx, xdp, pc, &mt))
 		return PASS(xdp);
-	int r = walk(ctx, xdp, pc, &t);
-	if (r == WALK_SCAN)
-		r = scan_kinds_ctx(ctx, xdp, pc) ? WALK_MALFORMED : walk(ctx, xdp, pc, &t);
+	int r = walk(ctx, xdp, pc, &mt);
+	if (r == WALK_SCAN) {
+		if (scan_kinds_ctx(ctx, xdp, pc)) {
+			r = WALK_MALFORMED;
+		} else {
+			mt.w[MPS_W_KINDS] = mt.w[MPS_W_KINDS ^ MPS_W_SWAP] = pc->kinds;
+			r = walk(ctx, xdp, pc, &mt);
+		}
+	}
 	switch (r) {
 	case WALK_DROP:
 		return DROP(xdp);

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
- * The selectors: the inline ones as branch-free matches over a tuple, and those with a
- * program of their own (token, sequence, flow_bytes) on flow state.
+ * The selectors: the inline one (every cheap selector, lowered to tests on a tuple of the
+ * packet's words), and those with a program of their own (token, sequence, flow_bytes) on
+ * flow state.
  */
 #ifndef MPSTEER_LIB_SELECTORS_H
 #define MPSTEER_LIB_SELECTORS_H
@@ -22,42 +23,104 @@
 /* A selector answers 1 (match), 0 (miss) or -1 (malformed: pass the packet untouched). */
 
 /*
- * The selectors the interpreter runs inline, written branch-free over a tuple parsed once:
- * the interpreter loop is verified once per iteration, so every branch in here would be
- * paid 32 times over by the verifier.
+ * The inline selector (struct mps_p_match in abi.h), written branch-free over the packet's
+ * match tuple, built once per chain: the interpreter loop is verified once per iteration, so
+ * every branch in here would be paid 32 times over by the verifier.
  */
-static __always_inline __u64 m_cidr(const struct tuple *t, __u8 family, const struct mps_p_cidr *p,
-				    bool dst)
-{
-	const __u32 *a = dst ? t->dst : t->src;
-	__u64 d = ((a[0] & p->mask[0]) ^ p->addr[0]) | ((a[1] & p->mask[1]) ^ p->addr[1]) |
-		  ((a[2] & p->mask[2]) ^ p->addr[2]) | ((a[3] & p->mask[3]) ^ p->addr[3]) |
-		  (__u64)(p->family ^ family);
-	return is_zero(d);
-}
+struct match_tuple {
+	__u32 w[MPS_W_MAX]; /* enum mps_word; MPS_W_IP once a step asked for it */
+	__u32 family_bit;   /* MPS_FAMILY_* of the packet */
+	__u32 have_ip;
+};
 
-/* Either direction; ports only for subflow. */
-static __always_inline __u64 m_pair(const struct tuple *t, __u8 family, const struct mps_p_pair *p,
-				    bool ports)
+static __always_inline int load_match_tuple(void *ctx, bool xdp, const struct mps_pkt_ctx *pc,
+					    struct match_tuple *mt)
 {
-	__u64 fwd = (t->src[0] ^ p->a[0]) | (t->src[1] ^ p->a[1]) | (t->src[2] ^ p->a[2]) |
-		    (t->src[3] ^ p->a[3]) | (t->dst[0] ^ p->b[0]) | (t->dst[1] ^ p->b[1]) |
-		    (t->dst[2] ^ p->b[2]) | (t->dst[3] ^ p->b[3]);
-	__u64 rev = (t->src[0] ^ p->b[0]) | (t->src[1] ^ p->b[1]) | (t->src[2] ^ p->b[2]) |
-		    (t->src[3] ^ p->b[3]) | (t->dst[0] ^ p->a[0]) | (t->dst[1] ^ p->a[1]) |
-		    (t->dst[2] ^ p->a[2]) | (t->dst[3] ^ p->a[3]);
-	if (ports) {
-		fwd |= (t->sport ^ p->port_a) | (t->dport ^ p->port_b);
-		rev |= (t->sport ^ p->port_b) | (t->dport ^ p->port_a);
+	void *data = ctx_data(ctx, xdp), *end = ctx_end(ctx, xdp);
+	__u32 *w = mt->w;
+	__u32 l3 = pc->l3_off; /* < 64, see view_tcp() */
+	barrier_var(l3);
+	l3 &= 0x3f;
+	if (pc->family == 4) {
+		struct iphdr *ip = data + l3;
+		if ((void *)(ip + 1) > end)
+			return -1;
+		w[MPS_W_SRC] = ip->saddr;
+		w[MPS_W_DST] = ip->daddr;
+		w[MPS_W_SRC + 1] = w[MPS_W_SRC + 2] = w[MPS_W_SRC + 3] = 0;
+		w[MPS_W_DST + 1] = w[MPS_W_DST + 2] = w[MPS_W_DST + 3] = 0;
+		mt->family_bit = MPS_FAMILY_V4;
+	} else {
+		struct ipv6hdr *ip6 = data + l3;
+		if ((void *)(ip6 + 1) > end)
+			return -1;
+		__builtin_memcpy(&w[MPS_W_SRC], &ip6->saddr, 16);
+		__builtin_memcpy(&w[MPS_W_DST], &ip6->daddr, 16);
+		mt->family_bit = MPS_FAMILY_V6;
 	}
-	return (is_zero(fwd) | is_zero(rev)) & is_zero(p->family ^ family);
+	struct tcphdr *tcp = view_tcp(ctx, xdp, pc);
+	if (!tcp)
+		return -1;
+	__u32 sp = bpf_ntohs(tcp->source), dp = bpf_ntohs(tcp->dest);
+	w[MPS_W_SPORT] = sp;
+	w[MPS_W_DPORT] = dp;
+	w[MPS_W_PORTS] = sp << 16 | dp;
+	w[MPS_W_PORTS_REV] = dp << 16 | sp;
+	w[MPS_W_KINDS] = w[MPS_W_KINDS ^ MPS_W_SWAP] = pc->kinds; /* again once the walk ran */
+	mt->have_ip = 0;
+	return 0;
 }
 
-static __always_inline __u64 m_port(const struct tuple *t, const struct mps_p_port *p)
+/* The IP word, read when a step first asks for it: TOS (traffic class) << 8 | TTL (hop limit). */
+static __always_inline int load_match_ip(void *ctx, bool xdp, const struct mps_pkt_ctx *pc,
+					 struct match_tuple *mt)
 {
-	__u64 s = in_range(t->sport, p->lo, p->hi) & (p->dir & MPS_DIR_SRC);
-	__u64 d = in_range(t->dport, p->lo, p->hi) & ((p->dir & MPS_DIR_DST) >> 1);
-	return s | d;
+	void *data = ctx_data(ctx, xdp), *end = ctx_end(ctx, xdp);
+	__u32 l3 = pc->l3_off; /* < 64, see view_tcp() */
+	barrier_var(l3);
+	l3 &= 0x3f;
+	const __u8 *b = data + l3;
+	if ((void *)(b + 9) > end)
+		return -1;
+	__u32 v = pc->family == 4 ? (__u32)b[1] << 8 | b[8]
+				  : (__u32)((b[0] & 0x0f) << 4 | b[1] >> 4) << 8 | b[7];
+	mt->w[MPS_W_IP] = mt->w[MPS_W_IP ^ MPS_W_SWAP] = v;
+	mt->have_ip = 1;
+	return 0;
+}
+
+/* Every test of p on the tuple, its words read as word ^ swap. Unrolled by hand: the
+ * compiler will not unroll it inside the interpreter's loop, and a loop of its own costs a
+ * counter and a pointer per test. */
+static __always_inline __u64 m_tests(const struct match_tuple *mt, const struct mps_p_match *p,
+				     __u32 swap)
+{
+	__u64 ok = 1;
+	__u32 n = p->n;
+#define MPS_MATCH_TEST(i)                                                                          \
+	if (n <= i)                                                                                \
+		return ok;                                                                         \
+	ok &= in_range(mt->w[(p->word[i] ^ swap) & (MPS_W_MAX - 1)] & p->mask[i], p->lo[i],        \
+		       p->hi[i]);
+	MPS_MATCH_TEST(0)
+	MPS_MATCH_TEST(1)
+	MPS_MATCH_TEST(2)
+	MPS_MATCH_TEST(3)
+	MPS_MATCH_TEST(4)
+	MPS_MATCH_TEST(5)
+	MPS_MATCH_TEST(6)
+	MPS_MATCH_TEST(7)
+	MPS_MATCH_TEST(8)
+#undef MPS_MATCH_TEST
+	return ok;
+}
+
+static __always_inline __u64 m_match(const struct match_tuple *mt, const struct mps_p_match *p)
+{
+	__u64 m = m_tests(mt, p, 0);
+	if (p->flags & MPS_MATCHF_EITHER)
+		m |= m_tests(mt, p, MPS_W_SWAP);
+	return m & (p->families & mt->family_bit ? 1 : 0);
 }
 
 static __always_inline struct mps_flow *lookup_flow(void *ctx, bool xdp,

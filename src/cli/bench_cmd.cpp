@@ -28,23 +28,16 @@ using net::median;
 // The selectors a chain is made of, in order; all match the canned frame unless `miss`.
 std::vector<mps_step> selectors(bool miss) {
     std::vector<mps_step> v;
-    v.push_back(cidr4_step(MPS_SEL_DST, miss ? "10.9.0.0" : "10.0.1.0", 24));
-    auto port = make_step(MPS_SEL_PORT, 0, MPS_PC_END);
-    port.p.port = {MPS_DIR_DST, 0, 5201, 5201};
-    v.push_back(port);
-    auto kinds = make_step(MPS_SEL_PACKET_TYPE, 0, MPS_PC_END);
-    kinds.p.kinds.any_of = MPS_K_DSS;
-    v.push_back(kinds);
-    v.push_back(cidr4_step(MPS_SEL_SRC, "10.0.1.0", 24));
-    auto pair = make_step(MPS_SEL_IP_PAIR, 0, MPS_PC_END);
-    pair.p.pair.family = 4;
-    inet_pton(AF_INET, "10.0.1.1", &pair.p.pair.a[0]);
-    inet_pton(AF_INET, "10.0.1.2", &pair.p.pair.b[0]);
-    v.push_back(pair);
-    v.push_back(cidr4_step(MPS_SEL_DST, "10.0.0.0", 16));
-    auto sport = make_step(MPS_SEL_PORT, 0, MPS_PC_END);
-    sport.p.port = {MPS_DIR_SRC, 0, 1024, 65535};
-    v.push_back(sport);
+    v.push_back(cidr4_step(MPS_W_DST, miss ? "10.9.0.0" : "10.0.1.0", 24));
+    v.push_back(port_match(PortDir::dst, 5201, 5201).step(0));
+    v.push_back(kinds_match(MPS_K_DSS).step(0));
+    v.push_back(cidr4_step(MPS_W_SRC, "10.0.1.0", 24));
+    uint32_t a[4] = {}, b[4] = {};
+    inet_pton(AF_INET, "10.0.1.1", &a[0]);
+    inet_pton(AF_INET, "10.0.1.2", &b[0]);
+    v.push_back(Match(4, true).prefix(MPS_W_SRC, a, 32).prefix(MPS_W_DST, b, 32).step(0));
+    v.push_back(cidr4_step(MPS_W_DST, "10.0.0.0", 16));
+    v.push_back(port_match(PortDir::src, 1024, 65535).step(0));
     return v;
 }
 

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <optional>
+#include <array>
 #include <set>
 
 #include "compile/compile.h"
@@ -45,8 +47,14 @@ uint32_t kind_bit(const std::string& name) {
     return it->second;
 }
 
-void put_addr(__u32* dst, const manifest::IpAddr& a) {
-    std::memcpy(dst, a.bytes.data(), a.family == 4 ? 4 : 16);  // network order, as on the wire
+// An address as the match tuple's words: network order, as on the wire.
+std::array<uint32_t, 4> addr_words(const manifest::IpAddr& a) {
+    std::array<uint32_t, 4> w{};
+    std::memcpy(w.data(), a.bytes.data(), a.family == 4 ? 4 : 16);
+    return w;
+}
+unsigned full_prefix(const manifest::IpAddr& a) {
+    return a.family == 4 ? 32 : 128;
 }
 
 struct Builder {
@@ -72,51 +80,52 @@ struct Builder {
         text.push_back(std::move(t));
     }
 
+    // The selectors the datapath runs inline, as tests on the packet's words (struct
+    // mps_p_match); nullopt for the others.
+    std::optional<datapath::Match> inline_match(const Selector& s) {
+        using datapath::Match;
+        switch (s.kind) {
+        case Selector::Kind::src:
+        case Selector::Kind::dst: {
+            const auto a = addr_words(s.addr);
+            return Match(s.addr.family)
+                .prefix(s.kind == Selector::Kind::src ? MPS_W_SRC : MPS_W_DST, a.data(), s.prefix);
+        }
+        case Selector::Kind::ip_pair:
+        case Selector::Kind::subflow: {
+            // Either direction: a is the source and b the destination, or the other way round.
+            const auto a = addr_words(s.a), b = addr_words(s.b);
+            Match m(s.a.family, true);
+            m.prefix(MPS_W_SRC, a.data(), full_prefix(s.a));
+            m.prefix(MPS_W_DST, b.data(), full_prefix(s.b));
+            if (s.kind == Selector::Kind::subflow) {
+                const uint32_t ports = uint32_t(s.port_a) << 16 | s.port_b;
+                m.test(MPS_W_PORTS, ~0u, ports, ports);
+            }
+            return m;
+        }
+        case Selector::Kind::port:
+            return datapath::port_match(s.dir == manifest::PortDir::src ? datapath::PortDir::src
+                                        : s.dir == manifest::PortDir::dst
+                                            ? datapath::PortDir::dst
+                                            : datapath::PortDir::either,
+                                        s.port_lo, s.port_hi);
+        case Selector::Kind::packet_type: {
+            uint32_t any_of = 0;
+            for (const auto& t : s.packet_types) any_of |= kind_bit(t);
+            return datapath::kinds_match(any_of);
+        }
+        default: return std::nullopt;
+        }
+    }
+
     mps_step encode(const Selector& s) {
+        if (auto m = inline_match(s)) return m->step(MPS_PC_END, MPS_PC_END, policy);
         mps_step st{};
         auto make = [&](mps_prog p) {
             st = datapath::make_step(p, MPS_PC_END, MPS_PC_END, policy);
         };
         switch (s.kind) {
-        case Selector::Kind::src:
-        case Selector::Kind::dst: {
-            make(s.kind == Selector::Kind::src ? MPS_SEL_SRC : MPS_SEL_DST);
-            auto& c = st.p.cidr;
-            c.family = s.addr.family;
-            c.prefix = s.prefix;
-            put_addr(c.addr, s.addr);
-            manifest::IpAddr mask;
-            mask.family = s.addr.family;
-            for (unsigned i = 0; i < 16; ++i) {
-                unsigned bits = s.prefix > i * 8 ? std::min(8u, s.prefix - i * 8) : 0;
-                mask.bytes[i] = uint8_t(0xff00u >> bits);
-            }
-            put_addr(c.mask, mask);
-            break;
-        }
-        case Selector::Kind::ip_pair:
-        case Selector::Kind::subflow: {
-            bool sub = s.kind == Selector::Kind::subflow;
-            make(sub ? MPS_SEL_SUBFLOW : MPS_SEL_IP_PAIR);
-            auto& p = st.p.pair;
-            p.family = s.a.family;
-            put_addr(p.a, s.a);
-            put_addr(p.b, s.b);
-            if (sub) p.port_a = s.port_a, p.port_b = s.port_b;
-            break;
-        }
-        case Selector::Kind::port:
-            make(MPS_SEL_PORT);
-            st.p.port.dir = s.dir == manifest::PortDir::src   ? MPS_DIR_SRC
-                            : s.dir == manifest::PortDir::dst ? MPS_DIR_DST
-                                                              : MPS_DIR_EITHER;
-            st.p.port.lo = s.port_lo;
-            st.p.port.hi = s.port_hi;
-            break;
-        case Selector::Kind::packet_type:
-            make(MPS_SEL_PACKET_TYPE);
-            for (const auto& t : s.packet_types) st.p.kinds.any_of |= kind_bit(t);
-            break;
         case Selector::Kind::token:
             make(MPS_SEL_TOKEN);
             st.p.token.token = s.token;

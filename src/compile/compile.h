@@ -111,7 +111,7 @@ std::string to_text(const PlanDiff& d);
 nlohmann::json to_json(const PlanDiff& d);
 
 // The chain of one entry point as text lines, pcs relative to the entry so that an unrelated
-// change elsewhere does not show up as a change here: "+0 sel_dst dst 10.0.1.0/24
+// change elsewhere does not show up as a change here: "+0 sel_match dst 10.0.1.0/24
 // match->+1 miss->+3 [policy]".
 std::vector<std::string> entry_lines(const PlanModel& m, const datapath::EntryPoint& e);
 

@@ -39,31 +39,15 @@ MPS_ABI_FIELD(mps_pkt_ctx, l4_len, 10);
 MPS_ABI_FIELD(mps_pkt_ctx, kinds, 12);
 MPS_ABI_FIELD(mps_pkt_ctx, scratch, 16);
 
-// ---- steps: parameters, the step (48 bytes: a pc indexes the table) -------------------------
-MPS_ABI_SIZE(mps_p_cidr, 36);
-MPS_ABI_FIELD(mps_p_cidr, family, 0);
-MPS_ABI_FIELD(mps_p_cidr, prefix, 1);
-MPS_ABI_FIELD(mps_p_cidr, pad, 2);
-MPS_ABI_FIELD(mps_p_cidr, addr, 4);
-MPS_ABI_FIELD(mps_p_cidr, mask, 20);
-
-MPS_ABI_SIZE(mps_p_pair, 40);
-MPS_ABI_FIELD(mps_p_pair, family, 0);
-MPS_ABI_FIELD(mps_p_pair, pad, 1);
-MPS_ABI_FIELD(mps_p_pair, port_a, 2);
-MPS_ABI_FIELD(mps_p_pair, port_b, 4);
-MPS_ABI_FIELD(mps_p_pair, pad2, 6);
-MPS_ABI_FIELD(mps_p_pair, a, 8);
-MPS_ABI_FIELD(mps_p_pair, b, 24);
-
-MPS_ABI_SIZE(mps_p_port, 6);
-MPS_ABI_FIELD(mps_p_port, dir, 0);
-MPS_ABI_FIELD(mps_p_port, pad, 1);
-MPS_ABI_FIELD(mps_p_port, lo, 2);
-MPS_ABI_FIELD(mps_p_port, hi, 4);
-
-MPS_ABI_SIZE(mps_p_kinds, 4);
-MPS_ABI_FIELD(mps_p_kinds, any_of, 0);
+// ---- steps: parameters, the step (128 bytes: a pc indexes the table) -------------------------
+MPS_ABI_SIZE(mps_p_match, 120);
+MPS_ABI_FIELD(mps_p_match, families, 0);
+MPS_ABI_FIELD(mps_p_match, flags, 1);
+MPS_ABI_FIELD(mps_p_match, n, 2);
+MPS_ABI_FIELD(mps_p_match, word, 3);
+MPS_ABI_FIELD(mps_p_match, mask, 12);
+MPS_ABI_FIELD(mps_p_match, lo, 48);
+MPS_ABI_FIELD(mps_p_match, hi, 84);
 
 MPS_ABI_SIZE(mps_p_token, 4);
 MPS_ABI_FIELD(mps_p_token, token, 0);
@@ -97,11 +81,8 @@ MPS_ABI_FIELD(mps_p_add, after_bytes, 8);
 MPS_ABI_SIZE(mps_p_redirect, 4);
 MPS_ABI_FIELD(mps_p_redirect, ifindex, 0);
 
-MPS_ABI_SIZE(mps_param, 40);
-MPS_ABI_FIELD(mps_param, cidr, 0);
-MPS_ABI_FIELD(mps_param, pair, 0);
-MPS_ABI_FIELD(mps_param, port, 0);
-MPS_ABI_FIELD(mps_param, kinds, 0);
+MPS_ABI_SIZE(mps_param, 120);
+MPS_ABI_FIELD(mps_param, match, 0);
 MPS_ABI_FIELD(mps_param, token, 0);
 MPS_ABI_FIELD(mps_param, seq, 0);
 MPS_ABI_FIELD(mps_param, bytes, 0);
@@ -111,7 +92,7 @@ MPS_ABI_FIELD(mps_param, add, 0);
 MPS_ABI_FIELD(mps_param, redirect, 0);
 MPS_ABI_FIELD(mps_param, raw, 0);
 
-MPS_ABI_SIZE(mps_step, 48);
+MPS_ABI_SIZE(mps_step, 128);
 MPS_ABI_FIELD(mps_step, prog, 0);
 MPS_ABI_FIELD(mps_step, flags, 1);
 MPS_ABI_FIELD(mps_step, on_match, 2);
@@ -130,11 +111,11 @@ MPS_ABI_FIELD(mps_iface_key, ifindex, 0);
 MPS_ABI_FIELD(mps_iface_key, hook, 4);
 MPS_ABI_FIELD(mps_iface_key, slot, 6);
 
-MPS_ABI_SIZE(mps_table, 49184);
+MPS_ABI_SIZE(mps_table, 131104);
 MPS_ABI_FIELD(mps_table, entries, 0);
 MPS_ABI_FIELD(mps_table, steps, 32);
 
-MPS_ABI_SIZE(mps_slots, 98384);
+MPS_ABI_SIZE(mps_slots, 262224);
 MPS_ABI_FIELD(mps_slots, active, 0);
 MPS_ABI_FIELD(mps_slots, staged, 4);
 MPS_ABI_FIELD(mps_slots, testing, 8);

@@ -60,6 +60,8 @@ public:
         put(insn(BPF_ALU | BPF_END | BPF_TO_BE, d, 0, 0, 16));
         alu32(BPF_AND, d, 0xffff);
     }
+    // A 32-bit word from network order.
+    void be32(Reg d) { put(insn(BPF_ALU | BPF_END | BPF_TO_BE, d, 0, 0, 32)); }
     void load(uint8_t size, Reg d, Reg base, int16_t off) {
         put(insn(BPF_LDX | size | BPF_MEM, d, base, off, 0));
     }

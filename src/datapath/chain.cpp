@@ -11,6 +11,7 @@
 #include <functional>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 
 namespace mpsteer::datapath {
 
@@ -36,29 +37,29 @@ std::string pc_str(uint16_t pc) {
     return pc == MPS_PC_END ? "end" : std::to_string(pc);
 }
 
+constexpr std::array<std::string_view, MPS_W_MAX> kWordNames = {
+    "src0",  "src1",  "src2",  "src3", "dst0",  "dst1",      "dst2",   "dst3",
+    "sport", "ports", "kinds", "ip",   "dport", "ports_rev", "kinds'", "ip'"};
+
 std::string params_str(const mps_step& s) {
     std::ostringstream o;
     const auto& p = s.p;
     switch (s.prog) {
-    case MPS_SEL_SRC:
-    case MPS_SEL_DST:
-        o << net::address_text(p.cidr.family, p.cidr.addr) << '/' << int(p.cidr.prefix);
+    case MPS_SEL_MATCH: {
+        const auto& m = p.match;
+        if (m.families == MPS_FAMILY_V4) o << "v4 ";
+        if (m.families == MPS_FAMILY_V6) o << "v6 ";
+        o << std::hex;
+        for (unsigned i = 0; i < m.n && i < MPS_MATCH_TESTS; ++i) {
+            if (i) o << " & ";
+            o << (m.word[i] < MPS_W_MAX ? kWordNames[m.word[i]] : "?");
+            if (m.mask[i] != ~0u) o << "&0x" << m.mask[i];
+            o << (m.lo[i] == m.hi[i] ? "==0x" : " in 0x") << m.lo[i];
+            if (m.lo[i] != m.hi[i]) o << "-0x" << m.hi[i];
+        }
+        if (m.flags & MPS_MATCHF_EITHER) o << " (either way)";
         break;
-    case MPS_SEL_SUBFLOW:
-        o << net::address_text(p.pair.family, p.pair.a) << ':' << p.pair.port_a << " <-> "
-          << net::address_text(p.pair.family, p.pair.b) << ':' << p.pair.port_b;
-        break;
-    case MPS_SEL_IP_PAIR:
-        o << net::address_text(p.pair.family, p.pair.a) << " <-> "
-          << net::address_text(p.pair.family, p.pair.b);
-        break;
-    case MPS_SEL_PORT:
-        o << (p.port.dir == MPS_DIR_SRC   ? "src "
-              : p.port.dir == MPS_DIR_DST ? "dst "
-                                          : "")
-          << p.port.lo << '-' << p.port.hi;
-        break;
-    case MPS_SEL_PACKET_TYPE: o << "kinds=0x" << std::hex << p.kinds.any_of; break;
+    }
     case MPS_SEL_TOKEN: o << "token=0x" << std::hex << p.token.token; break;
     case MPS_SEL_SEQUENCE:
         o << (p.seq.kind == MPS_SEQ_DATA ? "data " : "subflow ") << '[' << p.seq.lo << ','
@@ -116,14 +117,62 @@ mps_step make_step(mps_prog prog, uint16_t on_match, uint16_t on_miss, uint16_t 
     return s;
 }
 
-mps_step cidr4_step(mps_prog prog, const char* addr, uint8_t prefix, uint16_t on_match) {
-    auto s = make_step(prog, on_match, MPS_PC_END);
-    s.p.cidr.family = 4;
-    s.p.cidr.prefix = prefix;
-    s.p.cidr.mask[0] = htonl(prefix ? ~0u << (32 - prefix) : 0);
-    inet_pton(AF_INET, addr, &s.p.cidr.addr[0]);
-    s.p.cidr.addr[0] &= s.p.cidr.mask[0];
+Match::Match(uint8_t family, bool either) : family_(family) {
+    p_.families = family == 4   ? MPS_FAMILY_V4
+                  : family == 6 ? MPS_FAMILY_V6
+                                : MPS_FAMILY_V4 | MPS_FAMILY_V6;
+    p_.flags = either ? MPS_MATCHF_EITHER : 0;
+}
+
+Match& Match::test(mps_word word, uint32_t mask, uint32_t lo, uint32_t hi) {
+    if (p_.n >= MPS_MATCH_TESTS)
+        throw std::length_error("a selector of more than " + std::to_string(MPS_MATCH_TESTS) +
+                                " tests");
+    p_.word[p_.n] = uint8_t(word);
+    p_.mask[p_.n] = mask;
+    p_.lo[p_.n] = lo;
+    p_.hi[p_.n] = hi;
+    ++p_.n;
+    if ((word & ~MPS_W_SWAP) == MPS_W_KINDS) p_.flags |= MPS_MATCHF_KINDS;
+    if ((word & ~MPS_W_SWAP) == MPS_W_IP) p_.flags |= MPS_MATCHF_IP;
+    return *this;
+}
+
+Match& Match::prefix(mps_word base, const uint32_t addr[4], unsigned bits) {
+    const unsigned words = family_ == 6 ? 4 : 1;
+    for (unsigned i = 0; i < words; ++i) {
+        const unsigned b = bits > i * 32 ? std::min(32u, bits - i * 32) : 0;
+        if (!b) break;
+        const uint32_t mask = htonl(b == 32 ? ~0u : ~0u << (32 - b));
+        test(mps_word(base + i), mask, addr[i] & mask, addr[i] & mask);
+    }
+    return *this;
+}
+
+mps_step Match::step(uint16_t on_match, uint16_t on_miss, uint16_t policy) const {
+    auto s = make_step(MPS_SEL_MATCH, on_match, on_miss, policy);
+    s.p.match = p_;
+    if (!p_.n) {  // no test (a /0 prefix): one that always holds, so the family still counts
+        s.p.match.n = 1;
+        s.p.match.word[0] = MPS_W_SPORT;
+        s.p.match.hi[0] = ~0u;
+    }
     return s;
+}
+
+Match port_match(PortDir dir, uint16_t lo, uint16_t hi) {
+    Match m(0, dir == PortDir::either);
+    return m.test(dir == PortDir::dst ? MPS_W_DPORT : MPS_W_SPORT, 0xffff, lo, hi);
+}
+
+Match kinds_match(uint32_t any_of) {
+    return Match().test(MPS_W_KINDS, any_of, 1, ~0u);
+}
+
+mps_step cidr4_step(mps_word base, const char* addr, uint8_t prefix, uint16_t on_match) {
+    uint32_t a[4] = {};
+    inet_pton(AF_INET, addr, &a[0]);
+    return Match(4).prefix(base, a, prefix).step(on_match, MPS_PC_END);
 }
 
 std::string ChainSet::serialize() const {
@@ -208,6 +257,20 @@ std::vector<std::string> ChainSet::check() const {
             problems.push_back(at + "on_miss out of range");
         if (!policies.empty() && s.policy >= policies.size())
             problems.push_back(at + "policy index out of range");
+        if (s.prog == MPS_SEL_MATCH) {
+            const auto& m = s.p.match;
+            uint8_t reads = 0;
+            bool words = true;
+            for (unsigned i = 0; i < m.n && i < MPS_MATCH_TESTS; ++i) {
+                words &= m.word[i] < MPS_W_MAX;
+                const uint8_t w = m.word[i] & ~MPS_W_SWAP;
+                reads |= w == MPS_W_KINDS ? MPS_MATCHF_KINDS : w == MPS_W_IP ? MPS_MATCHF_IP : 0;
+            }
+            if (m.n < 1 || m.n > MPS_MATCH_TESTS || !words ||
+                (m.families & ~(MPS_FAMILY_V4 | MPS_FAMILY_V6)) ||
+                reads != (m.flags & (MPS_MATCHF_KINDS | MPS_MATCHF_IP)))
+                problems.push_back(at + "malformed match (tests, words, families or flags)");
+        }
     }
     for (const auto& e : entries)
         if (!valid_pc(e.pc))

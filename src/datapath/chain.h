@@ -75,8 +75,31 @@ constexpr size_t kMaxIfaceEntries = MPS_IFACE_ENTRIES_MAX / 2;
 // Step constructors: fill the union correctly so callers never touch raw bytes.
 mps_step make_step(mps_prog prog, uint16_t on_match, uint16_t on_miss = MPS_PC_END,
                    uint16_t policy = 0);
-// A src/dst selector on the IPv4 prefix addr/prefix (the benchmarks' chains), miss -> end.
-mps_step cidr4_step(mps_prog prog, const char* addr, uint8_t prefix, uint16_t on_match = 0);
+
+// The inline selector (struct mps_p_match), a test at a time: what every cheap selector is
+// lowered to. Throws std::length_error past MPS_MATCH_TESTS tests.
+class Match {
+public:
+    // family: 0 either, 4 or 6; either: also the tuple with source and destination exchanged.
+    explicit Match(uint8_t family = 0, bool either = false);
+    // lo <= (word & mask) <= hi.
+    Match& test(mps_word word, uint32_t mask, uint32_t lo, uint32_t hi);
+    // The address words from `base` (MPS_W_SRC / MPS_W_DST) in the prefix addr/bits (network
+    // order, as on the wire; the family's word count); no test for a word the prefix leaves out.
+    Match& prefix(mps_word base, const uint32_t addr[4], unsigned bits);
+    mps_step step(uint16_t on_match, uint16_t on_miss = MPS_PC_END, uint16_t policy = 0) const;
+
+private:
+    uint8_t family_;
+    mps_p_match p_{};
+};
+// Port ranges of a port selector: source, destination, or either (one test, both directions).
+enum class PortDir { src, dst, either };
+Match port_match(PortDir dir, uint16_t lo, uint16_t hi);
+// Any of the packet kinds (MPS_K_*).
+Match kinds_match(uint32_t any_of);
+// Source or destination in the IPv4 prefix addr/prefix (the benchmarks' chains), miss -> end.
+mps_step cidr4_step(mps_word base, const char* addr, uint8_t prefix, uint16_t on_match = 0);
 std::string_view prog_name(mps_prog p);
 
 // "10.0.1.1:40000 <-> 10.0.2.2:80" (IPv6 endpoints in brackets), in the key's own order.

@@ -4,10 +4,10 @@
 // every jump goes forward; Emitter writes the program: the live-word check, the IPv4/TCP
 // shape checks of parse_packet(), each step, and the cold hand-overs to the entry programs.
 //
-// A selector's meaning is written three times: the interpreter (bpf/lib/selectors.h, interp.h), the
-// option walks (bpf/include/mpsteer/parse.h) and this emitter; tests/bpf/compiled_test.cpp
-// holds them together. What an inline selector needs here: CONTRIBUTING.md, "How to add a
-// selector".
+// Every inline selector is one primitive (struct mps_p_match: tests on words of the packet),
+// written twice: here and in the interpreter (bpf/lib/selectors.h); the option walk behind the
+// kinds word is written here and in bpf/include/mpsteer/parse.h. tests/bpf/compiled_test.cpp
+// holds them together.
 #include "datapath/entry_emitter.h"
 
 #include "datapath/bpf_asm.h"
@@ -52,18 +52,45 @@ constexpr bool branches(uint8_t prog) {
     return inline_step(prog) && prog != MPS_ACT_PASS && prog != MPS_ACT_DROP;
 }
 
-// Address selectors that cannot match IPv4 (the only packets compiled entries take).
-bool never_ipv4(const mps_step& st) {
-    switch (st.prog) {
-    case MPS_SEL_SRC:
-    case MPS_SEL_DST:
-        return st.p.cidr.family != 4 || (st.p.cidr.addr[1] | st.p.cidr.addr[2] | st.p.cidr.addr[3]);
-    case MPS_SEL_SUBFLOW:
-    case MPS_SEL_IP_PAIR:
-        return st.p.pair.family != 4 || (st.p.pair.a[1] | st.p.pair.a[2] | st.p.pair.a[3] |
-                                         st.p.pair.b[1] | st.p.pair.b[2] | st.p.pair.b[3]);
-    default: return false;
+// What a match test reads on the one shape compiled entries take (IPv4): address words 1-3
+// are zero there.
+bool word_is_zero(uint8_t w) {
+    const uint8_t a = w & ~MPS_W_SWAP;
+    return a >= MPS_W_SRC + 1 && a <= MPS_W_SRC + 3;
+}
+bool holds(const mps_p_match& p, unsigned i, uint32_t v) {
+    const uint32_t x = v & p.mask[i];
+    return x >= p.lo[i] && x <= p.hi[i];
+}
+bool reads_kinds(const mps_step& st) {
+    return st.prog == MPS_SEL_MATCH && (st.p.match.flags & MPS_MATCHF_KINDS);
+}
+
+// A match's outcome on every IPv4 packet, where the tests decide it without the packet.
+enum class Outcome { never, always, depends };
+// One direction (word ^ swap): never when a test fails on a constant, always when every test
+// holds whatever the packet.
+Outcome direction(const mps_p_match& p, uint8_t swap) {
+    bool depends = false;
+    for (unsigned i = 0; i < p.n && i < MPS_MATCH_TESTS; ++i) {
+        const uint8_t w = p.word[i] ^ swap;
+        if (word_is_zero(w) || !p.mask[i]) {
+            if (!holds(p, i, 0)) return Outcome::never;
+        } else {
+            depends = true;
+        }
     }
+    return depends ? Outcome::depends : Outcome::always;
+}
+Outcome outcome(const mps_step& st) {
+    const auto& p = st.p.match;
+    if (!(p.families & MPS_FAMILY_V4)) return Outcome::never;
+    const Outcome fwd = direction(p, 0);
+    if (!(p.flags & MPS_MATCHF_EITHER)) return fwd;
+    const Outcome rev = direction(p, MPS_W_SWAP);
+    if (fwd == Outcome::always || rev == Outcome::always) return Outcome::always;
+    if (fwd == Outcome::never && rev == Outcome::never) return Outcome::never;
+    return Outcome::depends;
 }
 
 // Where a step goes as emitted: a selector that can never match (or always matches) has one
@@ -71,13 +98,10 @@ bool never_ipv4(const mps_step& st) {
 // Distinct pcs, the chain's end left out.
 std::vector<uint16_t> successors(const mps_step& st) {
     if (!branches(st.prog)) return {};
-    const bool never =
-        never_ipv4(st) || (st.prog == MPS_SEL_PORT &&
-                           (!(st.p.port.dir & MPS_DIR_EITHER) || st.p.port.lo > st.p.port.hi));
-    const bool always =
-        (st.prog == MPS_SEL_SRC || st.prog == MPS_SEL_DST) && !never && !st.p.cidr.mask[0];
+    const Outcome o = outcome(st);
     std::vector<uint16_t> out;
-    for (uint16_t n : {never ? MPS_PC_END : st.on_match, always ? MPS_PC_END : st.on_miss})
+    for (uint16_t n : {o == Outcome::never ? MPS_PC_END : st.on_match,
+                       o == Outcome::always ? MPS_PC_END : st.on_miss})
         if (n != MPS_PC_END && std::find(out.begin(), out.end(), n) == out.end()) out.push_back(n);
     return out;
 }
@@ -219,7 +243,8 @@ private:
         reach_[0] = 1;
         for (size_t i = 0; i < order_.size(); ++i) {
             const auto& st = steps_[order_[i]];
-            const uint8_t out = st.prog == MPS_SEL_PACKET_TYPE ? 2 : reach_[i];
+            const bool scans = reads_kinds(st) && outcome(st) == Outcome::depends;
+            const uint8_t out = scans ? 2 : reach_[i];
             for (uint16_t n : successors(st)) reach_[index_of(n)] |= out;
         }
         mixed_ = std::find(reach_.begin(), reach_.end(), 3) != reach_.end();
@@ -283,85 +308,8 @@ private:
         const auto& st = steps_[order_[i]];
         const Label m = branches(st.prog) ? target(st.on_match) : Label{};
         const Label n = branches(st.prog) ? target(st.on_miss) : Label{};
-        if (never_ipv4(st)) {
-            a_.ja(n, next(i));
-            return;
-        }
         switch (st.prog) {
-        case MPS_SEL_SRC:
-        case MPS_SEL_DST: {
-            const auto& p = st.p.cidr;
-            if (!p.mask[0]) {
-                a_.ja(m, next(i));
-                return;
-            }
-            a_.load(BPF_W, R1, kData, st.prog == MPS_SEL_SRC ? kSaddr : kDaddr);
-            if (p.mask[0] != ~0u) a_.alu32(BPF_AND, R1, static_cast<int32_t>(p.mask[0]));
-            compare(i, R1, static_cast<int32_t>(p.addr[0]), m, n);
-            return;
-        }
-        case MPS_SEL_SUBFLOW:
-        case MPS_SEL_IP_PAIR: {
-            const auto& p = st.p.pair;
-            const bool ports = st.prog == MPS_SEL_SUBFLOW;
-            a_.load(BPF_W, R1, kData, kSaddr);
-            a_.load(BPF_W, R2, kData, kDaddr);
-            if (ports) a_.load(BPF_W, R3, kData, kPorts);
-            auto word = [](uint16_t src, uint16_t dst) {
-                return wire32(src >> 8, src & 0xff, dst >> 8, dst & 0xff);
-            };
-            Label reverse = a_.label();
-            a_.jmp32(BPF_JNE, R1, static_cast<int32_t>(p.a[0]), reverse);
-            a_.jmp32(BPF_JNE, R2, static_cast<int32_t>(p.b[0]), reverse);
-            if (ports) a_.jmp32(BPF_JNE, R3, word(p.port_a, p.port_b), reverse);
-            a_.ja(m);
-            a_.bind(reverse);
-            a_.jmp32(BPF_JNE, R1, static_cast<int32_t>(p.b[0]), n);
-            a_.jmp32(BPF_JNE, R2, static_cast<int32_t>(p.a[0]), n);
-            if (ports) a_.jmp32(BPF_JNE, R3, word(p.port_b, p.port_a), n);
-            a_.ja(m, next(i));
-            return;
-        }
-        case MPS_SEL_PORT: {
-            const auto& p = st.p.port;
-            if ((p.dir == MPS_DIR_SRC || p.dir == MPS_DIR_DST) && p.lo == p.hi) {  // one port
-                a_.load(BPF_H, R1, kData, p.dir == MPS_DIR_SRC ? kPorts : kPorts + 2);
-                a_.be16(R1);
-                compare(i, R1, p.lo, m, n);
-                return;
-            }
-            for (auto [dir, off] :
-                 {std::pair<int, int16_t>{MPS_DIR_SRC, kPorts}, {MPS_DIR_DST, kPorts + 2}}) {
-                if (!(p.dir & dir) || p.lo > p.hi) continue;
-                a_.load(BPF_H, R1, kData, static_cast<int16_t>(off));
-                a_.be16(R1);
-                if (p.lo == p.hi) {
-                    a_.jmp32(BPF_JEQ, R1, p.lo, m);
-                    continue;
-                }
-                Label below = a_.label();
-                if (p.lo) a_.jmp32(BPF_JLT, R1, p.lo, below);
-                a_.jmp32(BPF_JLE, R1, p.hi, m);
-                a_.bind(below);
-            }
-            a_.ja(n, next(i));
-            return;
-        }
-        case MPS_SEL_PACKET_TYPE: {
-            if (reach_[i] == 1) {
-                scan();
-            } else if (reach_[i] == 3) {
-                Label done = a_.label();
-                a_.load(BPF_W, R1, FP, kScanned);
-                a_.jmp32(BPF_JNE, R1, 0, done);
-                scan();
-                a_.bind(done);
-            }
-            a_.load(BPF_W, R1, FP, kKinds);
-            a_.alu32(BPF_AND, R1, static_cast<int32_t>(st.p.kinds.any_of));
-            compare(i, R1, 0, n, m);  // zero: no kind of any_of
-            return;
-        }
+        case MPS_SEL_MATCH: match(i, st, m, n); return;
         case MPS_ACT_PASS:
         case MPS_ACT_DROP: {
             const bool dropped = st.prog == MPS_ACT_DROP;
@@ -376,13 +324,87 @@ private:
         }
     }
 
-    // `r == imm` goes to `eq`, anything else to `ne`, falling through where it can.
-    void compare(size_t i, Reg r, int32_t imm, Label eq, Label ne) {
-        if (eq == next(i)) {
-            a_.jmp32(BPF_JNE, r, imm, ne);
-        } else {
-            a_.jmp32(BPF_JEQ, r, imm, eq);
-            a_.ja(ne, next(i));
+    // The inline selector: each direction's tests, a failed one going on to the other
+    // direction (either way) or to the miss; the packet's words loaded as the interpreter's
+    // match tuple has them (load_match_tuple()).
+    void match(size_t i, const mps_step& st, Label m, Label n) {
+        const auto& p = st.p.match;
+        const Outcome o = outcome(st);
+        if (o != Outcome::depends) {
+            a_.ja(o == Outcome::always ? m : n, next(i));
+            return;
+        }
+        if (reads_kinds(st)) {
+            if (reach_[i] == 1) {
+                scan();
+            } else if (reach_[i] == 3) {
+                Label done = a_.label();
+                a_.load(BPF_W, R1, FP, kScanned);
+                a_.jmp32(BPF_JNE, R1, 0, done);
+                scan();
+                a_.bind(done);
+            }
+        }
+        const bool either = p.flags & MPS_MATCHF_EITHER;
+        const Outcome fwd = direction(p, 0);
+        const Outcome rev = either ? direction(p, MPS_W_SWAP) : Outcome::never;
+        if (fwd == Outcome::depends) {
+            Label failed = rev == Outcome::never ? n : a_.label();
+            tests(p, 0, failed);
+            a_.ja(m, rev == Outcome::never ? next(i) : Label{});
+            if (rev == Outcome::never) return;
+            a_.bind(failed);
+        }
+        tests(p, MPS_W_SWAP, n);
+        a_.ja(m, next(i));
+    }
+
+    // Falls through when every test holds on the words read as word ^ swap, else jumps to
+    // `failed`. A test on a constant word was decided by direction().
+    void tests(const mps_p_match& p, uint8_t swap, Label failed) {
+        for (unsigned t = 0; t < p.n && t < MPS_MATCH_TESTS; ++t) {
+            const uint8_t w = p.word[t] ^ swap;
+            if (word_is_zero(w) || !p.mask[t]) continue;
+            load_word(R1, w);
+            if (p.mask[t] != ~0u) a_.alu32(BPF_AND, R1, static_cast<int32_t>(p.mask[t]));
+            if (p.lo[t] == p.hi[t]) {
+                a_.jmp32(BPF_JNE, R1, static_cast<int32_t>(p.lo[t]), failed);
+                continue;
+            }
+            if (p.lo[t]) a_.jmp32(BPF_JLT, R1, static_cast<int32_t>(p.lo[t]), failed);
+            if (p.hi[t] != ~0u) a_.jmp32(BPF_JGT, R1, static_cast<int32_t>(p.hi[t]), failed);
+        }
+    }
+
+    // A word of the match tuple into r (R2 scratch).
+    void load_word(Reg r, uint8_t w) {
+        switch (w) {
+        case MPS_W_SRC: a_.load(BPF_W, r, kData, kSaddr); return;
+        case MPS_W_DST: a_.load(BPF_W, r, kData, kDaddr); return;
+        case MPS_W_SPORT:
+        case MPS_W_DPORT:
+            a_.load(BPF_H, r, kData, w == MPS_W_SPORT ? kPorts : kPorts + 2);
+            a_.be16(r);
+            return;
+        case MPS_W_PORTS:
+        case MPS_W_PORTS_REV:
+            a_.load(BPF_W, r, kData, kPorts);
+            a_.be32(r);
+            if (w == MPS_W_PORTS_REV) {
+                a_.alu64(BPF_MOV, R2, r);
+                a_.alu32(BPF_LSH, r, 16);
+                a_.alu32(BPF_RSH, R2, 16);
+                a_.alu32(BPF_OR, r, R2);
+            }
+            return;
+        case MPS_W_KINDS:
+        case MPS_W_KINDS ^ MPS_W_SWAP: a_.load(BPF_W, r, FP, kKinds); return;
+        default:  // MPS_W_IP and its swap: TOS << 8 | TTL
+            a_.load(BPF_B, r, kData, kIp + 1);
+            a_.alu32(BPF_LSH, r, 8);
+            a_.load(BPF_B, R2, kData, kIp + 8);
+            a_.alu32(BPF_OR, r, R2);
+            return;
         }
     }
 

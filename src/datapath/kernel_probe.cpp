@@ -41,16 +41,9 @@ std::string bpf_unusable() {
 // A chain of the shape compiled entries take: selectors (the option walk among them) and pass.
 ChainSet sample_chain() {
     ChainSet c;
-    auto dst = make_step(MPS_SEL_DST, 1);
-    dst.p.cidr.family = 4;
-    dst.p.cidr.prefix = 8;
-    dst.p.cidr.mask[0] = htonl(0xff000000u);
-    dst.p.cidr.addr[0] = htonl(0x0a000000u);
-    auto port = make_step(MPS_SEL_PORT, 2);
-    port.p.port = {MPS_DIR_DST, 0, 5201, 5201};
-    auto kinds = make_step(MPS_SEL_PACKET_TYPE, 3);
-    kinds.p.kinds.any_of = MPS_K_DSS;
-    c.steps = {dst, port, kinds, make_step(MPS_ACT_PASS, MPS_PC_END)};
+    c.steps = {cidr4_step(MPS_W_DST, "10.0.0.0", 8, 1),
+               port_match(PortDir::dst, 5201, 5201).step(2), kinds_match(MPS_K_DSS).step(3),
+               make_step(MPS_ACT_PASS, MPS_PC_END)};
     c.entries.push_back({Hook::xdp, "", 0});
     c.policies.push_back("probe");
     return c;

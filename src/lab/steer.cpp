@@ -67,13 +67,9 @@ ChainSet server_chains(const Lab& lab, uint64_t rate_bytes_per_sec) {
     c.steps.push_back(make_step(MPS_ACT_RECORD, 4));
     c.steps.push_back(make_step(MPS_ACT_GET_CONNECT, limit ? 5 : MPS_PC_END));
     if (limit) {
-        auto dst = make_step(MPS_SEL_DST, 6, MPS_PC_END, 1);  // towards the client on path 2
-        dst.p.cidr.family = 4;
-        dst.p.cidr.prefix = 24;
-        dst.p.cidr.mask[0] = htonl(0xffffff00u);
-        inet_pton(AF_INET, Lab::client_addr(2).c_str(), &dst.p.cidr.addr[0]);
-        dst.p.cidr.addr[0] &= dst.p.cidr.mask[0];
-        c.steps.push_back(dst);
+        uint32_t client2[4] = {};  // towards the client on path 2
+        inet_pton(AF_INET, Lab::client_addr(2).c_str(), &client2[0]);
+        c.steps.push_back(Match(4).prefix(MPS_W_DST, client2, 24).step(6, MPS_PC_END, 1));
         auto rl = make_step(MPS_ACT_RATE_LIMIT, MPS_PC_END, MPS_PC_END, 1);
         rl.p.rate.bytes_per_sec = rate_bytes_per_sec;
         rl.p.rate.rtt_us = 0;  // only act once record has measured the RTT

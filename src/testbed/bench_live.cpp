@@ -73,14 +73,9 @@ ChainSet bench_chain(const ChainShape& shape) {
     c.policies = {"bench"};
     auto next = [&] { return static_cast<uint16_t>(c.steps.size() + 1); };
     if (shape.selectors) {
-        c.steps.push_back(
-            cidr4_step(MPS_SEL_DST, shape.miss ? "10.9.0.0" : "10.0.0.0", 16, next()));
-        auto port = make_step(MPS_SEL_PORT, next(), MPS_PC_END);
-        port.p.port = {MPS_DIR_EITHER, 0, kPort, kPort};
-        c.steps.push_back(port);
-        auto kinds = make_step(MPS_SEL_PACKET_TYPE, next(), MPS_PC_END);
-        kinds.p.kinds.any_of = MPS_K_ACK | MPS_K_SYN;
-        c.steps.push_back(kinds);
+        c.steps.push_back(cidr4_step(MPS_W_DST, shape.miss ? "10.9.0.0" : "10.0.0.0", 16, next()));
+        c.steps.push_back(port_match(PortDir::either, kPort, kPort).step(next()));
+        c.steps.push_back(kinds_match(MPS_K_ACK | MPS_K_SYN).step(next()));
     }
     if (shape.record) c.steps.push_back(make_step(MPS_ACT_RECORD, next()));
     if (shape.rate) {

@@ -92,54 +92,51 @@ void addr_words(std::string_view text, uint32_t out[4], uint8_t* family) {
 }
 }  // namespace
 
-static mps_step cidr_step(mps_prog prog, std::string_view cidr, uint16_t m, uint16_t miss) {
-    mps_step s = step(prog, m, miss);
+static mps_step cidr_step(mps_word base, std::string_view cidr, uint16_t m, uint16_t miss) {
     Cidr c = parse_cidr(cidr);
-    s.p.cidr.family = c.family;
-    s.p.cidr.prefix = c.prefix;
-    std::memcpy(s.p.cidr.addr, c.addr, 16);
-    std::memcpy(s.p.cidr.mask, c.mask, 16);
-    return s;
+    return dp::Match(c.family).prefix(base, c.addr, c.prefix).step(m, miss);
 }
 
 mps_step sel_src(std::string_view cidr, uint16_t m, uint16_t miss) {
-    return cidr_step(MPS_SEL_SRC, cidr, m, miss);
+    return cidr_step(MPS_W_SRC, cidr, m, miss);
 }
 mps_step sel_dst(std::string_view cidr, uint16_t m, uint16_t miss) {
-    return cidr_step(MPS_SEL_DST, cidr, m, miss);
+    return cidr_step(MPS_W_DST, cidr, m, miss);
+}
+
+// As the compiler lowers them: a and b either way round, with the ports (subflow) or without.
+static mps_step pair_step(std::string_view a, std::optional<std::pair<uint16_t, uint16_t>> ports,
+                          std::string_view b, uint16_t m, uint16_t miss) {
+    uint32_t wa[4], wb[4];
+    uint8_t fa, fb;
+    addr_words(a, wa, &fa);
+    addr_words(b, wb, &fb);
+    if (fa != fb) throw std::invalid_argument("mixed families");
+    const unsigned bits = fa == 4 ? 32 : 128;
+    dp::Match match(fa, true);
+    match.prefix(MPS_W_SRC, wa, bits).prefix(MPS_W_DST, wb, bits);
+    if (ports) {
+        const uint32_t w = uint32_t(ports->first) << 16 | ports->second;
+        match.test(MPS_W_PORTS, ~0u, w, w);
+    }
+    return match.step(m, miss);
 }
 
 mps_step sel_subflow(std::string_view a, uint16_t pa, std::string_view b, uint16_t pb, uint16_t m,
                      uint16_t miss) {
-    mps_step s = step(MPS_SEL_SUBFLOW, m, miss);
-    uint8_t fa, fb;
-    addr_words(a, s.p.pair.a, &fa);
-    addr_words(b, s.p.pair.b, &fb);
-    if (fa != fb) throw std::invalid_argument("mixed families");
-    s.p.pair.family = fa;
-    s.p.pair.port_a = pa;
-    s.p.pair.port_b = pb;
-    return s;
+    return pair_step(a, std::pair{pa, pb}, b, m, miss);
 }
 
 mps_step sel_ip_pair(std::string_view a, std::string_view b, uint16_t m, uint16_t miss) {
-    mps_step s = sel_subflow(a, 0, b, 0, m, miss);
-    s.prog = MPS_SEL_IP_PAIR;
-    return s;
+    return pair_step(a, std::nullopt, b, m, miss);
 }
 
-mps_step sel_port(mps_dir dir, uint16_t lo, uint16_t hi, uint16_t m, uint16_t miss) {
-    mps_step s = step(MPS_SEL_PORT, m, miss);
-    s.p.port.dir = uint8_t(dir);
-    s.p.port.lo = lo;
-    s.p.port.hi = hi;
-    return s;
+mps_step sel_port(PortDir dir, uint16_t lo, uint16_t hi, uint16_t m, uint16_t miss) {
+    return dp::port_match(dir, lo, hi).step(m, miss);
 }
 
 mps_step sel_kinds(uint32_t any_of, uint16_t m, uint16_t miss) {
-    mps_step s = step(MPS_SEL_PACKET_TYPE, m, miss);
-    s.p.kinds.any_of = any_of;
-    return s;
+    return dp::kinds_match(any_of).step(m, miss);
 }
 
 mps_step sel_token(uint32_t token, uint16_t m, uint16_t miss) {

@@ -20,6 +20,7 @@ namespace mpsteer::test {
 
 namespace dp = mpsteer::datapath;
 using dp::Hook;
+using dp::PortDir;
 
 // Verdicts as BPF_PROG_TEST_RUN reports them.
 constexpr uint32_t XDP_PASS_ = XDP_PASS, XDP_DROP_ = XDP_DROP;
@@ -45,7 +46,7 @@ mps_step sel_subflow(std::string_view a, uint16_t pa, std::string_view b, uint16
                      uint16_t on_match = END, uint16_t on_miss = END);
 mps_step sel_ip_pair(std::string_view a, std::string_view b, uint16_t on_match = END,
                      uint16_t on_miss = END);
-mps_step sel_port(mps_dir dir, uint16_t lo, uint16_t hi, uint16_t on_match = END,
+mps_step sel_port(PortDir dir, uint16_t lo, uint16_t hi, uint16_t on_match = END,
                   uint16_t on_miss = END);
 mps_step sel_kinds(uint32_t any_of, uint16_t on_match = END, uint16_t on_miss = END);
 mps_step sel_token(uint32_t token, uint16_t on_match = END, uint16_t on_miss = END);

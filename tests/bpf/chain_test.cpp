@@ -88,7 +88,7 @@ TEST_CASE("chain: NOT (match -> end, miss -> action)", "[bpf][chain]") {
 TEST_CASE("chain: (A and not B) or C, actors continue to the next step", "[bpf][chain]") {
     // 0: A src 10.1/16 -> 1 | 2 ; 1: B dport 443 -> 2 (end of this branch: try C) | 3
     // 2: C dst 10.7/16 -> 3 | end ; 3: record -> 4 ; 4: drop
-    std::vector<mps_step> s = {sel_src("10.1.0.0/16", 1, 2), sel_port(MPS_DIR_DST, 443, 443, 2, 3),
+    std::vector<mps_step> s = {sel_src("10.1.0.0/16", 1, 2), sel_port(PortDir::dst, 443, 443, 2, 3),
                                sel_dst("10.7.0.0/16", 3, END), step(MPS_ACT_RECORD, 4),
                                step(MPS_ACT_DROP)};
     run_chain_cases(
@@ -164,7 +164,7 @@ TEST_CASE("chain: AND / OR / NOT with program selectors (path in the counters)",
 
 TEST_CASE("chain: policies in priority order, a miss falls to the next policy", "[bpf][chain]") {
     // policy 0 (first): dport 80 -> pass ; policy 1: src 10.1/16 -> drop
-    std::vector<mps_step> s = {sel_port(MPS_DIR_DST, 80, 80, 1, 2), step(MPS_ACT_PASS, END),
+    std::vector<mps_step> s = {sel_port(PortDir::dst, 80, 80, 1, 2), step(MPS_ACT_PASS, END),
                                sel_src("10.1.0.0/16", 3, END), step(MPS_ACT_DROP)};
     s[2].policy = s[3].policy = 1;
     dp::ChainSet cs = chain_of(s);
@@ -217,7 +217,7 @@ std::vector<mps_step> long_chain(size_t steps, size_t programs) {
     std::vector<mps_step> s;
     for (size_t i = 0; i + 1 < steps; i++) {
         uint16_t next = uint16_t(i + 1);
-        s.push_back(prog[i] ? prog_sel(next) : sel_port(MPS_DIR_EITHER, 0, 65535, next, END));
+        s.push_back(prog[i] ? prog_sel(next) : sel_port(PortDir::either, 0, 65535, next, END));
     }
     s.push_back(step(MPS_ACT_DROP));
     return s;
@@ -268,7 +268,7 @@ TEST_CASE("chain: 32 steps along the miss branches", "[bpf][chain]") {
     // 31 selectors that miss and continue on miss (every other one a program), then a drop
     std::vector<mps_step> s;
     for (uint16_t i = 0; i < MPS_MAX_CHAIN - 1; i++)
-        s.push_back(i % 2 ? sel_port(MPS_DIR_DST, 1, 1, END, uint16_t(i + 1))
+        s.push_back(i % 2 ? sel_port(PortDir::dst, 1, 1, END, uint16_t(i + 1))
                           : sel_bytes(MPS_BYTES_SUBFLOW, 1ull << 40, ~0ull, END, uint16_t(i + 1)));
     s.push_back(step(MPS_ACT_DROP));
     Env env(chain_of(s));
@@ -305,7 +305,7 @@ TEST_CASE("chain: an inline loop is cut, counted as too long and passed", "[bpf]
     // (in place, as a parameter update could): the datapath has to stop it on its own.
     auto s = long_chain(MPS_MAX_CHAIN, 0);
     Env env(chain_of(s));
-    env.set_step(MPS_MAX_CHAIN - 1, sel_port(MPS_DIR_EITHER, 0, 65535, 0, END));
+    env.set_step(MPS_MAX_CHAIN - 1, sel_port(PortDir::either, 0, 65535, 0, END));
     for (Hook h : kAllHooks) {
         INFO(name_of(h));
         Bytes in = pk("10.1.0.1", "10.2.0.1").build();
@@ -344,7 +344,7 @@ TEST_CASE("chain: a loop through a program hits the kernel's tail-call limit, co
 TEST_CASE("chain: a missing prog_array slot is a counted missed tail call", "[bpf][chain]") {
     for (uint32_t slot : {uint32_t(MPS_ACT_RECORD), uint32_t(MPS_PROG_NONE)}) {
         for (bool fail_drop : {false, true}) {
-            std::vector<mps_step> s = {sel_port(MPS_DIR_EITHER, 0, 65535, 1, END),
+            std::vector<mps_step> s = {sel_port(PortDir::either, 0, 65535, 1, END),
                                        step(MPS_ACT_RECORD, 2), step(MPS_ACT_DROP)};
             if (fail_drop) s[1].flags |= MPS_STEPF_FAIL_DROP;
             Env env(chain_of(s));

@@ -75,6 +75,10 @@ std::vector<std::pair<std::string, Packet>> frames() {
     auto cut = data();
     cut.truncate = 40;
     v.emplace_back("truncated", cut);
+    auto ef = data();
+    ef.v4h().tos = 0xb9;  // DSCP 46 (EF), ECN 1
+    ef.v4h().ttl = 3;
+    v.emplace_back("IPv4 TOS 0xb9, TTL 3", ef);
     return v;
 }
 
@@ -90,10 +94,10 @@ std::vector<std::pair<std::string, std::vector<mps_step>>> chains() {
          guarded({sel_kinds(MPS_K_MP_JOIN, 2, 1), sel_kinds(MPS_K_MP_CAPABLE, 2, END),
                   step(MPS_ACT_DROP)})},
         {"dst, port, packet_type, drop",
-         {sel_dst("10.2.0.0/16", 1, END), sel_port(MPS_DIR_DST, 5201, 5201, 2, END),
+         {sel_dst("10.2.0.0/16", 1, END), sel_port(PortDir::dst, 5201, 5201, 2, END),
           sel_kinds(MPS_K_DSS, 3, END), step(MPS_ACT_DROP)}},
         {"(src and not port) or pair, then record, then drop",
-         {sel_src("10.1.0.0/16", 1, 2), sel_port(MPS_DIR_EITHER, 80, 80, 2, 3),
+         {sel_src("10.1.0.0/16", 1, 2), sel_port(PortDir::either, 80, 80, 2, 3),
           sel_ip_pair("10.2.0.1", "10.1.0.1", 3, END), step(MPS_ACT_RECORD, 4),
           step(MPS_ACT_DROP)}},
         {"subflow either way, else kinds ADD_ADDR drop, else pass",
@@ -115,8 +119,15 @@ std::vector<std::pair<std::string, std::vector<mps_step>>> chains() {
           sel_kinds(MPS_K_DATA_ACK, 3, 8), sel_kinds(MPS_K_PLAIN_TCP, 4, 9),
           sel_kinds(MPS_K_TIMESTAMP | MPS_K_FIN, 5, 10), step(MPS_ACT_DROP), step(MPS_ACT_PASS),
           step(MPS_ACT_DROP), step(MPS_ACT_PASS), step(MPS_ACT_DROP), step(MPS_ACT_PASS)}},
+        {"TTL 1-5 (the IP word), else DSCP 46 either way with the ports, drop",
+         {dp::Match().test(MPS_W_IP, 0xff, 1, 5).step(2, 1),
+          dp::Match(0, true)
+              .test(MPS_W_IP, 0xfc00, 46u << 10, 46u << 10)
+              .test(MPS_W_PORTS, ~0u, 40000u << 16 | 5201, 40000u << 16 | 5201)
+              .step(2, END),
+          step(MPS_ACT_DROP)}},
         {"port range either way, /0, /32, pass",
-         {sel_port(MPS_DIR_EITHER, 1024, 65535, 1, END), sel_dst("0.0.0.0/0", 2, END),
+         {sel_port(PortDir::either, 1024, 65535, 1, END), sel_dst("0.0.0.0/0", 2, END),
           sel_src("10.1.0.1/32", 3, END), step(MPS_ACT_PASS)}},
     };
 }
@@ -245,7 +256,7 @@ TEST_CASE("compiled entries: chains with more inline steps than fit stay with th
     auto selectors_then_drop = [](uint16_t n) {
         std::vector<mps_step> s;
         for (uint16_t i = 0; i < n; ++i)
-            s.push_back(sel_port(MPS_DIR_EITHER, 0, 65535, i + 1, END));
+            s.push_back(sel_port(PortDir::either, 0, 65535, i + 1, END));
         s.push_back(step(MPS_ACT_DROP));
         return chain_of(s);
     };
@@ -271,7 +282,7 @@ TEST_CASE("compiled entries: the verifier's work stays small on the most tangled
     for (uint16_t i = 0; i < n; ++i) {
         const uint16_t m = i + 1, miss = std::min<uint16_t>(i + 2, n);
         s.push_back(i % 3 == 1   ? sel_kinds(MPS_K_DSS << (i % 5), m, miss)
-                    : i % 3 == 2 ? sel_port(MPS_DIR_EITHER, 1000 + i, 6000, m, miss)
+                    : i % 3 == 2 ? sel_port(PortDir::either, 1000 + i, 6000, m, miss)
                                  : sel_src("10.1.0.0/" + std::to_string(8 + i), m, miss));
     }
     s.push_back(step(MPS_ACT_RECORD));

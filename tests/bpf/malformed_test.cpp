@@ -199,7 +199,7 @@ std::vector<NamedChain> chains() {
          {step(MPS_ACT_RECORD, 1), step(MPS_ACT_GET_CONNECT, 2), step(MPS_ACT_GET_SUBFLOW, 3),
           act_rate(1000, 10000, 0, 4), step(MPS_ACT_DROP)}},
         {"port -> sequence(data) -> flow_bytes -> rate_limit",
-         {sel_port(MPS_DIR_EITHER, 0, 65535, 1), sel_seq(MPS_SEQ_DATA, 0, ~0ull, 2, 2),
+         {sel_port(PortDir::either, 0, 65535, 1), sel_seq(MPS_SEQ_DATA, 0, ~0ull, 2, 2),
           sel_bytes(MPS_BYTES_SUBFLOW, 0, ~0ull, 3, 3), act_rate(1000, 10000, 0)}},
     };
 }
@@ -278,7 +278,7 @@ TEST_CASE("a SYN with malformed options teaches the flow nothing", "[bpf][malfor
 TEST_CASE("unparseable packets are dropped where a drop-on-failure guard could decide them",
           "[bpf][malformed][guard]") {
     // port 80 -> packet_type(MP_JOIN) -> drop, the selector and the drop with failure mode drop
-    std::vector<mps_step> guarded = {sel_port(MPS_DIR_EITHER, 80, 80, 1, END),
+    std::vector<mps_step> guarded = {sel_port(PortDir::either, 80, 80, 1, END),
                                      sel_kinds(MPS_K_MP_JOIN, 2, END), step(MPS_ACT_DROP)};
     guarded[1].flags |= MPS_STEPF_FAIL_DROP;
     guarded[2].flags |= MPS_STEPF_FAIL_DROP;
@@ -370,7 +370,7 @@ TEST_CASE("add_subflow hands a packet it cannot read to the guard behind it, as 
 TEST_CASE("a guard behind another policy's steps still covers unparseable packets",
           "[bpf][malformed][guard]") {
     // record (fail pass) -> port 9 (fail pass) -> drop (fail drop): the entry step is guarded
-    std::vector<mps_step> s = {step(MPS_ACT_RECORD, 1), sel_port(MPS_DIR_DST, 9, 9, 2, END),
+    std::vector<mps_step> s = {step(MPS_ACT_RECORD, 1), sel_port(PortDir::dst, 9, 9, 2, END),
                                step(MPS_ACT_DROP)};
     s[2].flags |= MPS_STEPF_FAIL_DROP;
     Env env(chain_of(s));

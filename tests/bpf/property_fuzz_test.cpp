@@ -175,7 +175,7 @@ std::vector<FuzzChain> fuzz_chains() {
          "get_connect, get_subflow",
          {sel_kinds(MPS_K_ANY_MPTCP, 1, 4), step(MPS_ACT_GET_CONNECT, 2),
           step(MPS_ACT_GET_SUBFLOW, 3), sel_src("10.1.0.0/16", 4, 5), step(MPS_ACT_RECORD, 5),
-          sel_port(MPS_DIR_EITHER, 5201, 5201, 6, END), sel_token(0x12345678, END, 7),
+          sel_port(PortDir::either, 5201, 5201, 6, END), sel_token(0x12345678, END, 7),
           sel_seq(MPS_SEQ_SUBFLOW, 0, 1 << 20, 8, 9),
           sel_bytes(MPS_BYTES_SUBFLOW, 0, 1 << 16, END, END),
           sel_seq(MPS_SEQ_DATA, 0, uint64_t(1) << 40, END, END)}});
@@ -196,12 +196,12 @@ std::vector<FuzzChain> fuzz_chains() {
                  true});
     v.push_back(
         {"SYNs to the port rejected, else pass",
-         {sel_port(MPS_DIR_DST, 5201, 5201, 1, 2), step(MPS_ACT_REJECT), step(MPS_ACT_PASS)},
+         {sel_port(PortDir::dst, 5201, 5201, 1, 2), step(MPS_ACT_REJECT), step(MPS_ACT_PASS)},
          true,
          false,
          true});
     FuzzChain guard{"guard: MP_JOIN passes, anything else to the port drops",
-                    {sel_port(MPS_DIR_DST, 5201, 5201, 1, END), sel_kinds(MPS_K_MP_JOIN, END, 2),
+                    {sel_port(PortDir::dst, 5201, 5201, 1, END), sel_kinds(MPS_K_MP_JOIN, END, 2),
                      step(MPS_ACT_DROP)},
                     true,
                     true,

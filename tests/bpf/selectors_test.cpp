@@ -5,6 +5,8 @@
 #include <catch2/catch.hpp>
 
 #include "bpf_env.h"
+#include "compile/compile.h"
+#include "manifest/manifest.h"
 
 using namespace mpsteer::test;
 
@@ -38,7 +40,7 @@ Packet rev6() {
 // One generation per table: step 0 is rewritten for every case (see Env::set_step).
 class Prober {
 public:
-    Prober() : env_(probe(sel_port(MPS_DIR_EITHER, 0, 65535))) {}
+    Prober() : env_(probe(sel_port(PortDir::either, 0, 65535))) {}
     void run(const SelCase& c) {
         mps_step sel = c.sel;
         sel.on_match = 1;
@@ -75,6 +77,75 @@ private:
 };
 
 }  // namespace
+
+// The step the compiler makes of one selector of a manifest (its first step).
+mps_step compiled_selector(const std::string& selector) {
+    mpsteer::manifest::Options o;
+    o.check_scripts = false;
+    auto r = mpsteer::manifest::load_sources(
+        {{"t.yaml",
+          "apiVersion: mpsteer.dev/v1\nkind: Policy\nmetadata: {name: p}\nspec:\n"
+          "  attach: {hooks: [xdp]}\n  priority: 1\n  select:\n    - " +
+              selector + "\n  actions:\n    - drop: {}\n"}},
+        o);
+    for (const auto& d : r.diagnostics) INFO(d.format());
+    REQUIRE(r.ok());
+    return mpsteer::compile::compile(r.model).chains.steps.at(0);
+}
+
+// fwd4()/fwd6() with the IP header's TOS (traffic class) and TTL (hop limit) set.
+Packet with_ip(Packet p, uint8_t tos, uint8_t ttl) {
+    if (p.is_v6()) {
+        p.v6h().tclass = tos;
+        p.v6h().hop_limit = ttl;
+    } else {
+        p.v4h().tos = tos;
+        p.v4h().ttl = ttl;
+    }
+    return p;
+}
+
+TEST_CASE("match tests on the IP header's word: TOS and TTL, IPv4 and IPv6", "[bpf][selector]") {
+    auto ttl = [](uint32_t lo, uint32_t hi) {
+        return dp::Match().test(MPS_W_IP, 0xff, lo, hi).step(END);
+    };
+    auto tos = [](uint32_t v) {
+        return dp::Match().test(MPS_W_IP, 0xff00, v << 8, v << 8).step(END);
+    };
+    std::vector<SelCase> t;
+    for (bool v6 : {false, true}) {
+        const std::string f = v6 ? "v6 " : "v4 ";
+        const Packet p = v6 ? fwd6() : fwd4();
+        t.push_back({f + "TTL 1 in 1-5", ttl(1, 5), with_ip(p, 0, 1), true});
+        t.push_back({f + "TTL 5 in 1-5", ttl(1, 5), with_ip(p, 0, 5), true});
+        t.push_back({f + "TTL 64 not in 1-5", ttl(1, 5), with_ip(p, 0, 64), false});
+        t.push_back({f + "TTL 0 not in 1-5", ttl(1, 5), with_ip(p, 0xff, 0), false});
+        t.push_back({f + "TOS 0xb9 exact", tos(0xb9), with_ip(p, 0xb9, 64), true});
+        t.push_back({f + "TOS 0xb8 is not 0xb9", tos(0xb9), with_ip(p, 0xb8, 64), false});
+        t.push_back({f + "TOS is not the TTL", tos(64), with_ip(p, 0, 64), false});
+    }
+    Prober pr;
+    pr.run_all(t);
+}
+
+TEST_CASE("selectors as the compiler lowers a manifest's", "[bpf][selector]") {
+    const std::string sub6 = std::string("subflow: {a: {address: '") + C6 +
+                             "', port: 40000}, b: {address: '" + S6 + "', port: 80}}";
+    std::vector<SelCase> t = {
+        {"dst in the prefix", compiled_selector("dst: 10.2.0.0/16"), fwd4(), true},
+        {"dst outside the prefix", compiled_selector("dst: 10.3.0.0/16"), fwd4(), false},
+        {"v6 src /64", compiled_selector("src: 2001:db8:1::/64"), fwd6(), true},
+        {"v6 src /64, a v4 packet", compiled_selector("src: 2001:db8:1::/64"), fwd4(), false},
+        {"port either, the reverse", compiled_selector("port: {either: 80}"), rev4(), true},
+        {"port src 80, forward", compiled_selector("port: {src: 80}"), fwd4(), false},
+        {"v6 subflow forward", compiled_selector(sub6), fwd6(), true},
+        {"v6 subflow reverse", compiled_selector(sub6), rev6(), true},
+        {"v6 subflow, other port", compiled_selector(sub6),
+         Packet::v6(C6, 40001, S6, 80).payload(10), false},
+    };
+    Prober pr;
+    pr.run_all(t);
+}
 
 TEST_CASE("selector subflow (4-tuple, either direction)", "[bpf][selector]") {
     std::vector<SelCase> t = {
@@ -198,26 +269,26 @@ TEST_CASE("selector port (range, direction)", "[bpf][selector]") {
     for (bool v6 : {false, true}) {
         std::string f = v6 ? "v6 " : "v4 ";
         Packet p = v6 ? fwd6() : fwd4();  // 40000 -> 80
-        t.push_back({f + "src exact", sel_port(MPS_DIR_SRC, 40000, 40000), p, true});
-        t.push_back({f + "src range low edge", sel_port(MPS_DIR_SRC, 40000, 50000), p, true});
-        t.push_back({f + "src range high edge", sel_port(MPS_DIR_SRC, 30000, 40000), p, true});
-        t.push_back({f + "src below", sel_port(MPS_DIR_SRC, 40001, 50000), p, false});
-        t.push_back({f + "src above", sel_port(MPS_DIR_SRC, 30000, 39999), p, false});
+        t.push_back({f + "src exact", sel_port(PortDir::src, 40000, 40000), p, true});
+        t.push_back({f + "src range low edge", sel_port(PortDir::src, 40000, 50000), p, true});
+        t.push_back({f + "src range high edge", sel_port(PortDir::src, 30000, 40000), p, true});
+        t.push_back({f + "src below", sel_port(PortDir::src, 40001, 50000), p, false});
+        t.push_back({f + "src above", sel_port(PortDir::src, 30000, 39999), p, false});
         t.push_back(
-            {f + "src range holds the dst port only", sel_port(MPS_DIR_SRC, 80, 80), p, false});
-        t.push_back({f + "dst exact", sel_port(MPS_DIR_DST, 80, 80), p, true});
-        t.push_back({f + "dst miss", sel_port(MPS_DIR_DST, 81, 65535), p, false});
-        t.push_back({f + "dst range holds the src port only", sel_port(MPS_DIR_DST, 40000, 40000),
+            {f + "src range holds the dst port only", sel_port(PortDir::src, 80, 80), p, false});
+        t.push_back({f + "dst exact", sel_port(PortDir::dst, 80, 80), p, true});
+        t.push_back({f + "dst miss", sel_port(PortDir::dst, 81, 65535), p, false});
+        t.push_back({f + "dst range holds the src port only", sel_port(PortDir::dst, 40000, 40000),
                      p, false});
-        t.push_back({f + "either by src", sel_port(MPS_DIR_EITHER, 40000, 40000), p, true});
-        t.push_back({f + "either by dst", sel_port(MPS_DIR_EITHER, 1, 80), p, true});
-        t.push_back({f + "either miss", sel_port(MPS_DIR_EITHER, 81, 39999), p, false});
-        t.push_back({f + "full range", sel_port(MPS_DIR_EITHER, 0, 65535), p, true});
-        t.push_back({f + "empty range (lo > hi)", sel_port(MPS_DIR_EITHER, 90, 70), p, false});
+        t.push_back({f + "either by src", sel_port(PortDir::either, 40000, 40000), p, true});
+        t.push_back({f + "either by dst", sel_port(PortDir::either, 1, 80), p, true});
+        t.push_back({f + "either miss", sel_port(PortDir::either, 81, 39999), p, false});
+        t.push_back({f + "full range", sel_port(PortDir::either, 0, 65535), p, true});
+        t.push_back({f + "empty range (lo > hi)", sel_port(PortDir::either, 90, 70), p, false});
     }
     t.push_back(
-        {"port 0 and 65535", sel_port(MPS_DIR_SRC, 0, 0), Packet::v4(C4, 0, S4, 65535), true});
-    t.push_back({"port 65535 dst", sel_port(MPS_DIR_DST, 65535, 65535),
+        {"port 0 and 65535", sel_port(PortDir::src, 0, 0), Packet::v4(C4, 0, S4, 65535), true});
+    t.push_back({"port 65535 dst", sel_port(PortDir::dst, 65535, 65535),
                  Packet::v4(C4, 0, S4, 65535), true});
     Prober().run_all(t);
 }

@@ -70,19 +70,14 @@ std::string mptcp_counters_moved(const std::string& netns,
     return out;
 }
 
-mps_step cidr_step(mps_prog sel, const std::string& addr, uint16_t on_match, uint16_t on_miss) {
-    mps_step s = make_step(sel, on_match, on_miss);
-    s.p.cidr.family = 4;
-    s.p.cidr.prefix = 32;
-    s.p.cidr.mask[0] = 0xffffffffu;
-    inet_pton(AF_INET, addr.c_str(), &s.p.cidr.addr[0]);
-    return s;
+mps_step cidr_step(mps_word base, const std::string& addr, uint16_t on_match, uint16_t on_miss) {
+    uint32_t a[4] = {};
+    inet_pton(AF_INET, addr.c_str(), &a[0]);
+    return datapath::Match(4).prefix(base, a, 32).step(on_match, on_miss);
 }
 
 mps_step kinds_step(uint32_t any_of, uint16_t on_match, uint16_t on_miss) {
-    mps_step s = make_step(MPS_SEL_PACKET_TYPE, on_match, on_miss);
-    s.p.kinds.any_of = any_of;
-    return s;
+    return datapath::kinds_match(any_of).step(on_match, on_miss);
 }
 
 mps_step backup_step(bool b) {
@@ -281,7 +276,7 @@ void set_backup_scenario(bool restore, Offloads mode) {
     Lab lab(cfg);
     ChainSet cs;
     // Server TC egress: its ACKs on path 2 carry MP_PRIO (one-shot).
-    cs.steps = {cidr_step(MPS_SEL_DST, Lab::client_addr(2), 1, MPS_PC_END), backup_step(true)};
+    cs.steps = {cidr_step(MPS_W_DST, Lab::client_addr(2), 1, MPS_PC_END), backup_step(true)};
     cs.policies = {"path2-backup"};
     cs.entries = {{Hook::tc_egress, "", 0}};
     cs.attachments = {{lab.server_if(1), Hook::tc_egress}, {lab.server_if(2), Hook::tc_egress}};
@@ -384,7 +379,7 @@ TEST_CASE("actors: the MP_CAPABLE C flag keeps the client off the load-balanced 
     // Server TC egress: C on the SYN/ACK; the subflow through the load-balanced address
     // becomes backup.
     cs.steps = {make_step(MPS_ACT_NO_SUBFLOWS, 1),
-                cidr_step(MPS_SEL_SRC, Lab::server_addr(1), 2, MPS_PC_END), backup_step(true)};
+                cidr_step(MPS_W_SRC, Lab::server_addr(1), 2, MPS_PC_END), backup_step(true)};
     cs.policies = {"load-balancer"};
     cs.entries = {{Hook::tc_egress, "", 0}};
     cs.attachments = {{lab.server_if(1), Hook::tc_egress}, {lab.server_if(2), Hook::tc_egress}};
@@ -425,7 +420,7 @@ TEST_CASE("actors: a drop guard refuses MP_CAPABLE SYNs to the unique address, j
     Lab lab(config("g", mode));
     ChainSet cs;
     // Server XDP: to the unique address, a SYN that is not an MP_JOIN is dropped.
-    cs.steps = {cidr_step(MPS_SEL_DST, Lab::server_addr(2), 1, MPS_PC_END),
+    cs.steps = {cidr_step(MPS_W_DST, Lab::server_addr(2), 1, MPS_PC_END),
                 kinds_step(MPS_K_SYN, 2, MPS_PC_END), kinds_step(MPS_K_MP_JOIN, MPS_PC_END, 3),
                 make_step(MPS_ACT_DROP, MPS_PC_END)};
     cs.policies = {"unique-address-guard"};
@@ -473,7 +468,7 @@ TEST_CASE(
     // SYNs to the server's path-2 address are refused, on one host's hook at a time.
     auto refusing = [&](Hook hook, const std::string& ifname) {
         ChainSet cs;
-        cs.steps = {cidr_step(MPS_SEL_DST, Lab::server_addr(2), 1, MPS_PC_END),
+        cs.steps = {cidr_step(MPS_W_DST, Lab::server_addr(2), 1, MPS_PC_END),
                     kinds_step(MPS_K_SYN, 2, MPS_PC_END), make_step(MPS_ACT_REJECT, MPS_PC_END)};
         cs.policies = {"refuse"};
         cs.entries = {{hook, "", 0}};
@@ -511,7 +506,7 @@ TEST_CASE("actors: redirect spreads one client's subflows over the middle host's
     ChainSet cs;
     // Middle host, TC egress of uplink 1: the subflow from the client's second address goes
     // out of uplink 2 instead.
-    mps_step src = cidr_step(MPS_SEL_SRC, e2e::MiddleTopology::kClient2, 1, MPS_PC_END);
+    mps_step src = cidr_step(MPS_W_SRC, e2e::MiddleTopology::kClient2, 1, MPS_PC_END);
     cs.steps = {src, make_step(MPS_ACT_REDIRECT, MPS_PC_END)};
     cs.step_ifnames = {{1, topo.dev("u2")}};
     cs.policies = {"disjoint-uplinks"};

@@ -55,27 +55,31 @@ TEST_CASE("selector parameters are encoded for the datapath", "[compile]") {
     auto out = compile::compile(m);
     const auto& s = out.chains.steps;
     REQUIRE(s.size() == 9);
-    CHECK(s[0].prog == MPS_SEL_DST);
-    CHECK(s[0].p.cidr.family == 4);
-    CHECK(s[0].p.cidr.prefix == 24);
-    CHECK(s[0].p.cidr.addr[0] == htonl(0x0a000100));
-    CHECK(s[0].p.cidr.mask[0] == htonl(0xffffff00));
-    CHECK(s[0].p.cidr.mask[1] == 0);
-    CHECK(s[1].prog == MPS_SEL_SRC);
-    CHECK(s[1].p.cidr.family == 6);
-    CHECK(s[1].p.cidr.addr[0] == htonl(0x20010db8));
-    CHECK(s[1].p.cidr.mask[0] == 0xffffffff);
-    CHECK(s[1].p.cidr.mask[1] == htonl(0x80000000));
-    CHECK(s[1].p.cidr.mask[2] == 0);
-    CHECK(s[2].p.port.dir == MPS_DIR_SRC);
-    CHECK(s[2].p.port.lo == 1000);
-    CHECK(s[2].p.port.hi == 2000);
-    CHECK(s[3].p.kinds.any_of == (MPS_K_ADD_ADDR | MPS_K_SYN));
+    // Every inline selector is one match step: tests on words of the packet.
+    auto test_is = [](const mps_step& st, unsigned i, mps_word w, uint32_t mask, uint32_t lo,
+                      uint32_t hi) {
+        return st.prog == MPS_SEL_MATCH && i < st.p.match.n && st.p.match.word[i] == w &&
+               st.p.match.mask[i] == mask && st.p.match.lo[i] == lo && st.p.match.hi[i] == hi;
+    };
+    CHECK(s[0].p.match.families == MPS_FAMILY_V4);
+    CHECK(s[0].p.match.n == 1);
+    CHECK(s[0].p.match.flags == 0);
+    CHECK(test_is(s[0], 0, MPS_W_DST, htonl(0xffffff00), htonl(0x0a000100), htonl(0x0a000100)));
+    CHECK(s[1].p.match.families == MPS_FAMILY_V6);
+    CHECK(s[1].p.match.n == 2);  // /33: the first two words
+    CHECK(test_is(s[1], 0, MPS_W_SRC, ~0u, htonl(0x20010db8), htonl(0x20010db8)));
+    CHECK(test_is(s[1], 1, mps_word(MPS_W_SRC + 1), htonl(0x80000000), 0, 0));
+    CHECK(s[2].p.match.families == (MPS_FAMILY_V4 | MPS_FAMILY_V6));
+    CHECK(test_is(s[2], 0, MPS_W_SPORT, 0xffff, 1000, 2000));
+    CHECK(s[2].p.match.flags == 0);
+    CHECK(test_is(s[3], 0, MPS_W_KINDS, MPS_K_ADD_ADDR | MPS_K_SYN, 1, ~0u));
+    CHECK(s[3].p.match.flags == MPS_MATCHF_KINDS);
     CHECK(s[4].p.token.token == 0xdeadbeef);
-    CHECK(s[5].prog == MPS_SEL_SUBFLOW);
-    CHECK(s[5].p.pair.a[0] == htonl(0x0a000001));
-    CHECK(s[5].p.pair.port_a == 5000);
-    CHECK(s[5].p.pair.port_b == 80);
+    CHECK(s[5].p.match.flags == MPS_MATCHF_EITHER);
+    CHECK(s[5].p.match.n == 3);
+    CHECK(test_is(s[5], 0, MPS_W_SRC, ~0u, htonl(0x0a000001), htonl(0x0a000001)));
+    CHECK(test_is(s[5], 1, MPS_W_DST, ~0u, htonl(0x0a000002), htonl(0x0a000002)));
+    CHECK(test_is(s[5], 2, MPS_W_PORTS, ~0u, 5000u << 16 | 80, 5000u << 16 | 80));
     CHECK(s[6].p.bytes.scope == MPS_BYTES_CONN);
     CHECK(s[6].p.bytes.lo == 1000);
     CHECK(s[6].p.bytes.hi == 2048);

@@ -56,12 +56,7 @@ enum mps_hook {
  * has_program() and reads_options() (src/datapath), the compiler's actor map (src/compile). */
 #define MPS_PROGRAMS(X)                                                                            \
 	/* selectors */                                                                            \
-	X(MPS_SEL_SUBFLOW, 1, sel_subflow, 1, 0)                                                   \
-	X(MPS_SEL_IP_PAIR, 2, sel_ip_pair, 1, 0)                                                   \
-	X(MPS_SEL_SRC, 3, sel_src, 1, 0)                                                           \
-	X(MPS_SEL_DST, 4, sel_dst, 1, 0)                                                           \
-	X(MPS_SEL_PORT, 5, sel_port, 1, 0)                                                         \
-	X(MPS_SEL_PACKET_TYPE, 6, sel_packet_type, 1, 0)                                           \
+	X(MPS_SEL_MATCH, 1, sel_match, 1, 0) /* every inline selector: struct mps_p_match */       \
 	X(MPS_SEL_TOKEN, 7, sel_token, 0, 0)                                                       \
 	X(MPS_SEL_SEQUENCE, 8, sel_sequence, 0, 1)                                                 \
 	X(MPS_SEL_FLOW_BYTES, 9, sel_flow_bytes, 0, 1)                                             \
@@ -151,7 +146,7 @@ struct mps_pkt_ctx {
 
 /* ---- steps --------------------------------------------------------------------------------
  * A chain is a table of steps; AND, OR and NOT are branch targets (on_match / on_miss), so
- * there are no combinator steps. Parameters are a union of fixed size so a step is 48 bytes
+ * there are no combinator steps. Parameters are a union of fixed size so a step is 128 bytes
  * and a pc indexes the table directly. Addresses in network byte order, ports in host order. */
 
 #define MPS_MAX_STEPS 1024 /* steps per table slot (a power of two: pcs are masked) */
@@ -161,31 +156,43 @@ struct mps_pkt_ctx {
 			   * costs two of the kernel's 33 tail calls */
 #define MPS_PC_END 0xffff /* "no next step": the chain ends, the packet passes */
 
-/* Which port a port selector looks at (a bit mask: either = both bits). */
-enum mps_dir { MPS_DIR_SRC = 1, MPS_DIR_DST = 2, MPS_DIR_EITHER = 3 };
-
-struct mps_p_cidr { /* src, dst */
-	__u8 family;
-	__u8 prefix;
-	__u8 pad[2];
-	__u32 addr[4]; /* already masked */
-	__u32 mask[4];
+/*
+ * The one inline selector. Every selector the interpreter and the compiled entries run
+ * themselves (src, dst, subflow, ip_pair, port, packet_type, ttl, dscp) is lowered by the
+ * compiler to this: up to MPS_MATCH_TESTS tests on words of the packet's match tuple, all of
+ * which must hold, each  lo <= (word & mask) <= hi  (unsigned). With MPS_MATCHF_EITHER the step
+ * also matches when they all hold on the tuple seen the other way round: word ^ MPS_W_SWAP, the
+ * source and destination exchanged.
+ */
+enum mps_word {
+	MPS_W_SRC = 0,	  /* 0..3: source address words, as on the wire (IPv4: word 0, 1..3 zero) */
+	MPS_W_DST = 4,	  /* 4..7: destination address words */
+	MPS_W_SPORT = 8,  /* source port */
+	MPS_W_PORTS = 9,  /* source port << 16 | destination port */
+	MPS_W_KINDS = 10, /* MPS_K_* of the packet (the option walk runs first) */
+	MPS_W_IP = 11,	  /* traffic class (TOS) << 8 | TTL (hop limit) */
+	MPS_W_DPORT = 12, /* destination port */
+	MPS_W_PORTS_REV = 13, /* destination port << 16 | source port */
+	/* 14, 15: KINDS and IP again, so that every word has its swap */
+	MPS_W_MAX = 16,
 };
-struct mps_p_pair { /* subflow (ports set), ip_pair (ports 0): either direction */
-	__u8 family;
-	__u8 pad;
-	__u16 port_a, port_b; /* subflow: port of a, port of b */
-	__u8 pad2[2];
-	__u32 a[4];
-	__u32 b[4];
-};
-struct mps_p_port {
-	__u8 dir; /* enum mps_dir */
-	__u8 pad;
-	__u16 lo, hi; /* inclusive */
-};
-struct mps_p_kinds {
-	__u32 any_of; /* matches when kinds & any_of != 0 */
+#define MPS_W_SWAP	  4 /* word ^ MPS_W_SWAP: the same word with source and destination exchanged */
+#define MPS_MATCH_TESTS	  9    /* an IPv6 subflow: eight address words and the ports */
+#define MPS_MATCHF_EITHER 0x01 /* also the tuple the other way round */
+/* What the tests read beyond the addresses and ports (set with the tests; the loader checks):
+ * the interpreter takes the option walk, or reads the IP header's word, only for such a step. */
+#define MPS_MATCHF_KINDS  0x02 /* a test reads MPS_W_KINDS */
+#define MPS_MATCHF_IP	  0x04 /* a test reads MPS_W_IP */
+#define MPS_FAMILY_V4	  0x01
+#define MPS_FAMILY_V6	  0x02
+struct mps_p_match {
+	__u8 families;		    /* MPS_FAMILY_*: the packets it may match */
+	__u8 flags;		    /* MPS_MATCHF_* */
+	__u8 n;			    /* tests used, 1..MPS_MATCH_TESTS */
+	__u8 word[MPS_MATCH_TESTS]; /* enum mps_word */
+	__u32 mask[MPS_MATCH_TESTS];
+	__u32 lo[MPS_MATCH_TESTS];
+	__u32 hi[MPS_MATCH_TESTS];
 };
 struct mps_p_token {
 	__u32 token; /* as printed by the kernel (host order of the big-endian hash word) */
@@ -223,10 +230,7 @@ struct mps_p_redirect {
 };
 
 union mps_param {
-	struct mps_p_cidr cidr;
-	struct mps_p_pair pair;
-	struct mps_p_port port;
-	struct mps_p_kinds kinds;
+	struct mps_p_match match;
 	struct mps_p_token token;
 	struct mps_p_seq seq;
 	struct mps_p_bytes bytes;
@@ -234,7 +238,7 @@ union mps_param {
 	struct mps_p_backup backup;
 	struct mps_p_add add;
 	struct mps_p_redirect redirect;
-	__u8 raw[40];
+	__u8 raw[120];
 };
 
 struct mps_step {
