@@ -110,6 +110,11 @@ struct Builder {
                                             ? datapath::PortDir::dst
                                             : datapath::PortDir::either,
                                         s.port_lo, s.port_hi);
+        case Selector::Kind::ttl:  // the IP word's low byte
+            return datapath::Match().test(MPS_W_IP, 0xff, s.ip_lo, s.ip_hi);
+        case Selector::Kind::dscp:  // the TOS / traffic class's upper six bits
+            return datapath::Match().test(MPS_W_IP, 0xfc00, uint32_t(s.ip_lo) << 10,
+                                          uint32_t(s.ip_hi) << 10);
         case Selector::Kind::packet_type: {
             uint32_t any_of = 0;
             for (const auto& t : s.packet_types) any_of |= kind_bit(t);

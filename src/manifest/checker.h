@@ -43,6 +43,9 @@ struct Checker {
     bool cidr(const Doc& d, const std::string& ptr, const std::string& s, Selector& out);
     bool port_range(const Doc& d, const std::string& ptr, const nlohmann::json& v, uint16_t& lo,
                     uint16_t& hi);
+    // A value or an inclusive range "LO-HI" of a header field up to max (what: its name).
+    bool field_range(const Doc& d, const std::string& ptr, const nlohmann::json& v, unsigned max,
+                     const char* what, unsigned& lo, unsigned& hi);
     std::optional<uint64_t> size(const Doc& d, const std::string& ptr, const nlohmann::json& v);
     std::optional<uint64_t> duration(const Doc& d, const std::string& ptr, const std::string& s,
                                      uint64_t min_us, uint64_t max_us, const char* range);

@@ -248,6 +248,7 @@ size_t Policy::steps() const {
 }
 
 namespace {
+// A value, or an inclusive range "lo-hi".
 std::string port_text(uint16_t lo, uint16_t hi) {
     return lo == hi ? std::to_string(lo) : std::to_string(lo) + "-" + std::to_string(hi);
 }
@@ -275,6 +276,8 @@ std::string Selector::describe() const {
                 : dir == PortDir::dst ? "dst "
                                       : "either ") +
                port_text(port_lo, port_hi);
+    case Kind::ttl: return "ttl " + port_text(ip_lo, ip_hi);
+    case Kind::dscp: return "dscp " + port_text(ip_lo, ip_hi);
     case Kind::packet_type: {
         std::string s = "packet_type ";
         for (size_t i = 0; i < packet_types.size(); ++i) s += (i ? "|" : "") + packet_types[i];

@@ -61,6 +61,8 @@ struct Selector {
         dst,
         port,
         packet_type,
+        ttl,   // IPv4 TTL, IPv6 hop limit
+        dscp,  // the DSCP of the IPv4 TOS / IPv6 traffic class
         token,
         sequence,
         flow_bytes,
@@ -78,6 +80,7 @@ struct Selector {
     uint16_t port_a = 0, port_b = 0;  // subflow
     PortDir dir = PortDir::either;    // port
     uint16_t port_lo = 0, port_hi = 0;
+    uint8_t ip_lo = 0, ip_hi = 0;           // ttl, dscp: inclusive
     std::vector<std::string> packet_types;  // packet_type, names as in the schema
     uint32_t token = 0;
     SeqKind seq_kind = SeqKind::subflow;

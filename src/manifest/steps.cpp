@@ -55,24 +55,34 @@ bool Checker::cidr(const Doc& d, const std::string& ptr, const std::string& s, S
     return true;
 }
 
-bool Checker::port_range(const Doc& d, const std::string& ptr, const json& v, uint16_t& lo,
-                         uint16_t& hi) {
+bool Checker::field_range(const Doc& d, const std::string& ptr, const json& v, unsigned max,
+                          const char* what, unsigned& lo, unsigned& hi) {
     if (v.is_number_integer()) {
-        lo = hi = uint16_t(v.get<int64_t>());  // schema: 0..65535
+        lo = hi = unsigned(v.get<int64_t>());  // schema: 0..max
         return true;
     }
     const std::string& s = v.get_ref<const std::string&>();
     auto dash = s.find('-');
     unsigned long a = std::stoul(s.substr(0, dash)), b = std::stoul(s.substr(dash + 1));
-    if (a > 65535 || b > 65535) {
+    if (a > max || b > max) {
         error(d, ptr,
-              "port " + std::to_string(a > 65535 ? a : b) + " is out of range (0 to 65535)");
+              std::string(what) + " " + std::to_string(a > max ? a : b) +
+                  " is out of range (0 to " + std::to_string(max) + ")");
         return false;
     }
     if (a > b) {
-        error(d, ptr, "port range '" + s + "' is empty (first port above last)");
+        error(d, ptr,
+              std::string(what) + " range '" + s + "' is empty (first " + what + " above last)");
         return false;
     }
+    lo = unsigned(a), hi = unsigned(b);
+    return true;
+}
+
+bool Checker::port_range(const Doc& d, const std::string& ptr, const json& v, uint16_t& lo,
+                         uint16_t& hi) {
+    unsigned a, b;
+    if (!field_range(d, ptr, v, 65535, "port", a, b)) return false;
     lo = uint16_t(a), hi = uint16_t(b);
     return true;
 }
@@ -158,6 +168,12 @@ std::optional<Selector> Checker::selector(const Doc& d, const std::string& ptr, 
                 : pit.key() == "dst" ? PortDir::dst
                                      : PortDir::either;
         ok = port_range(d, pointer_join(vp, pit.key()), pit.value(), s.port_lo, s.port_hi);
+    } else if (key == "ttl" || key == "dscp") {
+        const bool ttl = key == "ttl";
+        s.kind = ttl ? Selector::Kind::ttl : Selector::Kind::dscp;
+        unsigned lo, hi;
+        ok = field_range(d, vp, v, ttl ? 255 : 63, ttl ? "TTL" : "DSCP", lo, hi);
+        s.ip_lo = uint8_t(lo), s.ip_hi = uint8_t(hi);
     } else if (key == "packet_type") {
         s.kind = Selector::Kind::packet_type;
         for (const auto& t : v) s.packet_types.push_back(t);

@@ -143,6 +143,18 @@ TEST_CASE("selectors as the compiler lowers a manifest's", "[bpf][selector]") {
         {"v6 subflow, other port", compiled_selector(sub6),
          Packet::v6(C6, 40001, S6, 80).payload(10), false},
     };
+    for (bool v6 : {false, true}) {
+        const std::string f = v6 ? "v6 " : "v4 ";
+        const Packet p = v6 ? fwd6() : fwd4();
+        const mps_step ttl = compiled_selector("ttl: \"1-5\""),
+                       dscp = compiled_selector("dscp: 46");
+        t.push_back({f + "ttl 1 in 1-5", ttl, with_ip(p, 0, 1), true});
+        t.push_back({f + "ttl 6 not in 1-5", ttl, with_ip(p, 0, 6), false});
+        t.push_back({f + "dscp 46 (EF), ECN 0", dscp, with_ip(p, 46 << 2, 64), true});
+        t.push_back({f + "dscp 46 (EF), ECN 3", dscp, with_ip(p, 46 << 2 | 3, 64), true});
+        t.push_back({f + "dscp 47 is not 46", dscp, with_ip(p, 47 << 2, 64), false});
+        t.push_back({f + "dscp 0 with TTL 46 is not 46", dscp, with_ip(p, 0, 46), false});
+    }
     Prober pr;
     pr.run_all(t);
 }

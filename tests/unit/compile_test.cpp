@@ -99,6 +99,29 @@ TEST_CASE("selector parameters are encoded for the datapath", "[compile]") {
     CHECK(out.chains.check().empty());
 }
 
+TEST_CASE("ttl and dscp are tests on the IP header's word", "[compile]") {
+    auto m = model_of(policy("p", "{hooks: [xdp]}", 1,
+                             "    - ttl: \"1-5\"\n"
+                             "    - dscp: 46\n",
+                             "    - drop: {}\n"));
+    const auto& s = compile::compile(m).chains.steps;
+    REQUIRE(s.size() == 3);
+    for (const auto& st : {s[0], s[1]}) {
+        CHECK(st.prog == MPS_SEL_MATCH);
+        CHECK(st.p.match.n == 1);
+        CHECK(st.p.match.word[0] == MPS_W_IP);
+        CHECK(st.p.match.flags == MPS_MATCHF_IP);
+        CHECK(st.p.match.families == (MPS_FAMILY_V4 | MPS_FAMILY_V6));
+    }
+    CHECK(s[0].p.match.mask[0] == 0xff);  // TTL: the word's low byte
+    CHECK(s[0].p.match.lo[0] == 1);
+    CHECK(s[0].p.match.hi[0] == 5);
+    CHECK(s[1].p.match.mask[0] == 0xfc00);  // DSCP: the TOS's upper six bits
+    CHECK(s[1].p.match.lo[0] == 46u << 10);
+    CHECK(s[1].p.match.hi[0] == 46u << 10);
+    CHECK(compile::compile(m).chains.check().empty());
+}
+
 TEST_CASE("any and not become branch targets", "[compile]") {
     // select: A and (B or not C), then one action.
     auto m = model_of(policy("p", "{hooks: [xdp]}", 1,

@@ -111,7 +111,7 @@ TEST_CASE("the valid examples load without errors", "[manifest]") {
     // Sorted by name; the shared selector set and action chain are inlined.
     REQUIRE(r.model.policies[3].name == "ingress-all-selectors");
     const Policy& p = r.model.policies[3];
-    CHECK(p.select.size() == 12);  // the set's two selectors, flattened, plus ten
+    CHECK(p.select.size() == 14);  // the set's two selectors, flattened, plus twelve
     CHECK(p.select[0].describe() == "dst 10.0.1.0/24");
     CHECK(p.select[1].describe() == "port dst 443");
     CHECK(p.actions.size() == 6);
@@ -126,8 +126,10 @@ TEST_CASE("the valid examples load without errors", "[manifest]") {
     CHECK(fs::path(p.lua->path) == kManifests / "lua/probe.lua");
     CHECK(p.failure_mode == FailureMode::drop);
     CHECK(p.cont);
-    CHECK(p.select[7].token == 0x1a2b3c4d);
-    CHECK(p.select[10].hi == 65536);
+    CHECK(p.select[7].describe() == "ttl 1-5");
+    CHECK(p.select[8].describe() == "dscp 46");
+    CHECK(p.select[9].token == 0x1a2b3c4d);
+    CHECK(p.select[12].hi == 65536);
 }
 
 TEST_CASE("the shipped policies are valid", "[manifest][policies]") {
