@@ -115,7 +115,7 @@ constexpr bool has_program(mps_prog p) {
     default: return false;
     }
 }
-// "sel_dst", "act_record", ... (MPS_PROGRAMS' names) -> the program.
+// "sel_match", "act_record", ... (MPS_PROGRAMS' names) -> the program.
 std::optional<mps_prog> prog_from_name(std::string_view name);
 
 }  // namespace mpsteer::datapath
