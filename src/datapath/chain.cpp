@@ -117,7 +117,7 @@ mps_step make_step(mps_prog prog, uint16_t on_match, uint16_t on_miss, uint16_t 
     return s;
 }
 
-Match::Match(uint8_t family, bool either) : family_(family) {
+Match::Match(uint8_t family, bool either) {
     p_.families = family == 4   ? MPS_FAMILY_V4
                   : family == 6 ? MPS_FAMILY_V6
                                 : MPS_FAMILY_V4 | MPS_FAMILY_V6;
@@ -139,7 +139,7 @@ Match& Match::test(mps_word word, uint32_t mask, uint32_t lo, uint32_t hi) {
 }
 
 Match& Match::prefix(mps_word base, const uint32_t addr[4], unsigned bits) {
-    const unsigned words = family_ == 6 ? 4 : 1;
+    const unsigned words = p_.families == MPS_FAMILY_V6 ? 4 : 1;
     for (unsigned i = 0; i < words; ++i) {
         const unsigned b = bits > i * 32 ? std::min(32u, bits - i * 32) : 0;
         if (!b) break;

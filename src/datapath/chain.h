@@ -90,7 +90,6 @@ public:
     mps_step step(uint16_t on_match, uint16_t on_miss = MPS_PC_END, uint16_t policy = 0) const;
 
 private:
-    uint8_t family_;
     mps_p_match p_{};
 };
 // Port ranges of a port selector: source, destination, or either (one test, both directions).
