@@ -435,11 +435,15 @@ private:
     std::thread thread_;
 };
 // Connects from `netns` and exchanges messages for `duration`: a message every `every` (the
-// next one waits for the last reply), then closes. Returns each reply's arrival time; throws
-// when the connection breaks or falls back to TCP (`fallback`, from MPTCP_INFO).
-std::vector<std::chrono::steady_clock::time_point> interactive_stream(
-    const std::string& netns, const std::string& addr, uint16_t port,
-    std::chrono::milliseconds duration, std::chrono::milliseconds every, bool* fallback);
+// next one waits for the last reply), then closes. Returns when each message left and its
+// reply arrived; throws when the connection breaks. `fallback` tells, from MPTCP_INFO,
+// whether the connection fell back to TCP.
+struct Exchange {
+    std::chrono::steady_clock::time_point sent, replied;
+};
+std::vector<Exchange> interactive_stream(const std::string& netns, const std::string& addr,
+                                         uint16_t port, std::chrono::milliseconds duration,
+                                         std::chrono::milliseconds every, bool* fallback);
 
 // Many connections at once. A listener inside `netns` (any address; with ipv6 both
 // families) that accepts every MPTCP connection and reads each to its end, discarding it,

@@ -422,19 +422,20 @@ Echo::~Echo() {
     if (thread_.joinable()) thread_.join();
 }
 
-std::vector<Clock::time_point> interactive_stream(const std::string& netns, const std::string& addr,
-                                                  uint16_t port, std::chrono::milliseconds duration,
-                                                  std::chrono::milliseconds every, bool* fallback) {
+std::vector<Exchange> interactive_stream(const std::string& netns, const std::string& addr,
+                                         uint16_t port, std::chrono::milliseconds duration,
+                                         std::chrono::milliseconds every, bool* fallback) {
     net::Fd fd = connect_stream(netns, addr, port);
-    std::vector<Clock::time_point> replies;
+    std::vector<Exchange> replies;
     const std::atomic<bool> never{false};
     const auto t0 = Clock::now(), end = t0 + duration;
     for (auto next = t0; next < end; next += every) {
         std::this_thread::sleep_until(next);
+        const auto sent = Clock::now();
         write_message(fd.get(), kRequestBytes, "interactive");
         read_message(fd.get(), kRequestBytes, never, end + std::chrono::seconds(60), "interactive");
-        replies.push_back(Clock::now());
-        while (next + every < replies.back()) next += every;  // a late reply skips slots
+        replies.push_back({sent, Clock::now()});
+        while (next + every < replies.back().replied) next += every;  // a late reply skips slots
     }
     if (fallback) {
         TrafficStats s;

@@ -86,7 +86,7 @@ Run download(Lab& lab, Failure failure, int family, uint16_t port) {
     // Beside the download, over the same paths: an interactive stream on a connection of its own.
     const uint16_t echo_port = uint16_t(port + 500);
     Echo echo(lab.server_ns(), echo_port, family == 6);
-    std::vector<Clock::time_point> replies;
+    std::vector<Exchange> replies;
     bool echo_fallback = false;
     std::string echo_error;
     std::thread interactive([&] {
@@ -170,7 +170,8 @@ Run download(Lab& lab, Failure failure, int family, uint16_t port) {
     }
     if (at_back < at_fail) at_back = at_fail;
     Clock::time_point prev_reply = fail_at;
-    for (const auto& at : replies) {
+    for (const auto& ex : replies) {
+        const auto at = ex.replied;
         if (at <= fail_at) continue;
         r.interactive_stall_s = std::max(r.interactive_stall_s, seconds(at - prev_reply));
         prev_reply = at;
