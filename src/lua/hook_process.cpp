@@ -394,6 +394,10 @@ std::optional<json> HookProcess::exchange(const json& request) {
             } else if (t == "log") {
                 log_line(*m);
             } else if (t == "done") {
+                if (!m->at("calls").is_number_unsigned()) {
+                    failure = "the hook process broke the protocol: `calls` is not a count";
+                    break;
+                }
                 // Settings the hooks returned: carried out now, within the write budget.
                 if (m->contains("writes"))
                     for (const auto& w : m->at("writes")) {

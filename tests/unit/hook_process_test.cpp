@@ -358,34 +358,111 @@ TEST_CASE("hook process: stop signals meant for the agent's group leave it to th
     CHECK(kill(pid, 0) == 0);
 }
 
+// A stand-in for the hook host: a shell script that writes `bytes` to the agent's socket and
+// then waits to be killed. Removed with its directory.
+class FakeHost {
+public:
+    explicit FakeHost(const std::string& bytes)
+        : dir_(fs::temp_directory_path() /
+               ("mpsteer-hook-fake-" + std::to_string(getpid()) + "-" + std::to_string(next_++))) {
+        fs::create_directories(dir_);
+        std::ofstream out(path());
+        out << "#!/bin/sh\nprintf '";
+        for (unsigned char c : bytes) out << '\\' << std::oct << int(c) << std::dec;
+        out << "' >&3\nexec sleep 30\n";
+        out.close();
+        fs::permissions(path(), fs::perms::owner_all);
+    }
+    ~FakeHost() { fs::remove_all(dir_); }
+    std::string path() const { return (dir_ / "host").string(); }
+
+    // A frame as hook_wire.h writes it.
+    static std::string frame(const std::string& body, uint8_t version = wire::kVersion) {
+        const uint32_t n = uint32_t(body.size() + 1);
+        std::string f{char(n & 0xff), char(n >> 8 & 0xff), char(n >> 16 & 0xff), char(n >> 24)};
+        return f + char(version) + body;
+    }
+    static std::string hello() {
+        return frame(nlohmann::json{
+            {"t", "hello"},
+            {"uid", 65534},
+            {"gid", 65534},
+            {"no_new_privs", true},
+            {"seccomp", true},
+            {"capabilities_dropped",
+             true}}.dump());
+    }
+
+private:
+    fs::path dir_;
+    static inline int next_ = 0;
+};
+
 TEST_CASE("hook process: a process that breaks the protocol is refused", "[lua][hook_process]") {
-    // Stand-ins for the hook host: one that sends an oversized frame, one that answers its
-    // setup with a frame of another version.
-    const fs::path dir =
-        fs::temp_directory_path() / ("mpsteer-hook-fake-" + std::to_string(getpid()));
-    fs::create_directories(dir);
-    struct Cleanup {
-        fs::path d;
-        ~Cleanup() { fs::remove_all(d); }
-    } cleanup{dir};
+    // One that sends an oversized frame, one that answers its setup with a frame of another
+    // version.
     for (const auto& [name, bytes] : std::vector<std::pair<std::string, std::string>>{
-             {"huge", "\\377\\377\\377\\177x"}, {"version", "\\003\\000\\000\\000\\002{}"}}) {
+             {"huge", std::string("\xff\xff\xff\x7f", 4) + "x"},
+             {"version", FakeHost::frame("{}", 2)}}) {
         INFO(name);
-        const fs::path exe = dir / name;
-        {
-            std::ofstream out(exe);
-            out << "#!/bin/sh\nprintf '" << bytes << "' >&3\nsleep 30\n";
-        }
-        fs::permissions(exe, fs::perms::owner_all);
+        FakeHost host(bytes);
         FakeBackend be;
         auto o = options();
-        o.executable = exe.string();
+        o.executable = host.path();
         const auto t0 = Clock::now();
         HookProcess hp(be, o);
         CHECK(hp.configure({spec("good", kGood)}, "r1", 1).empty());
         CHECK(hp.size() == 0);
         CHECK(hp.info().pid == 0);
         CHECK(Clock::now() - t0 < 5s);
+    }
+}
+
+TEST_CASE(
+    "hook process: answers of the wrong shape restart it; writes it has no right to are "
+    "refused",
+    "[lua][hook_process]") {
+    using nlohmann::json;
+    const auto done = [](json extra) {
+        json d = {{"t", "done"}, {"calls", 0}, {"loaded", {"good"}}};
+        d.update(extra);
+        return FakeHost::hello() + FakeHost::frame(d.dump());
+    };
+    SECTION("fields of the wrong type: the process is restarted, the agent goes on") {
+        for (const auto& [name, extra] : std::vector<std::pair<std::string, json>>{
+                 {"hooks not names", {{"hooks", {1, json::object()}}}},
+                 {"next not a time", {{"next", "soon"}}},
+                 {"calls negative", {{"calls", -1}}},
+                 {"writes not a list of calls", {{"writes", {"x"}}}}}) {
+            INFO(name);
+            FakeHost host(done(extra));
+            FakeBackend be;
+            auto o = options();
+            o.executable = host.path();
+            HookProcess hp(be, o);
+            CHECK(hp.configure({spec("good", kGood)}, "r1", 1).empty());
+            CHECK(hp.info().restarts >= 1);
+            CHECK(hp.info().last_restart.find("broke the protocol") != std::string::npos);
+            CHECK(be.writes == 0);
+        }
+    }
+    SECTION("returned settings for policies it was not given, or out of range, are not made") {
+        const json writes = {
+            {{"fn", "set_subflow"}, {"policy", "other"}, {"id", 1}, {"rate", 1000}},
+            {{"fn", "set_policy_backup"}, {"policy", "../good"}, {"backup", true}},
+            {{"fn", "set_subflow"}, {"policy", "good"}, {"id", -1}, {"rate", 1000}},
+            {{"fn", "add_subflow"}, {"policy", "good"}, {"token", 1}, {"addr_id", 256}},
+            {{"fn", "renew_endpoint"}, {"policy", "off"}, {"address", "10.0.2.1"}},
+            {{"fn", "no_such_call"}, {"policy", "good"}}};
+        FakeHost host(done({{"writes", writes}, {"hooks", {"on_connection", "not_a_hook"}}}));
+        FakeBackend be;
+        auto o = options();
+        o.executable = host.path();
+        HookProcess hp(be, o);
+        CHECK(hp.configure({spec("good", kGood)}, "r1", 1) == std::vector<std::string>{"good"});
+        CHECK(hp.info().restarts == 0);
+        CHECK(be.writes == 0);
+        CHECK(be.renewed.empty());
     }
 }
 
