@@ -20,6 +20,7 @@
 #include "mpsteer/abi.h"
 #include "mpsteer/parse.h"
 #include "mpsteer/lb.h"
+#include "lib/syn_reset.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -155,19 +156,11 @@ static __always_inline int forward(struct xdp_md *ctx, __u32 backend)
 	return bpf_redirect(b->ifindex, 0);
 }
 
-static __always_inline __u16 fold(__u64 s)
-{
-	s = (s & 0xffff) + (s >> 16);
-	s = (s & 0xffff) + (s >> 16);
-	s = (s & 0xffff) + (s >> 16);
-	return (__u16)s;
-}
-
 /*
- * The SYN at l4 turned into the reset a host with no such connection answers (RFC 9293
- * 3.10.7.1: RST+ACK, seq 0, ack = the SYN's seq + 1 + payload), addresses, ports and MACs
- * swapped, options and payload cut, checksums complete; sent back out. A SYN with IPv4 options
- * or IPv6 extension headers is dropped instead (a reply would have to reverse them).
+ * The SYN at l4 turned into the reset a host with no such connection answers (syn_reset()),
+ * addresses, ports and MACs swapped, options and payload cut, checksums complete; sent back
+ * out. A SYN with IPv4 options or IPv6 extension headers is dropped instead (a reply would
+ * have to reverse them).
  */
 static __always_inline int reset(struct xdp_md *ctx, const struct mps_pkt_ctx *pc)
 {
@@ -178,13 +171,21 @@ static __always_inline int reset(struct xdp_md *ctx, const struct mps_pkt_ctx *p
 	struct tcphdr *tcp = data + l4;
 	if ((void *)(tcp + 1) > end)
 		return XDP_DROP;
-	struct tcphdr rst = {};
-	rst.source = tcp->dest;
-	rst.dest = tcp->source;
-	rst.ack_seq = bpf_htonl(bpf_ntohl(tcp->seq) + 1 + (pc->l4_len - tcp->doff * 4));
-	rst.doff = 5;
-	rst.rst = 1;
-	rst.ack = 1;
+	const __u32 payload = pc->l4_len - tcp->doff * 4;
+	struct tcphdr rst;
+	__u32 ps[10] = {};
+	if (pc->family == 4) {
+		struct iphdr *ip = data + l3;
+		if ((void *)(ip + 1) > end ||
+		    syn_reset(tcp, payload, 4, &ip->saddr, &ip->daddr, &rst, ps))
+			return XDP_DROP;
+	} else {
+		struct ipv6hdr *ip6 = data + l3;
+		if ((void *)(ip6 + 1) > end ||
+		    syn_reset(tcp, payload, 6, (const __u32 *)&ip6->saddr,
+			      (const __u32 *)&ip6->daddr, &rst, ps))
+			return XDP_DROP;
+	}
 	__u32 new_len = l4 + sizeof(rst);
 	__s32 cut = (__s32)new_len - (__s32)(end - data);
 	if (cut && bpf_xdp_adjust_tail(ctx, cut))
@@ -198,47 +199,28 @@ static __always_inline int reset(struct xdp_md *ctx, const struct mps_pkt_ctx *p
 	__builtin_memcpy(mac, eth->h_dest, 6);
 	__builtin_memcpy(eth->h_dest, eth->h_source, 6);
 	__builtin_memcpy(eth->h_source, mac, 6);
-	__u32 ps[10] = {};
-	__s64 sum;
 	if (pc->family == 4) {
 		struct iphdr *ip = data + l3;
 		if ((void *)(ip + 1) > end)
 			return XDP_DROP;
-		__be32 a = ip->saddr;
-		ip->saddr = ip->daddr;
-		ip->daddr = a;
+		ip->saddr = ps[0];
+		ip->daddr = ps[1];
 		ip->tot_len = bpf_htons(sizeof(*ip) + sizeof(rst));
 		ip->ttl = 64;
 		ip->check = 0;
-		sum = bpf_csum_diff(NULL, 0, (__be32 *)ip, sizeof(*ip), 0);
+		__s64 sum = bpf_csum_diff(NULL, 0, (__be32 *)ip, sizeof(*ip), 0);
 		if (sum < 0)
 			return XDP_DROP;
-		ip->check = ~fold((__u64)sum);
-		ps[0] = ip->saddr;
-		ps[1] = ip->daddr;
-		ps[2] = bpf_htonl(IPPROTO_TCP << 16 | sizeof(rst));
-		sum = bpf_csum_diff(NULL, 0, ps, 12, 0);
+		ip->check = ~csum_fold32((__u64)sum);
 	} else {
 		struct ipv6hdr *ip6 = data + l3;
 		if ((void *)(ip6 + 1) > end)
 			return XDP_DROP;
-		struct in6_addr a = ip6->saddr;
-		ip6->saddr = ip6->daddr;
-		ip6->daddr = a;
+		__builtin_memcpy(&ip6->saddr, ps, 16);
+		__builtin_memcpy(&ip6->daddr, ps + 4, 16);
 		ip6->payload_len = bpf_htons(sizeof(rst));
 		ip6->hop_limit = 64;
-		__builtin_memcpy(ps, &ip6->saddr, 16);
-		__builtin_memcpy(ps + 4, &ip6->daddr, 16);
-		ps[8] = bpf_htonl(sizeof(rst));
-		ps[9] = bpf_htonl(IPPROTO_TCP);
-		sum = bpf_csum_diff(NULL, 0, ps, 40, 0);
 	}
-	if (sum < 0)
-		return XDP_DROP;
-	sum = bpf_csum_diff(NULL, 0, (__be32 *)&rst, sizeof(rst), (__u32)sum);
-	if (sum < 0)
-		return XDP_DROP;
-	rst.check = ~fold((__u64)sum);
 	tcp = data + l4;
 	if ((void *)(tcp + 1) > end)
 		return XDP_DROP;

@@ -18,6 +18,7 @@
 #include "packet.h"
 #include "options.h"
 #include "rewrite.h"
+#include "syn_reset.h"
 #include "steps.h"
 
 /*
@@ -41,16 +42,8 @@ static __always_inline int make_reset(struct __sk_buff *skb, const struct mps_pk
 	__u32 l3 = pc->l3_off & 0x3f, l4 = pc->l4_off & 0x1ff;
 	if (l4 - l3 != (pc->family == 4 ? sizeof(struct iphdr) : sizeof(struct ipv6hdr)))
 		return 0;
-	struct tcphdr rst = {};
-	rst.source = tcp->dest;
-	rst.dest = tcp->source;
-	rst.ack_seq = bpf_htonl(bpf_ntohl(tcp->seq) + 1 + (pc->l4_len - tcp->doff * 4));
-	rst.doff = 5;
-	rst.rst = 1;
-	rst.ack = 1;
-
+	struct tcphdr rst;
 	__u32 ps[10] = {};
-	__s64 sum;
 	__u8 eth[12], swapped[12];
 	if (bpf_skb_load_bytes(skb, 0, eth, 12))
 		return -1;
@@ -58,27 +51,14 @@ static __always_inline int make_reset(struct __sk_buff *skb, const struct mps_pk
 	__builtin_memcpy(swapped + 6, eth, 6);
 	__be16 old_len, new_len;
 	if (pc->family == 4) {
-		ps[0] = t.dst[0];
-		ps[1] = t.src[0];
-		ps[2] = bpf_htonl(IPPROTO_TCP << 16 | sizeof(rst));
-		sum = bpf_csum_diff(NULL, 0, ps, 12, 0);
 		if (bpf_skb_load_bytes(skb, l3 + offsetof(struct iphdr, tot_len), &old_len, 2))
 			return -1;
 		new_len = bpf_htons(l4 - l3 + sizeof(rst));
 	} else {
-		__builtin_memcpy(ps, t.dst, 16);
-		__builtin_memcpy(ps + 4, t.src, 16);
-		ps[8] = bpf_htonl(sizeof(rst));
-		ps[9] = bpf_htonl(IPPROTO_TCP);
-		sum = bpf_csum_diff(NULL, 0, ps, 40, 0);
 		new_len = bpf_htons(l4 - l3 - sizeof(struct ipv6hdr) + sizeof(rst));
 	}
-	if (sum < 0)
+	if (syn_reset(tcp, pc->l4_len - tcp->doff * 4, pc->family, t.src, t.dst, &rst, ps))
 		return -1;
-	sum = bpf_csum_diff(NULL, 0, (__be32 *)&rst, sizeof(rst), (__u32)sum);
-	if (sum < 0)
-		return -1;
-	rst.check = ~csum_fold32((__u64)sum);
 
 	if (bpf_skb_change_tail(skb, l4 + sizeof(rst), 0))
 		return -1;

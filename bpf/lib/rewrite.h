@@ -41,6 +41,7 @@
 #include "shim.h"
 #include "packet.h"
 #include "options.h"
+#include "syn_reset.h"
 
 /* ---- state ------------------------------------------------------------------------------ */
 
@@ -65,14 +66,6 @@ static __always_inline __u32 frame_len(void *ctx, bool xdp)
 	if (xdp)
 		return ctx_end(ctx, xdp) - ctx_data(ctx, xdp);
 	return ((struct __sk_buff *)ctx)->len;
-}
-
-static __always_inline __u16 csum_fold32(__u64 s)
-{
-	s = (s & 0xffff) + (s >> 16);
-	s = (s & 0xffff) + (s >> 16);
-	s = (s & 0xffff) + (s >> 16);
-	return (__u16)s;
 }
 
 /*
