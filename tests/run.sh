@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 # The test suite: build, then the ctest labels unit, bpf, e2e, package and vm (Debian 12's own
 # kernel in a guest). Needs root for the bpf, e2e, package and vm labels.
-#   tests/run.sh           the default run (what CI runs; ~50 minutes on a fresh 2-core machine)
+#   tests/run.sh           the default run (what CI runs; 35-40 minutes on a fresh 2-core machine)
 #   tests/run.sh --all     also the cross label: the arm64 and armhf builds, their unit tests
 #                          under qemu-user and their packages through lintian (~25 minutes more)
 #   tests/run.sh ARGS...   ctest with ARGS instead, for example: tests/run.sh -L unit
