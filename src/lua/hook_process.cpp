@@ -52,13 +52,6 @@ std::string describe_exit(int status) {
 }
 
 // A policy name, checked against the scripts the agent configured.
-const std::string& policy_of(const json& call, const std::vector<ScriptSpec>& specs) {
-    const auto& p = call.at("policy").get_ref<const std::string&>();
-    for (const auto& s : specs)
-        if (s.policy == p) return p;
-    throw std::runtime_error("no script of policy '" + p + "' runs");
-}
-
 template <typename T>
 T in_range(const json& v, uint64_t hi, const char* what) {
     if (!v.is_number_unsigned() || v.get<uint64_t>() > hi)
@@ -271,6 +264,16 @@ void HookProcess::finish_writes_second() {
     writes_second_ = Clock::now();
 }
 
+const std::string& HookProcess::policy_of(const json& call) const {
+    const auto& p = call.at("policy").get_ref<const std::string&>();
+    for (const auto& s : specs_) {
+        if (s.policy != p) continue;
+        auto off = disabled_.find(p);
+        if (off == disabled_.end() || off->second.source != s.source) return p;
+    }
+    throw std::runtime_error("no script of policy '" + p + "' runs");
+}
+
 json HookProcess::serve_call(const json& call) {
     const auto& fn = call.at("fn").get_ref<const std::string&>();
     auto charge_write = [&](const std::string& policy) {
@@ -297,7 +300,7 @@ json HookProcess::serve_call(const json& call) {
         } else if (fn == "no_connections") {
             value = backend_.no_connections();
         } else if (fn == "set_subflow") {
-            const auto& policy = policy_of(call, specs_);
+            const auto& policy = policy_of(call);
             SubflowSettings st;
             // bytes/s; the backend clamps it to what rate_limit takes
             if (call.contains("rate"))
@@ -307,7 +310,7 @@ json HookProcess::serve_call(const json& call) {
             value = backend_.set_subflow(policy,
                                          in_range<uint64_t>(call.at("id"), UINT64_MAX, "id"), st);
         } else if (fn == "add_subflow" || fn == "block_address") {
-            const auto& policy = policy_of(call, specs_);
+            const auto& policy = policy_of(call);
             auto token = in_range<uint32_t>(call.at("token"), UINT32_MAX, "token");
             auto id = in_range<uint8_t>(call.at("addr_id"), 255, "addr_id");
             charge_write(policy);
@@ -316,12 +319,12 @@ json HookProcess::serve_call(const json& call) {
         } else if (fn == "endpoints") {
             value = backend_.endpoints();
         } else if (fn == "renew_endpoint") {
-            const auto& policy = policy_of(call, specs_);
+            const auto& policy = policy_of(call);
             const auto& address = call.at("address").get_ref<const std::string&>();
             charge_write(policy);
             value = backend_.renew_endpoint(policy, address);
         } else if (fn == "set_policy_backup") {
-            const auto& policy = policy_of(call, specs_);
+            const auto& policy = policy_of(call);
             bool backup = call.at("backup").get<bool>();
             charge_write(policy);
             value = backend_.set_policy_backup(policy, backup);
@@ -511,8 +514,13 @@ Clock::time_point HookProcess::wake(Clock::time_point) {
 
 std::vector<ScriptStatus> HookProcess::status() {
     std::vector<ScriptStatus> out;
-    if (auto r = exchange({{"t", "status"}}))
-        out = r->at("status").get<std::vector<ScriptStatus>>();
+    if (auto r = exchange({{"t", "status"}})) {
+        try {
+            out = r->at("status").get<std::vector<ScriptStatus>>();
+        } catch (const json::exception& e) {
+            restart(std::string("the hook process broke the protocol: ") + e.what());
+        }
+    }
     for (const auto& s : specs_) {
         auto it = disabled_.find(s.policy);
         if (it == disabled_.end() || it->second.source != s.source) continue;

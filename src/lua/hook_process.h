@@ -99,6 +99,8 @@ private:
     std::optional<nlohmann::json> exchange(const nlohmann::json& request);
     void restart(const std::string& why);
     nlohmann::json serve_call(const nlohmann::json& call);
+    // The policy a call names, when a script of it runs (configured, not disabled); throws.
+    const std::string& policy_of(const nlohmann::json& call) const;
     void log_line(const nlohmann::json& m);
     std::vector<ScriptSpec> runnable();  // the specs minus the disabled ones (counted)
     // Whether an event for `hook` is worth a request: some script defines it, or a script

@@ -446,6 +446,18 @@ TEST_CASE(
             CHECK(be.writes == 0);
         }
     }
+    SECTION("a status answer without the status: the process is restarted") {
+        FakeHost host(done(json::object()) +
+                      FakeHost::frame(json{{"t", "done"}, {"calls", 0}}.dump()));
+        FakeBackend be;
+        auto o = options();
+        o.executable = host.path();
+        HookProcess hp(be, o);
+        REQUIRE(hp.configure({spec("good", kGood)}, "r1", 1) == std::vector<std::string>{"good"});
+        hp.status();
+        CHECK(hp.info().restarts >= 1);
+        CHECK(hp.info().last_restart.find("broke the protocol") != std::string::npos);
+    }
     SECTION("returned settings for policies it was not given, or out of range, are not made") {
         const json writes = {
             {{"fn", "set_subflow"}, {"policy", "other"}, {"id", 1}, {"rate", 1000}},
@@ -464,6 +476,42 @@ TEST_CASE(
         CHECK(be.writes == 0);
         CHECK(be.renewed.empty());
     }
+}
+
+TEST_CASE("hook process: a policy disabled for flooding gets no writes, whatever the process sends",
+          "[lua][hook_process]") {
+    using nlohmann::json;
+    // The stand-in answers each request in turn: configure, then two ticks a second apart, the
+    // agent's disable, the status, then a last tick. Two writes a second are allowed.
+    const json one = {{"fn", "set_subflow"}, {"policy", "good"}, {"id", 1}, {"rate", 1000}};
+    const auto done = [&](int writes) {
+        json d = {{"t", "done"}, {"calls", 0}, {"next", 0}, {"loaded", {"good"}}};
+        d["writes"] = json::array();
+        for (int i = 0; i < writes; ++i) d["writes"].push_back(one);
+        return FakeHost::frame(d.dump());
+    };
+    const auto status =
+        FakeHost::frame(json{{"t", "done"}, {"calls", 0}, {"status", json::array()}}.dump());
+    FakeHost host(FakeHost::hello() + done(3) + done(3) + done(1) + done(0) + status + done(1));
+    FakeBackend be;
+    auto o = options();
+    o.executable = host.path();
+    o.writes_per_second = 2;
+    HookProcess hp(be, o);
+    hp.configure({spec("good", kGood)}, "r1", 1);  // 3 writes: 2 made, 1 refused
+    CHECK(be.writes == 2);
+    std::this_thread::sleep_for(1100ms);
+    hp.tick(Clock::now());  // over its budget a second time: 2 made
+    CHECK(be.writes == 4);
+    std::this_thread::sleep_for(1100ms);
+    hp.tick(Clock::now());  // made, then the policy is disabled (the 4th answer)
+    CHECK(be.writes == 5);
+    const auto* st = find(hp.status(), "good");
+    REQUIRE(st);
+    CHECK(st->disabled);
+    hp.tick(Clock::now());  // the process goes on writing for it: refused
+    CHECK(be.writes == 5);
+    CHECK(hp.info().restarts == 0);
 }
 
 TEST_CASE("hook process: a script's log lines reach the agent's log escaped and capped",
