@@ -479,7 +479,12 @@ std::vector<std::string> HookProcess::configure(const std::vector<ScriptSpec>& s
                        {"revision", revision},
                        {"generation", generation}});
     if (!r) return {};
-    return r->value("loaded", std::vector<std::string>{});
+    try {
+        return r->value("loaded", std::vector<std::string>{});
+    } catch (const json::exception& e) {
+        restart(std::string("the hook process broke the protocol: ") + e.what());
+        return {};
+    }
 }
 
 bool HookProcess::wanted(const char* hook) const {

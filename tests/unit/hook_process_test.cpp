@@ -433,7 +433,8 @@ TEST_CASE(
                  {"hooks not names", {{"hooks", {1, json::object()}}}},
                  {"next not a time", {{"next", "soon"}}},
                  {"calls negative", {{"calls", -1}}},
-                 {"writes not a list of calls", {{"writes", {"x"}}}}}) {
+                 {"writes not a list of calls", {{"writes", {"x"}}}},
+                 {"loaded not names", {{"loaded", 5}}}}) {
             INFO(name);
             FakeHost host(done(extra));
             FakeBackend be;
