@@ -40,11 +40,16 @@ enum walk_result { WALK_PASS, WALK_DROP, WALK_PROG, WALK_SCAN, WALK_MALFORMED, W
  */
 static __always_inline int walk(void *ctx, bool xdp, struct mps_pkt_ctx *pc, struct match_tuple *mt)
 {
+	/* The packet's step table and each step in registers: left to itself the compiler
+	 * computes their addresses again for every field it reads. */
+	const struct mps_step *steps = step_at(pc, 0);
+	barrier_var(steps);
 	for (int i = 0; i < MPS_INLINE_STEPS; i++) {
 		__u32 at = pc->pc;
 		if (at == MPS_PC_END)
 			return WALK_PASS;
-		const struct mps_step *st = load_step(pc);
+		const struct mps_step *st = &steps[at & (MPS_MAX_STEPS - 1)];
+		barrier_var(st);
 		__u64 m;
 		switch (st->prog) {
 		case MPS_SEL_MATCH:

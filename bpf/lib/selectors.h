@@ -117,9 +117,14 @@ static __always_inline __u64 m_tests(const struct match_tuple *mt, const struct 
 
 static __always_inline __u64 m_match(const struct match_tuple *mt, const struct mps_p_match *p)
 {
+	/* Held in a register: left to itself the compiler rebuilds p's address for every test. */
+	barrier_var(p);
 	__u64 m = m_tests(mt, p, 0);
-	if (p->flags & MPS_MATCHF_EITHER)
-		m |= m_tests(mt, p, MPS_W_SWAP);
+	/* The other way round only when this way missed. */
+	if (!m && (p->flags & MPS_MATCHF_EITHER)) {
+		barrier_var(p); /* read again: kept from the first pass, they would be spilt */
+		m = m_tests(mt, p, MPS_W_SWAP);
+	}
 	return m & (p->families & mt->family_bit ? 1 : 0);
 }
 
