@@ -437,6 +437,7 @@ private:
         a_.jmp32(BPF_JNE, R1, ts_word, walk);
         a_.alu32(BPF_OR, kAcc, MPS_K_TIMESTAMP);
         a_.alu64(BPF_MOV, R2, 32);
+        dss_last(done);
         a_.bind(walk);
         a_.alu32(BPF_ADD, R2, kTcp);  // offsets from the frame's start from here on
         a_.alu32(BPF_ADD, R3, kTcp);
@@ -530,6 +531,41 @@ private:
         a_.alu32(BPF_OR, kAcc, R1);
         a_.store(BPF_W, FP, kKinds, kAcc);
         if (mixed_) a_.store(BPF_W, FP, kScanned, MPS_CTXF_SCANNED);
+    }
+
+    // After NOP NOP TS: a DSS that ends the header (Linux's data segment) gives the walk's
+    // kinds without the walk, whose per-option stack round trips cost more than its
+    // instructions. Anything else falls through to the walk. R3: the header length.
+    void dss_last(Label done) {
+        Label walk = a_.label();
+        a_.jmp32(BPF_JLT, R3, 36, walk);  // the DSS's first 4 bytes are inside the header
+        a_.alu64(BPF_MOV, R1, kData);
+        a_.alu64(BPF_ADD, R1, kOpts + 16);
+        a_.jmp64(BPF_JGT, R1, kEnd, walk);
+        a_.load(BPF_B, R1, kData, kOpts + 12);
+        a_.jmp32(BPF_JNE, R1, 30 /* MPTCP */, walk);
+        a_.load(BPF_B, R1, kData, kOpts + 14);
+        a_.alu32(BPF_RSH, R1, 4);
+        a_.jmp32(BPF_JNE, R1, 2 /* DSS */, walk);
+        a_.load(BPF_B, R1, kData, kOpts + 13);  // its length: at least 4, up to the header's end
+        a_.jmp32(BPF_JLT, R1, 4, walk);
+        a_.alu32(BPF_ADD, R1, 32);
+        a_.jmp32(BPF_JNE, R1, R3, walk);
+        a_.load(BPF_B, R1, kData, kOpts + 15);  // DSS flags, as in the walk
+        a_.alu64(BPF_MOV, R5, R1);
+        a_.alu32(BPF_AND, R5, 0x01);
+        a_.alu32(BPF_LSH, R5, 9);
+        a_.alu32(BPF_OR, kAcc, R5);
+        a_.alu32(BPF_RSH, R1, 4);
+        a_.alu32(BPF_AND, R1, 0x01);
+        a_.alu32(BPF_LSH, R1, 10);
+        a_.alu32(BPF_OR, kAcc, R1);
+        a_.alu32(BPF_OR, kAcc, MPS_K_DSS | MPS_K_ANY_MPTCP);
+        // Forgotten, as after the walk: both ways meet at `done` in one state.
+        a_.store(BPF_W, FP, kKinds, kAcc);
+        a_.load(BPF_W, kAcc, FP, kKinds);
+        a_.ja(done);
+        a_.bind(walk);
     }
 
     // The option at R5 has n bytes inside the frame, else the entry program takes the packet

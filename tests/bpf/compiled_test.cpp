@@ -34,6 +34,29 @@ std::vector<std::pair<std::string, Packet>> frames() {
     };
     std::vector<std::pair<std::string, Packet>> v;
     v.emplace_back("IPv4 DSS data", data());
+    // NOP NOP TS then a DSS that ends the header: the walk's result without the walk.
+    auto ts_then = [](Bytes option) {
+        return Packet::v4("10.1.0.1", 40000, "10.2.0.1", 5201)
+            .option(opt::nop())
+            .option(opt::nop())
+            .option(opt::timestamps(5, 6))
+            .option(std::move(option));
+    };
+    v.emplace_back("IPv4 DATA_ACK ending the header", ts_then(mt::dss(mt::Dss().ack(7))).payload(8));
+    v.emplace_back("IPv4 DATA_FIN ending the header",
+                   ts_then(mt::dss(mt::Dss().ack(7, false).fin())));
+    v.emplace_back("IPv4 DSS without flags ending the header", ts_then(mt::dss(mt::Dss())));
+    v.emplace_back("IPv4 DSS, then padding", ts_then(mt::dss(mt::Dss().ack(7, false)))
+                                                 .option(opt::nop())
+                                                 .option(opt::nop())
+                                                 .option(opt::nop())
+                                                 .option(opt::nop()));
+    v.emplace_back("IPv4 DSS, then ADD_ADDR",
+                   ts_then(mt::dss(mt::Dss().ack(7, false)))
+                       .option(mt::add_addr(ip4("10.3.0.1"), 2, std::nullopt, false, 0x1122)));
+    v.emplace_back("IPv4 DSS of length 3 after timestamps", ts_then(opt::raw(30, {0x20})));
+    v.emplace_back("IPv4 DSS claiming past the header", ts_then(opt::raw(30, {0x20, 0x01}, 12)));
+    v.emplace_back("IPv4 MP_PRIO ending the header", ts_then(mt::mp_prio_v0(true, 1)));
     v.emplace_back("IPv4 reverse, plain ACK", Packet::v4("10.2.0.1", 5201, "10.1.0.1", 40000));
     v.emplace_back("IPv4 timestamps, no MPTCP option",
                    Packet::v4("10.1.0.1", 40000, "10.2.0.1", 5201)
@@ -119,6 +142,9 @@ std::vector<std::pair<std::string, std::vector<mps_step>>> chains() {
           sel_kinds(MPS_K_DATA_ACK, 3, 8), sel_kinds(MPS_K_PLAIN_TCP, 4, 9),
           sel_kinds(MPS_K_TIMESTAMP | MPS_K_FIN, 5, 10), step(MPS_ACT_DROP), step(MPS_ACT_PASS),
           step(MPS_ACT_DROP), step(MPS_ACT_PASS), step(MPS_ACT_DROP), step(MPS_ACT_PASS)}},
+        {"DATA_FIN drop, else DATA_ACK pass, else drop",
+         {sel_kinds(MPS_K_DATA_FIN, 1, 2), step(MPS_ACT_DROP), sel_kinds(MPS_K_DATA_ACK, 3, 4),
+          step(MPS_ACT_PASS), step(MPS_ACT_DROP)}},
         {"TTL 1-5 (the IP word), else DSCP 46 either way with the ports, drop",
          {dp::Match().test(MPS_W_IP, 0xff, 1, 5).step(2, 1),
           dp::Match(0, true)
