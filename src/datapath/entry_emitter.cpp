@@ -437,7 +437,12 @@ private:
         a_.jmp32(BPF_JNE, R1, ts_word, walk);
         a_.alu32(BPF_OR, kAcc, MPS_K_TIMESTAMP);
         a_.alu64(BPF_MOV, R2, 32);
-        dss_last(done);
+        // The DSS's first 4 bytes are in the frame: the shortcut, out of line below (its ways
+        // back into the walk then meet states the verifier has already seen there).
+        Label dss_shortcut = a_.label();
+        a_.alu64(BPF_MOV, R1, kData);
+        a_.alu64(BPF_ADD, R1, kOpts + 16);
+        a_.jmp64(BPF_JLE, R1, kEnd, dss_shortcut);
         a_.bind(walk);
         a_.alu32(BPF_ADD, R2, kTcp);  // offsets from the frame's start from here on
         a_.alu32(BPF_ADD, R3, kTcp);
@@ -531,17 +536,19 @@ private:
         a_.alu32(BPF_OR, kAcc, R1);
         a_.store(BPF_W, FP, kKinds, kAcc);
         if (mixed_) a_.store(BPF_W, FP, kScanned, MPS_CTXF_SCANNED);
+        Label after = a_.label();
+        a_.ja(after);
+        a_.bind(dss_shortcut);
+        dss_last(walk, done);
+        a_.bind(after);
     }
 
-    // After NOP NOP TS: a DSS that ends the header (Linux's data segment) gives the walk's
-    // kinds without the walk, whose per-option stack round trips cost more than its
-    // instructions. Anything else falls through to the walk. R3: the header length.
-    void dss_last(Label done) {
-        Label walk = a_.label();
-        a_.jmp32(BPF_JLT, R3, 36, walk);  // the DSS's first 4 bytes are inside the header
-        a_.alu64(BPF_MOV, R1, kData);
-        a_.alu64(BPF_ADD, R1, kOpts + 16);
-        a_.jmp64(BPF_JGT, R1, kEnd, walk);
+    // After NOP NOP TS, with the option's first 4 bytes in the frame: a DSS that ends the
+    // header (Linux's data segment) gives the walk's kinds without the walk, whose per-option
+    // stack round trips cost more than its instructions; anything else goes back to `walk`.
+    // R3: the header length, compared only against the option's length, so that every way
+    // back to the walk keeps what the verifier knew of it there.
+    void dss_last(Label walk, Label done) {
         a_.load(BPF_B, R1, kData, kOpts + 12);
         a_.jmp32(BPF_JNE, R1, 30 /* MPTCP */, walk);
         a_.load(BPF_B, R1, kData, kOpts + 14);
@@ -561,11 +568,7 @@ private:
         a_.alu32(BPF_LSH, R1, 10);
         a_.alu32(BPF_OR, kAcc, R1);
         a_.alu32(BPF_OR, kAcc, MPS_K_DSS | MPS_K_ANY_MPTCP);
-        // Forgotten, as after the walk: both ways meet at `done` in one state.
-        a_.store(BPF_W, FP, kKinds, kAcc);
-        a_.load(BPF_W, kAcc, FP, kKinds);
         a_.ja(done);
-        a_.bind(walk);
     }
 
     // The option at R5 has n bytes inside the frame, else the entry program takes the packet
