@@ -42,7 +42,8 @@ std::vector<std::pair<std::string, Packet>> frames() {
             .option(opt::timestamps(5, 6))
             .option(std::move(option));
     };
-    v.emplace_back("IPv4 DATA_ACK ending the header", ts_then(mt::dss(mt::Dss().ack(7))).payload(8));
+    v.emplace_back("IPv4 DATA_ACK ending the header",
+                   ts_then(mt::dss(mt::Dss().ack(7))).payload(8));
     v.emplace_back("IPv4 DATA_FIN ending the header",
                    ts_then(mt::dss(mt::Dss().ack(7, false).fin())));
     v.emplace_back("IPv4 DSS without flags ending the header", ts_then(mt::dss(mt::Dss())));
