@@ -509,15 +509,8 @@ private:
             a_.bind(dss);
             a_.jmp32(BPF_JLT, R1, 4, not_ours_);
             option_readable(R1, 4);
-            a_.load(BPF_B, R1, R5, 3);  // DSS flags: A (data ACK) 0x01, F (DATA_FIN) 0x10
-            a_.alu64(BPF_MOV, R5, R1);
-            a_.alu32(BPF_AND, R5, 0x01);
-            a_.alu32(BPF_LSH, R5, 9);
-            a_.alu32(BPF_OR, kAcc, R5);
-            a_.alu32(BPF_RSH, R1, 4);
-            a_.alu32(BPF_AND, R1, 0x01);
-            a_.alu32(BPF_LSH, R1, 10);
-            a_.alu32(BPF_OR, kAcc, R1);
+            a_.load(BPF_B, R1, R5, 3);
+            dss_flag_kinds();
             a_.bind(subtype);
             a_.alu64(BPF_MOV, R1, 1);
             a_.alu32(BPF_LSH, R1, R0);
@@ -558,17 +551,22 @@ private:
         a_.jmp32(BPF_JLT, R1, 4, walk);
         a_.alu32(BPF_ADD, R1, 32);
         a_.jmp32(BPF_JNE, R1, R3, walk);
-        a_.load(BPF_B, R1, kData, kOpts + 15);  // DSS flags, as in the walk
+        a_.load(BPF_B, R1, kData, kOpts + 15);
+        dss_flag_kinds();
+        a_.alu32(BPF_OR, kAcc, MPS_K_DSS | MPS_K_ANY_MPTCP);
+        a_.ja(done);
+    }
+
+    // The DSS flags in R1 into the kinds: A (data ACK) 0x01, F (DATA_FIN) 0x10 (clobbers R1, R5).
+    void dss_flag_kinds() {
         a_.alu64(BPF_MOV, R5, R1);
         a_.alu32(BPF_AND, R5, 0x01);
-        a_.alu32(BPF_LSH, R5, 9);
+        a_.alu32(BPF_LSH, R5, 9);  // MPS_K_DATA_ACK
         a_.alu32(BPF_OR, kAcc, R5);
         a_.alu32(BPF_RSH, R1, 4);
         a_.alu32(BPF_AND, R1, 0x01);
-        a_.alu32(BPF_LSH, R1, 10);
+        a_.alu32(BPF_LSH, R1, 10);  // MPS_K_DATA_FIN
         a_.alu32(BPF_OR, kAcc, R1);
-        a_.alu32(BPF_OR, kAcc, MPS_K_DSS | MPS_K_ANY_MPTCP);
-        a_.ja(done);
     }
 
     // The option at R5 has n bytes inside the frame, else the entry program takes the packet
