@@ -10,6 +10,10 @@
 //                           backup` as a command). LUA_BENCH_SPIN_US: adaptive's window (1000).
 //                           LUA_BENCH_CPU=N: also spin pinned to CPU N (--events-cpu N), as
 //                           SCHED_OTHER and SCHED_FIFO 10.
+//   lua_bench ratio [PAIRS]  the default mode only (--events=wait), PAIRS alternating pairs of
+//                           rounds of 100 connections, in the event thread then in the hook
+//                           process: each pair's p50s and their ratio, the median ratio and its
+//                           range (target: the hook process within 2x of the event thread)
 //   lua_bench smallflow [N] completion time of N 100 KB uploads with and without the
 //                           small-flow policy (agent on the client, paths 10 ms / 10 ms)
 //   lua_bench ecf [RUNS]    100 MB upload, ECF script vs the kernel's default scheduler, two
@@ -60,17 +64,22 @@ uint64_t mono_ns() {
 
 // The datapath backend, timing each write against the event being handled (the event thread's
 // before_hooks probe sets event_ns and handler_start_ns). Used only on the event thread.
+// The rates the bench script's hooks return: on_subflow's tells its writes apart.
+constexpr uint64_t kConnectionRate = 2500000, kSubflowRate = 1250000;
+
 class TimedBackend : public lua::DatapathBackend {
 public:
     using DatapathBackend::DatapathBackend;
     uint64_t event_ns = 0, handler_start_ns = 0;
     std::vector<double> total_us, agent_us;  // event -> written; handler start -> written
     std::vector<double> delivery_us;         // event -> handler start (every event)
+    std::vector<double> subflow_total_us;    // the part of total_us from on_subflow's writes
     bool set_subflow(const std::string& p, uint64_t id, const lua::SubflowSettings& s) override {
         bool ok = DatapathBackend::set_subflow(p, id, s);
         uint64_t now = mono_ns();
         if (ok && event_ns) {
             total_us.push_back((now - event_ns) / 1e3);
+            if (s.rate == kSubflowRate) subflow_total_us.push_back(total_us.back());
             agent_us.push_back((now - handler_start_ns) / 1e3);
         }
         return ok;
@@ -184,13 +193,14 @@ uint64_t thread_minflt(pid_t tid) {
 
 struct Round {
     std::string name;
-    std::vector<double> total, agent, delivery;
+    std::vector<double> total, agent, delivery, subflow_total;
     lua::EventThreadStats stats;
     double cpu_pct = 0;   // of one CPU, over the round
     uint64_t minflt = 0;  // the event thread's minor page faults over the round
 };
 
-void latency(int n) {
+// pairs > 0: only the default mode's in-thread / process pairs and their ratios.
+void latency(int n, int pairs = 0) {
     datapath::init_libbpf_logging();
     LabConfig cfg;
     cfg.tag = "lb" + std::to_string(getpid() % 10000);
@@ -203,8 +213,10 @@ void latency(int n) {
     lua::HookDispatcher dispatcher(ids);
     const std::vector<lua::ScriptSpec> specs = {
         {"bench", "lua/bench.lua",
-         "function on_connection(c) return {rate = 2500000} end\n"
-         "function on_subflow(sf) return {rate = 1250000} end\n",
+         "function on_connection(c) return {rate = " + std::to_string(kConnectionRate) +
+             "} end\n"
+             "function on_subflow(sf) return {rate = " +
+             std::to_string(kSubflowRate) + "} end\n",
          0, json::object()}};
     const char* spin_env = getenv("LUA_BENCH_SPIN_US");
     const auto spin = std::chrono::microseconds(spin_env ? std::atoi(spin_env) : 1000);
@@ -227,6 +239,7 @@ void latency(int n) {
         backend.total_us.clear();
         backend.agent_us.clear();
         backend.delivery_us.clear();
+        backend.subflow_total_us.clear();
         lua::EventThreadOptions o;
         o.mode = mode;
         o.spin = spin;
@@ -285,9 +298,38 @@ void latency(int n) {
         r.total = backend.total_us;
         r.agent = backend.agent_us;
         r.delivery = backend.delivery_us;
+        r.subflow_total = backend.subflow_total_us;
         port0 += 1000;
         return r;
     };
+    if (pairs > 0) {
+        std::printf(
+            "ratio: --events=wait, SCHED_OTHER, %d connections per round, %d alternating pairs "
+            "(event thread, then hook process); p50 of event -> map updated\n",
+            n, pairs);
+        std::vector<double> ratios, thread_p50, process_p50;
+        for (int i = 0; i < pairs; ++i) {
+            const Round t = round(lua::PollMode::wait, 0, -1, false);
+            const Round p = round(lua::PollMode::wait, 0, -1, true);
+            const double a = quantile(t.total, 0.5), b = quantile(p.total, 0.5);
+            thread_p50.push_back(a);
+            process_p50.push_back(b);
+            ratios.push_back(b / a);
+            // on_subflow's event comes while on_connection's is in hand: it waits for it.
+            std::printf(
+                "  pair %2d: in-thread %7.1f us, process %7.1f us, ratio %.2f (on_subflow "
+                "alone: %.1f / %.1f us)\n",
+                i + 1, a, b, b / a, quantile(t.subflow_total, 0.5), quantile(p.subflow_total, 0.5));
+        }
+        const double median = quantile(ratios, 0.5);
+        std::printf(
+            " median p50: in-thread %.1f us, process %.1f us; ratio median %.2f [%.2f-%.2f] "
+            "(target <= 2.00: %s)\n",
+            quantile(thread_p50, 0.5), quantile(process_p50, 0.5), median,
+            *std::min_element(ratios.begin(), ratios.end()),
+            *std::max_element(ratios.begin(), ratios.end()), median <= 2.0 ? "met" : "NOT met");
+        return;
+    }
     // In-thread and process rounds alternate, so the two are measured side by side.
     std::vector<Round> rounds;
     for (int rt : {0, 10})
@@ -504,8 +546,14 @@ void ecf(int runs) {
 int main(int argc, char** argv) {
     std::string mode = argc > 1 ? argv[1] : "all";
     int arg = argc > 2 ? std::atoi(argv[2]) : 0;
+    if (mode != "all" && mode != "latency" && mode != "ratio" && mode != "smallflow" &&
+        mode != "ecf") {
+        std::fprintf(stderr, "usage: lua_bench [latency|ratio|smallflow|ecf] [N]\n");
+        return 2;
+    }
     try {
         if (mode == "latency" || mode == "all") latency(arg > 0 ? arg : 200);
+        if (mode == "ratio") latency(100, arg > 0 ? arg : 15);
         if (mode == "smallflow" || mode == "all") smallflow(arg > 0 ? arg : 20);
         if (mode == "ecf" || mode == "all") ecf(arg > 0 ? arg : 5);
     } catch (const std::exception& e) {
