@@ -179,14 +179,17 @@ int run_bench(bool json, uint32_t repeat, int rounds) {
     auto frame = mptcp_data_frame();
 
     std::vector<Case> cases;
-    auto base = Generation::build(chain(2, false), 1, state,
-                                  {"bench_bare_pass", "bench_parse_only", "bench_flow_key",
-                                   "bench_flow_lookup", "bench_flow_cache_hit"});
+    auto base = Generation::build(
+        chain(2, false), 1, state,
+        {"bench_bare_pass", "bench_parse_only", "bench_flow_key", "bench_flow_lookup",
+         "bench_flow_cache_hit", "bench_floor_match", "bench_floor_nomatch"});
     for (auto [key, prog] : {std::pair{"bare_pass_ns", "bench_bare_pass"},
                              {"parse_only_ns", "bench_parse_only"},
                              {"flow_key_ns", "bench_flow_key"},
                              {"flow_lookup_ns", "bench_flow_lookup"},
-                             {"flow_cache_hit_ns", "bench_flow_cache_hit"}})
+                             {"flow_cache_hit_ns", "bench_flow_cache_hit"},
+                             {"floor_match_ns", "bench_floor_match"},
+                             {"floor_nomatch_ns", "bench_floor_nomatch"}})
         cases.push_back({key, nullptr, base->prog_fd(prog), {}, {}, 2});
     // A kernel that refuses the compiled entries runs every chain in the entry program: the
     // compiled cases are then reported as refused, with the kernel's reason, not measured.
@@ -291,6 +294,12 @@ int run_bench(bool json, uint32_t repeat, int rounds) {
     };
     ratio_of("chain4_match_ratio", "chain4_match_ns", "bare_pass_ns");
     ratio_of("chain4_nomatch_ratio", "chain4_nomatch_ns", "bare_pass_ns");
+    // The least the two chains' selectors need (hand-written, bench_floor_*), and what the
+    // compiled entries cost over it.
+    ratio_of("floor_match_ratio", "floor_match_ns", "bare_pass_ns");
+    ratio_of("floor_nomatch_ratio", "floor_nomatch_ns", "bare_pass_ns");
+    ratio_of("chain4_match_vs_floor_ratio", "chain4_match_ns", "floor_match_ns");
+    ratio_of("chain4_nomatch_vs_floor_ratio", "chain4_nomatch_ns", "floor_nomatch_ns");
     ratio_of("chain4_match_interp_ratio", "chain4_match_interp_ns", "bare_pass_ns");
     ratio_of("chain4_nomatch_interp_ratio", "chain4_nomatch_interp_ns", "bare_pass_ns");
     ratio_of("flows1m_vs_1k_ratio", "chain4_flows1m_ns", "chain4_flows1k_ns");

@@ -14,6 +14,7 @@
 
 #include "bpf_env.h"
 #include "datapath/entry_emitter.h"
+#include "datapath/frames.h"
 
 using namespace mpsteer::test;
 namespace mt = mptcp;
@@ -331,4 +332,57 @@ TEST_CASE("compiled entries: the verifier's work stays small on the most tangled
         WARN("verified instructions: " << info.verified_insns);
         CHECK(info.verified_insns < bound);
     }
+}
+
+TEST_CASE(
+    "the benchmark's floor programs take the benchmark's frame and nothing that fails a check",
+    "[bpf][compiled]") {
+    // bench_floor_* stand for the least a chain of the benchmark's selectors must read and
+    // check: each check must hold, or the figure measures less than that.
+    PinRoot root;
+    auto state = dp::StateMaps::open(root.path());
+    auto g = dp::Generation::build(chain_of({step(MPS_ACT_PASS)}), 1, state,
+                                   {"bench_floor_match", "bench_floor_nomatch"});
+    const int match = g->prog_fd("bench_floor_match"), nomatch = g->prog_fd("bench_floor_nomatch");
+    auto frame = [](std::string_view dst = "10.0.1.2", uint16_t dport = 5201) {
+        return Packet::v4("10.0.1.1", 40000, dst, dport)
+            .option(opt::nop())
+            .option(opt::nop())
+            .option(opt::timestamps(1, 2))
+            .option(mt::dss(mt::Dss().ack(7)))
+            .payload(100);
+    };
+    CHECK(raw_run(match, dp::mptcp_data_frame(), true).retval == XDP_PASS_);
+    CHECK(raw_run(match, frame().build(), true).retval == XDP_PASS_);
+    CHECK(raw_run(nomatch, dp::mptcp_data_frame(), true).retval == XDP_PASS_);
+    const auto aborted = uint32_t(XDP_ABORTED);
+    auto fragment = frame();
+    fragment.v4h().frag = 0x2000;
+    auto options = frame();
+    options.v4h().options = {1, 1, 1, 1};
+    auto udp = frame();
+    udp.v4h().protocol = 17;
+    auto truncated = frame();
+    truncated.truncate = 30;  // within the IPv4 header
+    for (auto& [what, p] : std::vector<std::pair<std::string, Packet>>{{"a fragment", fragment},
+                                                                       {"IPv4 options", options},
+                                                                       {"not TCP", udp},
+                                                                       {"cut short", truncated}}) {
+        INFO(what);
+        CHECK(raw_run(match, p.build(), true).retval == aborted);
+        CHECK(raw_run(nomatch, p.build(), true).retval == aborted);
+    }
+    CHECK(raw_run(nomatch, frame("10.9.0.7").build(), true).retval == aborted);  // its miss
+    CHECK(raw_run(match, frame("10.0.2.2").build(), true).retval == aborted);
+    CHECK(raw_run(match, frame("10.0.1.2", 5202).build(), true).retval == aborted);
+    auto no_dss = Packet::v4("10.0.1.1", 40000, "10.0.1.2", 5201)
+                      .option(opt::nop())
+                      .option(opt::nop())
+                      .option(opt::timestamps(1, 2))
+                      .option(mt::mp_prio_v0(true, 1))
+                      .payload(10);
+    CHECK(raw_run(match, no_dss.build(), true).retval == aborted);
+    auto dss_then_nops =
+        frame().option(opt::nop()).option(opt::nop()).option(opt::nop()).option(opt::nop());
+    CHECK(raw_run(match, dss_then_nops.build(), true).retval == aborted);
 }
