@@ -185,7 +185,8 @@ static __always_inline struct iphdr *bench_floor_ip(struct xdp_md *ctx, __u32 le
 	struct iphdr *ip = (void *)(eth + 1);
 	if (data + len > end || eth->h_proto != bpf_htons(ETH_P_IP))
 		return NULL;
-	if (*(__u8 *)ip != 0x45 || ip->protocol != IPPROTO_TCP || (ip->frag_off & bpf_htons(0x3fff)))
+	if (*(__u8 *)ip != 0x45 || ip->protocol != IPPROTO_TCP ||
+	    (ip->frag_off & bpf_htons(0x3fff)))
 		return NULL;
 	return ip;
 }
@@ -197,7 +198,8 @@ int bench_floor_nomatch(struct xdp_md *ctx)
 	struct iphdr *ip = bench_floor_ip(ctx, sizeof(struct ethhdr) + sizeof(struct iphdr));
 	if (!ip)
 		return XDP_ABORTED;
-	return (ip->daddr & bpf_htonl(0xffffff00)) == bpf_htonl(0x0a090000) ? XDP_ABORTED : XDP_PASS;
+	return (ip->daddr & bpf_htonl(0xffffff00)) == bpf_htonl(0x0a090000) ? XDP_ABORTED
+									    : XDP_PASS;
 }
 
 /* chain4_match's floor: destination, destination port, then the DSS's presence. */
@@ -205,8 +207,8 @@ SEC("xdp")
 int bench_floor_match(struct xdp_md *ctx)
 {
 	void *end = (void *)(long)ctx->data_end;
-	struct iphdr *ip = bench_floor_ip(
-		ctx, sizeof(struct ethhdr) + sizeof(struct iphdr) + sizeof(struct tcphdr));
+	struct iphdr *ip = bench_floor_ip(ctx, sizeof(struct ethhdr) + sizeof(struct iphdr) +
+						   sizeof(struct tcphdr));
 	if (!ip || (ip->daddr & bpf_htonl(0xffffff00)) != bpf_htonl(0x0a000100))
 		return XDP_ABORTED;
 	struct tcphdr *tcp = (void *)(ip + 1);
